@@ -1,0 +1,18 @@
+"""gem_kernels: jagged attention kernels (Triton) with plain-PyTorch references.
+
+Every op takes jagged values `[T, H, D]` + int64 offsets `[B+1]` + host-int max lengths and
+offers `backend="auto" | "triton" | "reference"`. Ops are registered with `torch.library`.
+"""
+
+from gem_kernels._jagged import pad_jagged, unpad_jagged
+from gem_kernels._jfa import jagged_flash_attention
+
+__version__ = "0.1.0"
+
+# One import line and one entry per op, so op files merge without conflicts.
+__all__ = [
+    "__version__",
+    "jagged_flash_attention",
+    "pad_jagged",
+    "unpad_jagged",
+]

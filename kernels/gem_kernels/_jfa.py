@@ -1,0 +1,203 @@
+"""Jagged Flash Attention: the public function, its checks and the torch.library ops.
+
+The Triton path is two custom ops, `gem_kernels::jfa_fwd` (returns out and the per-row
+log-sum-exp) and `gem_kernels::jfa_bwd` (returns dq, dk, dv), tied by `register_autograd`
+and given fake implementations, so `torch.compile` traces through them without graph breaks
+and autograd needs no Python-level Function. The reference backend is plain PyTorch and is
+differentiated by torch autograd.
+"""
+
+import math
+from typing import Any
+
+import torch
+
+from gem_kernels._jagged import check_jagged, check_offsets
+from gem_kernels._jfa_reference import jfa_reference
+
+_BACKENDS = ("auto", "triton", "reference")
+TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
+
+
+def jagged_flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    *,
+    causal: bool = False,
+    window: int | None = None,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Softmax attention on jagged sequences: sample b's queries attend to sample b's keys.
+
+    Args:
+        q: `[Tq, H, D]` jagged queries (bf16, fp16 or fp32).
+        k: `[Tkv, H, D]` jagged keys.
+        v: `[Tkv, H, D]` jagged values.
+        q_offsets: int64 `[B+1]` offsets into q.
+        kv_offsets: int64 `[B+1]` offsets into k/v (self-attention: pass q_offsets again).
+        max_q_len: host int >= every query length (sizes the grid; no GPU sync).
+        max_kv_len: host int >= every key length.
+        causal: query i sees keys j <= i + (len_kv - len_q) (bottom-right aligned).
+        window: sliding window w: additionally j > i + (len_kv - len_q) - w; without
+            `causal` the symmetric band |i + len_kv - len_q - j| < w.
+        scale: softmax scale, default 1/sqrt(D).
+        backend: "triton", "reference" (plain PyTorch) or "auto" (Triton on CUDA, else
+            reference).
+
+    Returns:
+        `[Tq, H, D]` in q's dtype. Queries that see no key output 0 (and get zero gradient).
+    """
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend={backend!r} must be one of {_BACKENDS}")
+    device = check_jagged({"q": q, "k": k, "v": v})
+    if k.shape != v.shape:
+        raise ValueError(f"k.shape={tuple(k.shape)} and v.shape={tuple(v.shape)} must be equal")
+    if q.shape[1:] != k.shape[1:]:
+        raise ValueError(
+            f"q.shape={tuple(q.shape)} and k.shape={tuple(k.shape)} must share [H, D]"
+        )
+    for name, off in (("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
+        if isinstance(off, torch.Tensor) and off.device != device:
+            raise ValueError(f"{name}.device={off.device} must be q's device {device}")
+    check_offsets(q_offsets, "q_offsets", total=q.shape[0], max_len=max_q_len, max_len_name="max_q_len")
+    check_offsets(
+        kv_offsets, "kv_offsets", total=k.shape[0], max_len=max_kv_len, max_len_name="max_kv_len"
+    )
+    if q_offsets.shape != kv_offsets.shape:
+        raise ValueError(
+            f"q_offsets.shape={tuple(q_offsets.shape)} and kv_offsets.shape="
+            f"{tuple(kv_offsets.shape)} must be equal (one [B+1] per batch)"
+        )
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window={window!r} must be None or an int >= 1")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[2])
+    elif not math.isfinite(float(scale)):
+        raise ValueError(f"scale={scale!r} must be a finite float")
+    if backend == "auto":
+        backend = "triton" if device.type == "cuda" else "reference"
+    if backend == "reference":
+        return jfa_reference(
+            q, k, v, q_offsets, kv_offsets, causal=bool(causal), window=window, scale=float(scale)
+        )
+    if q.shape[2] not in TRITON_HEAD_DIMS:
+        raise ValueError(f"q.shape[2]={q.shape[2]} (head dim D) must be one of {TRITON_HEAD_DIMS} for backend='triton'")
+    out, _ = torch.ops.gem_kernels.jfa_fwd(
+        q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, bool(causal), window, float(scale)
+    )
+    return out  # type: ignore[no-any-return]
+
+
+# --- torch.library registration of the Triton path -------------------------------------------
+
+
+@torch.library.custom_op("gem_kernels::jfa_fwd", mutates_args=())
+def _jfa_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    causal: bool,
+    window: int | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from gem_kernels._triton_jfa import jfa_forward
+
+    out, lse = jfa_forward(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
+    return out, lse
+
+
+@_jfa_fwd.register_fake
+def _jfa_fwd_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    causal: bool,
+    window: int | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.empty_like(q)
+    lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("gem_kernels::jfa_bwd", mutates_args=())
+def _jfa_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    causal: bool,
+    window: int | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from gem_kernels._triton_jfa import jfa_backward
+
+    dq, dk, dv = jfa_backward(
+        dout, q, k, v, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale
+    )
+    return dq, dk, dv
+
+
+@_jfa_bwd.register_fake
+def _jfa_bwd_fake(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    causal: bool,
+    window: int | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _jfa_setup_context(
+    ctx: torch.autograd.function.FunctionCtx,
+    inputs: tuple[Any, ...],
+    output: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
+    ctx.meta = (max_q_len, max_kv_len, causal, window, scale)  # type: ignore[attr-defined]
+
+
+def _jfa_backward(
+    ctx: torch.autograd.function.FunctionCtx, dout: torch.Tensor, _dlse: torch.Tensor | None
+) -> tuple[torch.Tensor | None, ...]:
+    q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors  # type: ignore[attr-defined]
+    max_q_len, max_kv_len, causal, window, scale = ctx.meta  # type: ignore[attr-defined]
+    dq, dk, dv = torch.ops.gem_kernels.jfa_bwd(
+        dout.contiguous(), q, k, v, out, lse, q_offsets, kv_offsets,
+        max_q_len, max_kv_len, causal, window, scale,
+    )
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+_jfa_fwd.register_autograd(_jfa_backward, setup_context=_jfa_setup_context)
