@@ -47,5 +47,6 @@ def jfa_reference(
         p = torch.softmax(s, dim=-1) * any_visible
         outs.append(torch.matmul(p, vb).transpose(0, 1).to(q.dtype))
     if not outs:
-        return q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
+        # No queries at all (Tq == 0): an empty output still wired to q, k, v for autograd.
+        return q.new_zeros(q.shape[0], q.shape[1], v.shape[2]) + 0.0 * (q.sum() + k.sum() + v.sum())
     return torch.cat(outs, dim=0)

@@ -1,11 +1,431 @@
-"""Triton Jagged Flash Attention (work in progress: the kernels land in the next commit)."""
+# mypy: disable-error-code="no-untyped-def,untyped-decorator,no-untyped-call,no-any-return"
+"""Triton Jagged Flash Attention: forward (online softmax) and FA2-style backward.
+
+Why this file exists: padding jagged histories to the longest one wastes up to half the
+attention compute (DESIGN.md §4 kernels). These kernels read q/k/v `[T, H, D]` in place with
+separate q and kv offsets, so only real tokens are loaded and only visible tiles computed.
+
+Grid (all kernels): axis 0 = B·H (sample, head), axis 1 = blocks of the *longer-side loop's
+outer dimension* sized by the host-int max length (`max_q_len` for fwd/dq, `max_kv_len` for
+dk/dv). A program past its sequence's end exits at once: the grid is host-computable, no
+device sync, no per-batch tile list. Axis 1 runs in reverse so the heavy tail blocks of
+causal sequences start first (a cheap form of load balancing).
+
+Masking (bottom-right aligned, see `_jagged.visible_mask`): a query block only loops over the
+kv tiles its rows can see (causal / window bounds computed per block), so fully masked
+tiles are skipped; the element mask is applied inside the visited tiles.
+
+Numerics: scores in the log2 domain (`scale·log2 e` folded in), fp32 accumulation, the
+per-row log-sum-exp `lse2 = m + log2 l` stored for the backward; rows that see no key store
+lse2 = +inf so every recomputed probability is exactly 0 (output 0, gradients 0, no NaN).
+
+Backward (Dao, FlashAttention-2, §3.2): delta = rowsum(dO·O) (a torch reduction), one
+kernel accumulates dK/dV for a kv block iterating over the q blocks that see it, one kernel
+accumulates dQ for a q block iterating over its kv tiles. No atomics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+from collections.abc import Iterator
 
 import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
 
 
-def jfa_forward(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale):  # type: ignore[no-untyped-def]
-    raise NotImplementedError("backend='triton' for jagged_flash_attention is not built yet")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JfaTiles:
+    """Tile sizes and launch parameters of one JFA kernel."""
+
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
 
 
-def jfa_backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale):  # type: ignore[no-untyped-def]
-    raise NotImplementedError("backend='triton' for jagged_flash_attention is not built yet")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JfaConfig:
+    """Tiles of the three kernels (forward, dK/dV, dQ)."""
+
+    fwd: JfaTiles
+    dkdv: JfaTiles
+    dq: JfaTiles
+
+
+_FORCED: list[JfaConfig] = []
+
+
+@contextlib.contextmanager
+def force_config(cfg: JfaConfig) -> Iterator[None]:
+    """Use `cfg` instead of the heuristic inside the block (tests, bench sweeps)."""
+    _FORCED.append(cfg)
+    try:
+        yield
+    finally:
+        _FORCED.pop()
+
+
+def _pow2_clamp(n: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, triton.next_power_of_2(max(n, 1))))
+
+
+def pick_config(max_q_len: int, max_kv_len: int, d: int, dtype: torch.dtype) -> JfaConfig:
+    """Heuristic tiles per shape (issue 3's three shapes).
+
+    - long self-attention: 128×64 forward tiles, 8 warps at D=128.
+    - cross (long q, short kv): BLOCK_N shrinks to the kv length (>=16) so no tile is mostly
+      padding; BLOCK_M stays large.
+    - pooling (few q, long kv): BLOCK_M shrinks to the q length (>=16), BLOCK_N grows to 128.
+    """
+    if _FORCED:
+        return _FORCED[-1]
+    big = 64 if d > 64 else 128
+    if dtype == torch.float32:
+        big = 32 if d > 64 else 64
+    bm = _pow2_clamp(max_q_len, 16, 128 if dtype != torch.float32 else 64)
+    bn = _pow2_clamp(max_kv_len, 16, big if bm >= 64 else 128)
+    warps = 8 if (bm >= 128 and d >= 128) else 4
+    stages = 3 if d <= 128 else 2
+    fwd = JfaTiles(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
+    # Backward: dK/dV holds two [BLOCK_N, D] fp32 accumulators, dQ one [BLOCK_M, D].
+    bwd_small = 32 if (d >= 128 or dtype == torch.float32) else 64
+    dkdv = JfaTiles(
+        block_m=_pow2_clamp(max_q_len, 16, bwd_small),
+        block_n=_pow2_clamp(max_kv_len, 16, 128 if dtype != torch.float32 else 64),
+        num_warps=8 if d >= 128 else 4,
+        num_stages=2,
+    )
+    dq = JfaTiles(
+        block_m=_pow2_clamp(max_q_len, 16, 128 if dtype != torch.float32 else 64),
+        block_n=_pow2_clamp(max_kv_len, 16, bwd_small),
+        num_warps=8 if d >= 128 else 4,
+        num_stages=2,
+    )
+    return JfaConfig(fwd=fwd, dkdv=dkdv, dq=dq)
+
+
+@triton.jit
+def _mma(a, b, acc, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + a @ b. UPCAST works around Triton's CPU interpreter, whose bf16 dot is wrong."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc, input_precision=DOT_PREC)
+
+
+@triton.jit
+def _visible(rows, cols, shift, lk, WINDOW, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Element mask for query rows [BM] x key cols [BN] (rows index the query side)."""
+    ipos = rows[:, None] + shift
+    j = cols[None, :]
+    mask = j < lk
+    if CAUSAL:
+        mask = mask & (j <= ipos)
+    if HAS_WINDOW:
+        if CAUSAL:
+            mask = mask & (j > ipos - WINDOW)
+        else:
+            mask = mask & (ipos - j < WINDOW) & (j - ipos < WINDOW)
+    return mask
+
+
+@triton.jit
+def _kv_bounds(m_start, lk, shift, WINDOW, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """kv tiles [lo, hi) that query rows [m_start, m_start + BLOCK_M) may see."""
+    lo = 0
+    hi = lk
+    if CAUSAL:
+        hi = tl.minimum(hi, m_start + BLOCK_M + shift)
+    if HAS_WINDOW:
+        lo = tl.maximum(lo, m_start + shift - WINDOW + 1)
+        if not CAUSAL:
+            hi = tl.minimum(hi, m_start + BLOCK_M - 1 + shift + WINDOW)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    return lo, hi
+
+
+@triton.jit
+def _jfa_fwd_kernel(
+    Q, K, V, O, LSE, QO, KO,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    H, scale_log2, WINDOW,
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    q_start = tl.load(QO + b)
+    lq = tl.load(QO + b + 1) - q_start
+    m_start = pid_m * BLOCK_M
+    if m_start >= lq:
+        return
+    kv_start = tl.load(KO + b)
+    lk = tl.load(KO + b + 1) - kv_start
+    shift = lk - lq
+
+    offs_m = m_start + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    m_valid = offs_m < lq
+    q = tl.load(Q + (q_start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                mask=m_valid[:, None], other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    lo, hi = _kv_bounds(m_start, lk, shift, WINDOW, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW)
+    k_base = K + kv_start * stride_kt + h * stride_kh
+    v_base = V + kv_start * stride_vt + h * stride_vh
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kT = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None],
+                     mask=(cols < lk)[None, :], other=0.0)
+        qk = _mma(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_PREC, UPCAST) * scale_log2
+        mask = _visible(offs_m, cols, shift, lk, WINDOW, CAUSAL, HAS_WINDOW)
+        qk = tl.where(mask, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(qk - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :],
+                    mask=(cols < lk)[:, None], other=0.0)
+        acc = _mma(p.to(v.dtype), v, acc, DOT_PREC, UPCAST)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse2 = tl.where(empty, float("inf"), m_i + tl.log2(l_safe))
+    tl.store(O + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+             out.to(O.dtype.element_ty), mask=m_valid[:, None])
+    tl.store(LSE + (q_start + offs_m) * H + h, lse2, mask=m_valid)
+
+
+@triton.jit
+def _jfa_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, QO, KO,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+    stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+    H, scale, scale_log2, WINDOW,
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_n = tl.num_programs(1) - 1 - tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    kv_start = tl.load(KO + b)
+    lk = tl.load(KO + b + 1) - kv_start
+    n_start = pid_n * BLOCK_N
+    if n_start >= lk:
+        return
+    q_start = tl.load(QO + b)
+    lq = tl.load(QO + b + 1) - q_start
+    shift = lk - lq
+
+    offs_n = n_start + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    n_valid = offs_n < lk
+    k = tl.load(K + (kv_start + offs_n)[:, None] * stride_kt + h * stride_kh + offs_d[None, :],
+                mask=n_valid[:, None], other=0.0)
+    v = tl.load(V + (kv_start + offs_n)[:, None] * stride_vt + h * stride_vh + offs_d[None, :],
+                mask=n_valid[:, None], other=0.0)
+    dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+
+    # Query rows that may see keys [n_start, n_start + BLOCK_N).
+    lo = 0
+    hi = lq
+    if CAUSAL:
+        lo = tl.maximum(lo, n_start - shift)
+    if HAS_WINDOW:
+        hi = tl.minimum(hi, n_start + BLOCK_N - 1 - shift + WINDOW)
+        if not CAUSAL:
+            lo = tl.maximum(lo, n_start - shift - WINDOW + 1)
+    lo = (lo // BLOCK_M) * BLOCK_M
+    q_base = Q + q_start * stride_qt + h * stride_qh
+    do_base = DO + q_start * stride_dot + h * stride_doh
+    for start_m in range(lo, hi, BLOCK_M):
+        rows = start_m + offs_m
+        r_valid = rows < lq
+        qT = tl.load(q_base + rows[None, :] * stride_qt + offs_d[:, None],
+                     mask=r_valid[None, :], other=0.0)
+        lse2 = tl.load(LSE + (q_start + rows) * H + h, mask=r_valid, other=float("inf"))
+        kq = _mma(k, qT, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT_PREC, UPCAST) * scale_log2  # [BN, BM]
+        # _visible takes (query rows, key cols); transpose its [BM, BN] mask.
+        mask = tl.trans(_visible(rows, offs_n, shift, lk, WINDOW, CAUSAL, HAS_WINDOW))
+        pT = tl.where(mask, tl.exp2(kq - lse2[None, :]), 0.0)
+        do = tl.load(do_base + rows[:, None] * stride_dot + offs_d[None, :],
+                     mask=r_valid[:, None], other=0.0)
+        dv = _mma(pT.to(do.dtype), do, dv, DOT_PREC, UPCAST)
+        delta = tl.load(DELTA + (q_start + rows) * H + h, mask=r_valid, other=0.0)
+        dpT = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT_PREC, UPCAST)
+        dsT = pT * (dpT - delta[None, :])
+        dk = _mma(dsT.to(qT.dtype), tl.trans(qT), dk, DOT_PREC, UPCAST)
+
+    dk = dk * scale
+    tl.store(DK + (kv_start + offs_n)[:, None] * stride_dkt + h * stride_dkh + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=n_valid[:, None])
+    tl.store(DV + (kv_start + offs_n)[:, None] * stride_dvt + h * stride_dvh + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=n_valid[:, None])
+
+
+@triton.jit
+def _jfa_bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, QO, KO,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+    stride_dqt, stride_dqh,
+    H, scale, scale_log2, WINDOW,
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    q_start = tl.load(QO + b)
+    lq = tl.load(QO + b + 1) - q_start
+    m_start = pid_m * BLOCK_M
+    if m_start >= lq:
+        return
+    kv_start = tl.load(KO + b)
+    lk = tl.load(KO + b + 1) - kv_start
+    shift = lk - lq
+
+    offs_m = m_start + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    m_valid = offs_m < lq
+    q = tl.load(Q + (q_start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                mask=m_valid[:, None], other=0.0)
+    do = tl.load(DO + (q_start + offs_m)[:, None] * stride_dot + h * stride_doh + offs_d[None, :],
+                 mask=m_valid[:, None], other=0.0)
+    lse2 = tl.load(LSE + (q_start + offs_m) * H + h, mask=m_valid, other=float("inf"))
+    delta = tl.load(DELTA + (q_start + offs_m) * H + h, mask=m_valid, other=0.0)
+    dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    lo, hi = _kv_bounds(m_start, lk, shift, WINDOW, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW)
+    k_base = K + kv_start * stride_kt + h * stride_kh
+    v_base = V + kv_start * stride_vt + h * stride_vh
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        c_valid = (cols < lk)[None, :]
+        kT = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None], mask=c_valid, other=0.0)
+        vT = tl.load(v_base + cols[None, :] * stride_vt + offs_d[:, None], mask=c_valid, other=0.0)
+        qk = _mma(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_PREC, UPCAST) * scale_log2
+        mask = _visible(offs_m, cols, shift, lk, WINDOW, CAUSAL, HAS_WINDOW)
+        p = tl.where(mask, tl.exp2(qk - lse2[:, None]), 0.0)
+        dp = _mma(do, vT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_PREC, UPCAST)
+        ds = p * (dp - delta[:, None])
+        dq = _mma(ds.to(kT.dtype), tl.trans(kT), dq, DOT_PREC, UPCAST)
+
+    dq = dq * scale
+    tl.store(DQ + (q_start + offs_m)[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=m_valid[:, None])
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(2) == 1 else t.contiguous()
+
+
+def _upcast(t: torch.Tensor) -> bool:
+    return t.dtype == torch.bfloat16 and (t.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def _dot_prec(dtype: torch.dtype) -> str:
+    # fp32 inputs get exact fp32 dots (the reference dtype); bf16/fp16 use tensor cores.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def jfa_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    causal: bool,
+    window: int | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward. Returns out `[Tq, H, D]` and lse2 `[Tq, H]` fp32 (log2 domain, +inf = empty)."""
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    tq, h, d = q.shape
+    out = torch.zeros_like(q)
+    lse = torch.full((tq, h), math.inf, dtype=torch.float32, device=q.device)
+    b = q_offsets.numel() - 1
+    if tq == 0 or b == 0 or max_q_len == 0 or h == 0:
+        return out, lse
+    cfg = pick_config(max_q_len, max_kv_len, d, q.dtype).fwd
+    grid = (b * h, triton.cdiv(max_q_len, cfg.block_m))
+    _jfa_fwd_kernel[grid](
+        q, k, v, out, lse, q_offsets, kv_offsets,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1),
+        h, scale * _LOG2E, window if window is not None else 0,
+        CAUSAL=causal, HAS_WINDOW=window is not None, D=d,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out, lse
+
+
+def jfa_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    causal: bool,
+    window: int | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward. Returns dq, dk, dv (zeros for rows of empty or invisible sequences)."""
+    dout, q, k, v = (_last_dim_contiguous(t) for t in (dout, q, k, v))
+    tq, h, d = q.shape
+    dq = torch.zeros_like(q)
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    b = q_offsets.numel() - 1
+    if tq == 0 or k.shape[0] == 0 or b == 0 or h == 0 or max_q_len == 0 or max_kv_len == 0:
+        return dq, dk, dv
+    # FA2 preprocess: delta_i = sum_d dO_id · O_id (fp32).
+    delta = (dout.float() * out.float()).sum(-1).contiguous()
+    cfg = pick_config(max_q_len, max_kv_len, d, q.dtype)
+    common = dict(
+        CAUSAL=causal, HAS_WINDOW=window is not None, D=d, DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q)
+    )
+    win = window if window is not None else 0
+    _jfa_bwd_dkdv_kernel[(b * h, triton.cdiv(max_kv_len, cfg.dkdv.block_n))](
+        q, k, v, dout, lse, delta, dk, dv, q_offsets, kv_offsets,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+        h, scale, scale * _LOG2E, win,
+        BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n,
+        num_warps=cfg.dkdv.num_warps, num_stages=cfg.dkdv.num_stages, **common,
+    )
+    _jfa_bwd_dq_kernel[(b * h, triton.cdiv(max_q_len, cfg.dq.block_m))](
+        q, k, v, dout, lse, delta, dq, q_offsets, kv_offsets,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
+        h, scale, scale * _LOG2E, win,
+        BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n,
+        num_warps=cfg.dq.num_warps, num_stages=cfg.dq.num_stages, **common,
+    )
+    return dq, dk, dv
