@@ -1,0 +1,435 @@
+"""Checkpointer: async, atomic, verified, resharding checkpoints over DCP.
+
+Why this file exists: DCP writes a correct *format* but leaves durability, visibility and
+bookkeeping to the caller. A checkpoint that is half written, silently truncated or
+overwritten while being read costs days of training. So a save here is a small protocol:
+
+1. `save()` (training thread): resolve Stateful objects to state dicts, copy every tensor
+   into reusable host buffers (pinned when the source is on CUDA). This is the only stall.
+2. Writer thread: `dcp.save` into `step_<N>.tmp/` with fsync per file, using a dedicated
+   gloo group so its collectives never interleave with the training thread's.
+3. Every rank checksums the files it wrote; the results and success flags are all-gathered.
+4. Rank 0, only if every rank succeeded: fsync, rename `step_<N>.tmp` -> `step_<N>`, fsync
+   the parent, then write `step_<N>/COMMIT.json` (manifest: sizes + crc32 of every file,
+   world size, step) atomically. Only a folder with a valid marker is a checkpoint.
+5. Retention, then removal of stale `.tmp` / unmarked folders.
+
+A failure anywhere is kept and raised by the next `save()`/`wait()`; nothing is committed.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+import warnings
+from collections.abc import Callable, MutableMapping
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.futures import Future
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+
+from gem_checkpoint import _fs
+from gem_checkpoint._fs import CheckpointCorruptError, CheckpointError
+from gem_checkpoint._state import Stager, check_state, is_stateful, to_plain
+
+log = logging.getLogger("gem_checkpoint")
+
+FAULT_ENV = "GEM_CKPT_FAULT"
+"""Fault injection for tests: "<stage>" raises ENOSPC there, "<stage>:kill" SIGKILLs the
+process there. Stages: "write" (after this rank's data files, before DCP's metadata),
+"commit" (rank 0, all ranks done, before the rename), "rename" (after the rename, before
+the marker), "marker" (after the marker, before retention)."""
+
+FaultHook = Callable[[str], None]
+
+
+class CheckpointWriteError(CheckpointError):
+    """A background save failed; nothing was committed for that step."""
+
+
+class CheckpointBusyError(CheckpointError):
+    """save() was called while the previous save is still writing and on_busy="raise"."""
+
+
+def _env_fault(stage: str) -> None:
+    spec = os.environ.get(FAULT_ENV, "")
+    for item in filter(None, spec.split(",")):
+        name, _, action = item.partition(":")
+        if name != stage:
+            continue
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise OSError(errno.ENOSPC, f"No space left on device (injected by {FAULT_ENV}={spec} at {stage!r})")
+
+
+class _Writer(FileSystemWriter):
+    """FileSystemWriter that records which files this rank wrote and runs the fault hook."""
+
+    def __init__(self, path: Path, hook: FaultHook) -> None:
+        super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=1)
+        self._hook = hook
+        self.written: list[str] = []
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        fut = super().write_data(plan, planner)
+        results = fut.wait()
+        self.written = sorted({r.storage_data.relative_path for r in results})
+        self._hook("write")
+        return fut
+
+
+class Checkpointer:
+    """Saves and restores the whole training state in a directory of DCP checkpoints.
+
+    Args:
+        directory: where `step_<N>/` folders live (shared by all ranks).
+        keep_last: keep the newest `keep_last` committed steps (>= 1).
+        keep_every: also keep every step divisible by this (None: none). The newest
+            committed step is never deleted.
+        async_save: write in a background thread (save() blocks only for host staging).
+        on_busy: "wait" (block until the previous write ends) or "raise"
+            (CheckpointBusyError) when save() is called while one is writing. Use "wait"
+            with several ranks: "raise" is decided per rank.
+        fallback_to_good: `load(step=None)` skips corrupt checkpoints (with a warning)
+            and loads the newest good one instead of raising.
+        verify: check every file's size and crc32 against the manifest before loading.
+        process_group: group for checkpoint collectives; default a new gloo group over
+            all ranks when torch.distributed is initialised (construct on every rank).
+        fault_hook: called with a stage name during a save; raising fails that save
+            (see FAULT_ENV for the stages).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        keep_last: int = 3,
+        keep_every: int | None = None,
+        async_save: bool = True,
+        on_busy: Literal["wait", "raise"] = "wait",
+        fallback_to_good: bool = False,
+        verify: bool = True,
+        process_group: dist.ProcessGroup | None = None,
+        fault_hook: FaultHook | None = None,
+    ) -> None:
+        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+            raise ValueError(f"keep_last={keep_last!r} must be an int >= 1")
+        if keep_every is not None and (isinstance(keep_every, bool) or not isinstance(keep_every, int) or keep_every < 1):
+            raise ValueError(f"keep_every={keep_every!r} must be None or an int >= 1")
+        if on_busy not in ("wait", "raise"):
+            raise ValueError(f"on_busy={on_busy!r} must be 'wait' or 'raise'")
+        self.root = Path(directory)
+        self.keep_last = keep_last
+        self.keep_every = keep_every
+        self.async_save = async_save
+        self.on_busy = on_busy
+        self.fallback_to_good = fallback_to_good
+        self.verify = verify
+        self._fault_hook = fault_hook
+        self._pg: dist.ProcessGroup | None = None
+        self.rank, self.world_size = 0, 1
+        if dist.is_available() and dist.is_initialized():
+            self._pg = process_group if process_group is not None else dist.new_group(backend="gloo")
+            self.rank = dist.get_rank(self._pg)
+            self.world_size = dist.get_world_size(self._pg)
+        self._stager = Stager()
+        self._thread: threading.Thread | None = None
+        self._inflight: int | None = None
+        self._error: tuple[int, BaseException] | None = None
+        self.last_stall_s = 0.0
+        """Seconds the last save() blocked the caller."""
+        self.last_write_s = 0.0
+        """Seconds the last completed write took (dcp.save + checksums + commit)."""
+        self.last_bytes = 0
+        """Bytes in the last committed checkpoint (all ranks)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0:
+            removed = _fs.clean_stale(self.root, keep=set())
+            if removed:
+                log.warning("removed stale uncommitted checkpoint folders in %s: %s", self.root, removed)
+        self._barrier()
+
+    # ----------------------------------------------------------------- public API
+    def save(self, step: int, state: MutableMapping[str, Any]) -> None:
+        """Checkpoints `state` as step `step`.
+
+        Blocks while the previous save is still writing (on_busy="wait") and while the
+        tensors are copied to host memory; the write and commit run in the background
+        when async_save. Raises CheckpointWriteError for a previous failed background
+        save (that save is lost; call save() again to retry). Collective: call on all ranks.
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step={step!r} must be an int >= 0")
+        check_state(state)
+        self._finish_previous(step)
+        t0 = time.perf_counter()
+        plain = to_plain(state)
+        if not self.async_save:
+            self._write(step, plain)
+            self.last_stall_s = time.perf_counter() - t0
+            self._raise_error()
+            return
+        staged = self._stager.stage(plain)
+        self._inflight = step
+        self._thread = threading.Thread(
+            target=self._write, args=(step, staged), name=f"gem-ckpt-{step}", daemon=False
+        )
+        self._thread.start()
+        self.last_stall_s = time.perf_counter() - t0
+
+    def wait(self) -> None:
+        """Blocks until the in-flight save ends; raises CheckpointWriteError if it failed."""
+        self._join()
+        self._raise_error()
+
+    def latest(self) -> int | None:
+        """The newest committed step (marker present, file sizes match), or None."""
+        steps = _fs.committed_steps(self.root)
+        return steps[-1] if steps else None
+
+    def steps(self) -> list[int]:
+        """All committed steps, ascending."""
+        return _fs.committed_steps(self.root)
+
+    def load(self, state: MutableMapping[str, Any], step: int | None = None) -> int:
+        """Restores `state` in place from `step` (default: the newest committed) and returns it.
+
+        Stateful values get load_state_dict(), tensors (plain or DTensor, any sharding)
+        are copied into, other values are replaced in `state`. Raises FileNotFoundError
+        when there is no such committed step, CheckpointCorruptError naming the file when
+        verification fails (unless fallback_to_good and step is None). Collective.
+        """
+        check_state(state)
+        self._join()  # a pending error stays for the next save()/wait()
+        committed = _fs.committed_steps(self.root)
+        if step is not None:
+            if step not in committed:
+                raise FileNotFoundError(f"step={step} has no committed checkpoint in {self.root} (committed: {committed})")
+            candidates = [step]
+        else:
+            candidates = committed[::-1]
+        if not candidates:
+            raise FileNotFoundError(f"no committed checkpoint in {self.root}")
+        last: CheckpointCorruptError | None = None
+        for s in candidates:
+            try:
+                if self.verify:
+                    self._verify(s)
+            except CheckpointCorruptError as e:
+                if not (self.fallback_to_good and step is None):
+                    raise
+                log.warning("skipping corrupt checkpoint step %d: %s", s, e)
+                warnings.warn(f"gem_checkpoint: skipping corrupt checkpoint step {s}: {e}", stacklevel=2)
+                last = e
+                continue
+            self._load_step(s, state)
+            return s
+        assert last is not None
+        raise CheckpointCorruptError(last.path, f"no good checkpoint left in {self.root}; newest error: {last}")
+
+    # ----------------------------------------------------------------- internals
+    def _hook(self, stage: str) -> None:
+        if self._fault_hook is not None:
+            self._fault_hook(stage)
+        _env_fault(stage)
+
+    def _barrier(self) -> None:
+        if self._pg is not None:
+            dist.barrier(group=self._pg)
+
+    def _all_gather(self, obj: object) -> list[Any]:
+        if self._pg is None:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self._pg)
+        return out
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+            self._inflight = None
+
+    def _finish_previous(self, step: int) -> None:
+        if self._thread is not None and self._thread.is_alive() and self.on_busy == "raise":
+            raise CheckpointBusyError(
+                f"save(step={step}) while step {self._inflight} is still being written (on_busy='raise')"
+            )
+        self._join()
+        self._raise_error()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            step, err = self._error
+            self._error = None
+            raise CheckpointWriteError(f"saving step {step} to {self.root} failed, nothing was committed: {err!r}") from err
+
+    def _write(self, step: int, state_dict: dict[str, Any]) -> None:
+        """Runs on every rank (writer thread or inline); records any failure in self._error."""
+        t0 = time.perf_counter()
+        tmp = _fs.tmp_dir(self.root, step)
+        local_err: BaseException | None = None
+        files: dict[str, dict[str, int]] = {}
+        try:
+            tmp.mkdir(parents=True, exist_ok=True)
+            writer = _Writer(tmp, self._hook)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # DCP's "assuming single process" notice
+                dcp_save(state_dict, storage_writer=writer, process_group=self._pg)
+            files = _fs.digests(tmp, writer.written)
+        except BaseException as e:  # noqa: BLE001 - reported via save()/wait()
+            local_err = e
+        error: BaseException | None = local_err
+        try:
+            results = self._all_gather((local_err is None, files if local_err is None else repr(local_err)))
+            bad = [(r, msg) for r, (ok, msg) in enumerate(results) if not ok]
+            if error is None and bad:
+                error = CheckpointWriteError(f"rank {bad[0][0]} failed: {bad[0][1]}")
+            commit_err: str | None = None
+            if self.rank == 0:
+                if error is None:
+                    merged: dict[str, dict[str, int]] = {}
+                    for _, rank_files in results:
+                        merged.update(rank_files)
+                    try:
+                        self._commit(step, tmp, merged)
+                    except BaseException as e:  # noqa: BLE001
+                        error = e
+                        commit_err = repr(e)
+                if error is not None:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    if _fs.read_marker(_fs.step_dir(self.root, step)) is None:
+                        shutil.rmtree(_fs.step_dir(self.root, step), ignore_errors=True)
+            status = self._all_gather(commit_err)
+            if error is None and status[0] is not None:
+                error = CheckpointWriteError(f"rank 0 failed to commit: {status[0]}")
+        except BaseException as e:  # noqa: BLE001 - e.g. the group itself broke
+            error = error or e
+        if error is not None:
+            self._error = (step, error)
+            log.error("checkpoint step %d failed: %r", step, error)
+        self.last_write_s = time.perf_counter() - t0
+
+    def _commit(self, step: int, tmp: Path, files: dict[str, dict[str, int]]) -> None:
+        """Rank 0 only, after every rank's files are written and fsynced."""
+        self._hook("commit")
+        files.update(_fs.digests(tmp, [".metadata"]))
+        for name in files:
+            _fs.fsync_file(tmp / name)
+        _fs.fsync_dir(tmp)
+        final = _fs.step_dir(self.root, step)
+        if final.exists():  # re-saving a step (e.g. after a fallback): replace it
+            _fs.remove_step(self.root, step)
+        os.rename(tmp, final)
+        _fs.fsync_dir(self.root)
+        self._hook("rename")
+        manifest = {
+            "format": _fs.FORMAT,
+            "step": step,
+            "world_size": self.world_size,
+            "files": files,
+            "total_bytes": sum(f["size"] for f in files.values()),
+            "time": time.time(),
+            "torch": torch.__version__,
+        }
+        _fs.write_marker(final, manifest)
+        self.last_bytes = int(manifest["total_bytes"])  # type: ignore[call-overload]
+        self._hook("marker")
+        self._retain(step)
+        _fs.clean_stale(self.root, keep=set())
+
+    def _retain(self, just_saved: int) -> None:
+        steps = _fs.committed_steps(self.root)
+        if not steps:
+            return
+        keep = set(steps[-self.keep_last :]) | {steps[-1], just_saved}
+        if self.keep_every is not None:
+            keep |= {s for s in steps if s % self.keep_every == 0}
+        for s in steps:
+            if s not in keep:
+                _fs.remove_step(self.root, s)
+
+    def _verify(self, step: int) -> None:
+        folder = _fs.step_dir(self.root, step)
+        manifest = _fs.read_marker(folder)
+        if manifest is None:
+            raise CheckpointCorruptError(folder / _fs.MARKER, "missing or unreadable commit marker")
+        names = sorted(manifest["files"])
+        err: str | None = None
+        bad_path = ""
+        try:
+            _fs.verify(folder, manifest, names[self.rank :: self.world_size])
+        except CheckpointCorruptError as e:
+            err, bad_path = str(e), str(e.path)
+        for result in self._all_gather((bad_path, err)):
+            if result[1] is not None:
+                raise CheckpointCorruptError(Path(result[0]), result[1].split(": ", 1)[-1])
+
+    def _load_step(self, step: int, state: MutableMapping[str, Any]) -> None:
+        folder = _fs.step_dir(self.root, step)
+        template = to_plain(state)
+        metadata = FileSystemReader(folder).read_metadata()
+        _add_missing(template, state, metadata)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                dcp_load(template, storage_reader=FileSystemReader(folder), process_group=self._pg)
+            except CheckpointException as e:
+                causes = "; ".join(f"rank {r}: {_cause(v)}" for r, v in sorted(e.failures.items()))
+                raise CheckpointError(f"loading step {step} from {folder} failed: {causes}") from e
+        for key, value in state.items():
+            if is_stateful(value):
+                loaded = template[key]
+                if isinstance(value, torch.optim.Optimizer):
+                    loaded = _int_keys(loaded)
+                value.load_state_dict(loaded)
+            elif not isinstance(value, torch.Tensor):
+                state[key] = template[key]
+
+
+def _add_missing(template: dict[str, Any], state: MutableMapping[str, Any], metadata: Metadata) -> None:
+    """Adds checkpoint entries under the requested top-level keys that the template lacks.
+
+    A fresh optimizer has no per-parameter state yet, so its state_dict() has no slots
+    for exp_avg & co.; without this they would be silently dropped on resume. Likewise an
+    empty dict in `state` is filled with what was saved under its key. Keys of the
+    checkpoint outside `state` are not loaded (load a subset by passing fewer keys).
+    """
+    flat, _ = flatten_state_dict(template)
+    paths = metadata.planner_data or {}
+    for fqn, md in metadata.state_dict_metadata.items():
+        path = paths.get(fqn)
+        if fqn in flat or not path or path[0] not in state or isinstance(state[str(path[0])], torch.Tensor):
+            continue
+        value: Any = torch.empty(md.size, dtype=md.properties.dtype) if isinstance(md, TensorStorageMetadata) else None
+        set_element(template, path, value)
+
+
+def _int_keys(optim_sd: dict[str, Any]) -> dict[str, Any]:
+    # DCP stores dict keys as strings; torch.optim keys per-parameter state by int index.
+    st = optim_sd.get("state")
+    if isinstance(st, dict):
+        optim_sd = dict(optim_sd, state={(int(k) if isinstance(k, str) and k.isdigit() else k): v for k, v in st.items()})
+    return optim_sd
+
+
+def _cause(failure: object) -> str:
+    # DCP wraps each rank's exception as (exception, traceback).
+    exc = failure[0] if isinstance(failure, tuple) and failure else failure
+    return repr(exc)

@@ -1,0 +1,90 @@
+"""Turning the user's `state` into a DCP state dict, staging it to host memory, and back.
+
+`state` maps names to Stateful objects (anything with state_dict()/load_state_dict():
+modules, optimizers, loaders, RNGState), tensors (plain, DTensor, ShardedTensor), nested
+dicts/lists, and plain python objects (ints, dataclasses, ...). DCP stores tensors as
+tensors (resharded on load) and everything else pickled.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+try:  # ShardedTensor is what torchrec's sharded tables put in a state dict.
+    from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+except ImportError:  # pragma: no cover
+    ShardedTensor = None  # type: ignore[assignment,misc]
+
+
+def is_stateful(obj: object) -> bool:
+    return (
+        not isinstance(obj, (torch.Tensor, Mapping))
+        and callable(getattr(obj, "state_dict", None))
+        and callable(getattr(obj, "load_state_dict", None))
+    )
+
+
+def check_state(state: object) -> Mapping[str, Any]:
+    if not isinstance(state, Mapping):
+        raise TypeError(f"state must be a dict of name -> Stateful/Tensor/dict/object, got {type(state).__name__}")
+    for key in state:
+        if not isinstance(key, str) or not key or "." in key:
+            raise ValueError(f"state key {key!r} must be a non-empty str without '.' (DCP joins paths with '.')")
+    return state
+
+
+def to_plain(state: Mapping[str, Any]) -> dict[str, Any]:
+    """One level of resolution: Stateful objects become their state dicts."""
+    return {k: (v.state_dict() if is_stateful(v) else v) for k, v in state.items()}
+
+
+class Stager:
+    """Copies a state dict's tensors into reusable host buffers (pinned when from CUDA).
+
+    Buffers are kept between saves keyed by the tensor's path, so a steady-state save
+    costs one device-to-host copy and no allocation. Safe because saves never interleave:
+    a buffer is only rewritten once the previous write finished.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[object, ...], torch.Tensor] = {}
+        self._saw_cuda = False
+
+    def stage(self, obj: Any) -> Any:
+        self._saw_cuda = False
+        out = self._stage(obj, ())
+        if self._saw_cuda:
+            torch.cuda.synchronize()  # the writer thread reads these buffers next
+        return out
+
+    def _buffer(self, path: tuple[object, ...], src: torch.Tensor) -> torch.Tensor:
+        pin = src.is_cuda
+        self._saw_cuda |= pin
+        buf = self._buffers.get(path)
+        if buf is None or buf.shape != src.shape or buf.dtype != src.dtype or buf.is_pinned() != pin:
+            buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=pin)
+            self._buffers[path] = buf
+        buf.copy_(src.detach(), non_blocking=pin)
+        return buf
+
+    def _stage(self, obj: Any, path: tuple[object, ...]) -> Any:
+        if isinstance(obj, DTensor):
+            local = self._buffer(path, obj._local_tensor)
+            return DTensor(local, obj._spec, requires_grad=False)  # type: ignore[no-untyped-call]
+        if ShardedTensor is not None and isinstance(obj, ShardedTensor):
+            # Rare on the hot path (torchrec tables); torch's own staging does the same.
+            return copy.deepcopy(obj) if obj.device == torch.device("cpu") else obj.to("cpu")
+        if isinstance(obj, torch.Tensor):
+            return self._buffer(path, obj)
+        if isinstance(obj, Mapping):
+            return {k: self._stage(v, path + (k,)) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            items = [self._stage(v, path + (i,)) for i, v in enumerate(obj)]
+            return items if isinstance(obj, list) else tuple(items)
+        # Python objects: snapshot now, training may mutate them while we write.
+        return copy.deepcopy(obj)

@@ -1,0 +1,117 @@
+"""Subprocess entry points for the crash, real-I/O-error and multi-process tests.
+
+    python _worker.py crash <dir> <fault-or-"none">   save step 1, print READY, keep saving
+    python _worker.py fsize <dir>                      RLIMIT_FSIZE makes a save fail for real
+    python _worker.py dist_save <dir> <seed>           (under RANK/WORLD_SIZE env) DTensor save
+    python _worker.py dist_load <dir> <seed>           load into this world's Shard(0) layout
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import sys
+
+import torch
+
+from gem_checkpoint import FAULT_ENV, Checkpointer, CheckpointWriteError, RNGState
+
+N = 1 << 22  # 16 MiB of float32 per step: long enough to be killed mid-write
+
+
+def step_state(step: int) -> dict[str, object]:
+    g = torch.Generator().manual_seed(step)
+    return {"w": torch.randn(N, generator=g), "b": torch.randint(0, 1 << 30, (1000,), generator=g), "meta": {"step": step, "tag": f"s{step}"}}
+
+
+def crash(directory: str, fault: str) -> None:
+    ckpt = Checkpointer(directory, keep_last=2)
+    ckpt.save(1, step_state(1))
+    ckpt.wait()
+    if fault != "none":
+        os.environ[FAULT_ENV] = fault
+    print("READY", flush=True)
+    step = 2
+    while True:
+        ckpt.save(step, step_state(step))
+        step += 1
+
+
+def fsize(directory: str) -> None:
+    ckpt = Checkpointer(directory, keep_last=5)
+    ckpt.save(1, step_state(1))
+    ckpt.wait()
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-big write then fails with EFBIG
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
+    ckpt.save(2, step_state(2))
+    out: dict[str, object] = {}
+    try:
+        ckpt.wait()
+        out["error"] = None
+    except CheckpointWriteError as e:
+        out["error"] = repr(e.__cause__)
+    out["latest_after_failure"] = ckpt.latest()
+    out["entries_after_failure"] = sorted(os.listdir(directory))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    ckpt.save(3, step_state(3))
+    ckpt.wait()
+    out["latest_after_retry"] = ckpt.latest()
+    print(json.dumps(out), flush=True)
+
+
+def dist_state(seed: int, world: int, mesh: object, zeros: bool) -> dict[str, object]:
+    from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
+
+    assert isinstance(mesh, DeviceMesh)
+    g = torch.Generator().manual_seed(seed)
+    full = torch.randn(10, 6, generator=g)  # 10 rows: uneven on 3 ranks
+    bias = torch.randn(6, generator=g)
+    if zeros:
+        full, bias = torch.zeros_like(full), torch.zeros_like(bias)
+    return {
+        "model": {"w": distribute_tensor(full, mesh, [Shard(0)]), "b": bias},
+        "rng": RNGState(),
+        "config": {"seed": seed, "world": world},
+    }
+
+
+def dist_main(mode: str, directory: str, seed: int) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    ckpt = Checkpointer(directory)
+    if mode == "dist_save":
+        torch.manual_seed(1000 + rank)
+        state = dist_state(seed, world, mesh, zeros=False)
+        ckpt.save(5, state)
+        ckpt.wait()
+        expect_rand = torch.rand(4)  # what this rank's RNG gives next
+        torch.save(expect_rand, os.path.join(directory, f"rand_rank{rank}.pt"))
+    else:
+        state = dist_state(seed, world, mesh, zeros=True)
+        ref = dist_state(seed, world, mesh, zeros=False)
+        step = ckpt.load(state)
+        w = state["model"]["w"]  # type: ignore[index]
+        ok_w = torch.equal(w.full_tensor(), ref["model"]["w"].full_tensor())  # type: ignore[index]
+        local_rows = w.to_local().shape[0]
+        ok_b = torch.equal(state["model"]["b"], ref["model"]["b"])  # type: ignore[index]
+        saved_world = state["config"]["world"]  # type: ignore[index]
+        expect = torch.load(os.path.join(directory, f"rand_rank{rank % saved_world}.pt"))
+        ok_rng = torch.equal(torch.rand(4), expect)
+        print(json.dumps({"rank": rank, "step": step, "w": ok_w, "b": ok_b, "rng": ok_rng, "rows": local_rows, "config": state["config"]}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "crash":
+        crash(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "fsize":
+        fsize(sys.argv[2])
+    else:
+        dist_main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
