@@ -1,0 +1,33 @@
+"""gem_model: InterFormer + Kunlun blocks, the GEM-like multi-domain multi-task model, FLOPs.
+
+    from gem_model import GEMModel, presets
+    model = GEMModel(presets.tiny(**presets.feature_sizes(data_cfg)))
+    logits = model(batch)            # [B, num_tasks]
+    model.flops(batch)["total"]      # analytic forward FLOPs for this batch's jagged lengths
+"""
+
+from gem_model import presets
+from gem_model._config import GEMConfig
+from gem_model._layers import (
+    GDPAFFN,
+    InterFormerLayer,
+    PersonalizedFFN,
+    SeqAttention,
+    SeqPooling,
+)
+from gem_model._model import GEMModel, TaskHeads
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GDPAFFN",
+    "GEMConfig",
+    "GEMModel",
+    "InterFormerLayer",
+    "PersonalizedFFN",
+    "SeqAttention",
+    "SeqPooling",
+    "TaskHeads",
+    "__version__",
+    "presets",
+]

@@ -1,0 +1,170 @@
+"""GEMConfig: every size and switch of the GEM-like model, in one frozen dataclass.
+
+The model does not import gem_data: the feature sizes (vocabularies, number of event types,
+sparse tables, dense width, domains, tasks) are copied into this config by the caller, e.g.
+`gem_model.presets.tiny(event_vocab=..., ...)`. Variants via `dataclasses.replace`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_BACKENDS = ("auto", "triton", "reference")
+_ACTIVATIONS = ("softmax", "silu", "gelu", "relu", "relu2", "sigmoid", "identity")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GEMConfig:
+    """Sizes and switches of `GEMModel`.
+
+    Feature sizes (from the data):
+        event_vocab: item-id vocabulary of the event sequence.
+        num_event_types: event types (click, like, purchase, ...), ids in [0, num_event_types).
+        sparse_features: `((name, vocab), ...)` non-sequence sparse id features.
+        num_dense: dense feature width (0 allowed: no dense token).
+        num_domains: surfaces; the heads are conditioned on the domain id.
+        tasks: task names; the model emits one logit per task.
+
+    Dense blocks:
+        d_model: token width everywhere after the embedding front end.
+        num_heads: attention heads; head dim = d_model // num_heads (128 on the H200 preset).
+        num_layers: InterFormer layers.
+        emb_dim: width of each sparse (pooled) embedding table.
+        event_emb_dim: width of the event-id table (the widest per-type width).
+        ffn_mult: hidden = ffn_mult * d_model in the personalized and interaction FFNs.
+        num_cls: CLS tokens prepended to each sequence (= non-sequence summary tokens).
+        num_pma_seeds: PMA outputs per sample (learned seeds as queries over the sequence).
+        num_recent: most recent tokens taken into the sequence summary.
+        head_hidden: width of the shared bottom and of each task tower.
+        rope_base: rotary embedding base.
+
+    Kunlun switches (arXiv 2602.10016):
+        gdpa_ffn: replace the personalized FFN by GDPA cross-attention of the sequence tokens
+            over `gdpa_kv_len` tokens built from the non-sequence summary.
+        gdpa_activation: GDPA activation (silu as in Kunlun/HSTU).
+        hierarchical_pooling: PMA with `hier_seeds` (> num_pma_seeds) seeds, then a rank-
+            `hier_rank` compression over the seed axis down to `num_pma_seeds` outputs.
+        window: sliding-window self-attention (symmetric band) over the sequence; None = full.
+        computation_skip: odd layers reuse the previous layer's pooling (PMA + recent).
+        event_widths: per-event-type embedding widths (event-level personalization),
+            each in [1, event_emb_dim]; None = every type uses the full width.
+
+    Runtime:
+        attention_backend: gem_kernels backend ("auto": Triton on CUDA, reference on CPU).
+        use_torchrec: sparse front end through torchrec's EmbeddingBagCollection; None = when
+            importable.
+        mxfp8_recipe: a gem_precision recipe name; the model's linears are converted with
+            `gem_precision.convert_to_mxfp8(model, recipe)` at construction. None = off.
+    """
+
+    event_vocab: int
+    num_event_types: int
+    sparse_features: tuple[tuple[str, int], ...]
+    num_dense: int
+    num_domains: int
+    tasks: tuple[str, ...] = ("click",)
+
+    d_model: int = 64
+    num_heads: int = 2
+    num_layers: int = 2
+    emb_dim: int = 32
+    event_emb_dim: int = 32
+    ffn_mult: int = 4
+    num_cls: int = 2
+    num_pma_seeds: int = 2
+    num_recent: int = 2
+    head_hidden: int = 64
+    rope_base: float = 10000.0
+
+    gdpa_ffn: bool = False
+    gdpa_kv_len: int = 8
+    gdpa_activation: str = "silu"
+    hierarchical_pooling: bool = False
+    hier_seeds: int = 8
+    hier_rank: int = 4
+    window: int | None = None
+    computation_skip: bool = False
+    event_widths: tuple[int, ...] | None = None
+
+    attention_backend: str = "auto"
+    use_torchrec: bool | None = None
+    mxfp8_recipe: str | None = None
+
+    def __post_init__(self) -> None:
+        positive = (
+            "event_vocab", "num_event_types", "num_domains", "d_model", "num_heads", "num_layers",
+            "emb_dim", "event_emb_dim", "ffn_mult", "num_cls", "num_pma_seeds", "head_hidden",
+            "gdpa_kv_len", "hier_seeds", "hier_rank",
+        )
+        for name in positive:
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f"GEMConfig.{name}={val!r} must be an int >= 1")
+        for name in ("num_dense", "num_recent"):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, int) or val < 0:
+                raise ValueError(f"GEMConfig.{name}={val!r} must be an int >= 0")
+        if not self.tasks:
+            raise ValueError(f"GEMConfig.tasks={self.tasks!r} must name at least one task")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"GEMConfig.tasks={self.tasks!r} must be unique")
+        names = [n for n, _ in self.sparse_features]
+        if len(set(names)) != len(names):
+            raise ValueError(f"GEMConfig.sparse_features names {names} must be unique")
+        for n, vocab in self.sparse_features:
+            if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+                raise ValueError(f"GEMConfig.sparse_features[{n!r}] vocab={vocab!r} must be >= 1")
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"GEMConfig.d_model={self.d_model} must be divisible by num_heads={self.num_heads}"
+            )
+        if (self.d_model // self.num_heads) % 2:
+            raise ValueError(
+                f"head dim d_model/num_heads={self.d_model // self.num_heads} must be even (RoPE)"
+            )
+        if self.gdpa_activation not in _ACTIVATIONS:
+            raise ValueError(f"GEMConfig.gdpa_activation={self.gdpa_activation!r} must be one of {_ACTIVATIONS}")
+        if self.hierarchical_pooling and self.hier_seeds <= self.num_pma_seeds:
+            raise ValueError(
+                f"GEMConfig.hier_seeds={self.hier_seeds} must exceed num_pma_seeds="
+                f"{self.num_pma_seeds} when hierarchical_pooling is on"
+            )
+        if self.window is not None and (
+            isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1
+        ):
+            raise ValueError(f"GEMConfig.window={self.window!r} must be None or an int >= 1")
+        if self.event_widths is not None:
+            if len(self.event_widths) != self.num_event_types:
+                raise ValueError(
+                    f"GEMConfig.event_widths has {len(self.event_widths)} entries, must have "
+                    f"num_event_types={self.num_event_types}"
+                )
+            if any(not 1 <= w <= self.event_emb_dim for w in self.event_widths):
+                raise ValueError(
+                    f"GEMConfig.event_widths={self.event_widths} must lie in [1, event_emb_dim="
+                    f"{self.event_emb_dim}]"
+                )
+        if self.attention_backend not in _BACKENDS:
+            raise ValueError(f"GEMConfig.attention_backend={self.attention_backend!r} must be one of {_BACKENDS}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def num_tokens(self) -> int:
+        """Non-sequence feature tokens: one per sparse feature, one dense, one domain."""
+        return len(self.sparse_features) + (1 if self.num_dense else 0) + 1
+
+    @property
+    def num_summary(self) -> int:
+        """Sequence-summary tokens: CLS outputs + PMA outputs + most recent tokens."""
+        return self.num_cls + self.num_pma_seeds + self.num_recent
+
+    def pools_at(self, layer: int) -> bool:
+        """Whether layer `layer` computes its pooling (False: reuses the cached one)."""
+        return not (self.computation_skip and layer % 2 == 1)

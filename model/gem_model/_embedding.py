@@ -1,0 +1,163 @@
+"""Embedding front end: sparse ids → pooled feature tokens, events → sequence tokens.
+
+The sparse tables are a torchrec `EmbeddingBagCollection` when torchrec is importable (so
+gem_parallel can shard them with torchrec's planner), else one `nn.EmbeddingBag` per feature
+(the GPU box has no torchrec). Both give the same `[B, emb_dim]` mean-pooled vector per
+feature; `SparseArch.forward` accepts a KeyedJaggedTensor or anything with `keys()` and
+`to_dict()` (gem_data.SparseFeatures).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from gem_model import _flops
+from gem_model._config import GEMConfig
+
+
+def torchrec_available() -> bool:
+    return importlib.util.find_spec("torchrec") is not None
+
+
+class SparseArch(nn.Module):
+    """Pooled sparse embeddings, projected to d_model: `[B, num_sparse, d_model]`."""
+
+    def __init__(self, cfg: GEMConfig) -> None:
+        super().__init__()
+        self.names = [n for n, _ in cfg.sparse_features]
+        use_tr = torchrec_available() if cfg.use_torchrec is None else cfg.use_torchrec
+        if use_tr and not torchrec_available():
+            raise ValueError("GEMConfig.use_torchrec=True but torchrec is not importable")
+        self.use_torchrec = use_tr
+        self.ebc: nn.Module | None = None
+        self.bags = nn.ModuleDict()
+        if use_tr:
+            from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+            from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+            tables = [
+                EmbeddingBagConfig(
+                    name=f"t_{n}", embedding_dim=cfg.emb_dim, num_embeddings=v,
+                    feature_names=[n], pooling=PoolingType.MEAN,
+                )
+                for n, v in cfg.sparse_features
+            ]
+            self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
+        else:
+            for n, v in cfg.sparse_features:
+                bag = nn.EmbeddingBag(v, cfg.emb_dim, mode="mean", include_last_offset=True)
+                bound = math.sqrt(1.0 / v)  # torchrec's default init, so both paths match
+                nn.init.uniform_(bag.weight, -bound, bound)
+                self.bags[n] = bag
+        n = len(self.names)
+        self.emb_dim, self.d_model = cfg.emb_dim, cfg.d_model
+        # One projection per feature, applied as one batched product.
+        self.proj = nn.Parameter(torch.randn(n, cfg.emb_dim, cfg.d_model) / math.sqrt(cfg.emb_dim))
+        self.proj_bias = nn.Parameter(torch.zeros(n, cfg.d_model))
+
+    def pooled(self, sparse: Any) -> torch.Tensor:
+        """`[B, num_sparse, emb_dim]` mean-pooled embeddings in config order."""
+        if self.ebc is not None:
+            from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+            if not isinstance(sparse, KeyedJaggedTensor):
+                sparse = KeyedJaggedTensor(
+                    keys=list(sparse.keys()), values=sparse.values(), lengths=sparse.lengths()
+                )
+            d = self.ebc(sparse).to_dict()
+        else:
+            jt = sparse.to_dict()
+            d = {}
+            for n in self.names:
+                f = jt[n]
+                d[n] = self.bags[n](f.values(), f.offsets())
+        missing = [n for n in self.names if n not in d]
+        if missing:
+            raise ValueError(f"batch.sparse lacks features {missing} named in GEMConfig.sparse_features")
+        return torch.stack([d[n] for n in self.names], dim=1)
+
+    def forward(self, sparse: Any) -> torch.Tensor:
+        e = self.pooled(sparse)  # [B, F, E]
+        out = torch.einsum("bfe,fed->bfd", e, self.proj.to(e.dtype))
+        return out + self.proj_bias
+
+    def flops(self, shapes: _flops.Shapes) -> float:
+        return _flops.linear(shapes.batch * len(self.names), self.emb_dim, self.d_model)
+
+
+class DenseArch(nn.Module):
+    """Dense features → one token (2-layer MLP); the domain id → one token."""
+
+    def __init__(self, cfg: GEMConfig) -> None:
+        super().__init__()
+        self.num_dense, self.d = cfg.num_dense, cfg.d_model
+        self.mlp: nn.Module | None = None
+        if cfg.num_dense:
+            self.mlp = nn.Sequential(
+                nn.Linear(cfg.num_dense, cfg.d_model), nn.GELU(), nn.Linear(cfg.d_model, cfg.d_model)
+            )
+        self.domain = nn.Embedding(cfg.num_domains, cfg.d_model)
+        nn.init.normal_(self.domain.weight, std=0.02)
+
+    def forward(self, dense: torch.Tensor, domain: torch.Tensor) -> torch.Tensor:
+        toks = [self.domain(domain)]
+        if self.mlp is not None:
+            toks.insert(0, self.mlp(dense))
+        return torch.stack(toks, dim=1)  # [B, 1 or 2, d]
+
+    def flops(self, shapes: _flops.Shapes) -> float:
+        if not self.num_dense:
+            return 0.0
+        b = shapes.batch
+        return _flops.linear(b, self.num_dense, self.d) + _flops.linear(b, self.d, self.d)
+
+
+class EventArch(nn.Module):
+    """Event tokens `[T, d_model]`: item id + event type + recency bucket.
+
+    Event-level personalization (Kunlun): event type t keeps only the first
+    `event_widths[t]` columns of its item embedding (the rest are masked to zero), so
+    high-value types get wide representations and cheap types narrow ones; one shared
+    projection maps the masked vector to d_model (one GEMM for all types, no host sync).
+    """
+
+    num_time_buckets = 32
+
+    def __init__(self, cfg: GEMConfig) -> None:
+        super().__init__()
+        self.e, self.d = cfg.event_emb_dim, cfg.d_model
+        self.item = nn.Embedding(cfg.event_vocab, cfg.event_emb_dim)
+        nn.init.normal_(self.item.weight, std=0.05)
+        self.type_emb = nn.Embedding(cfg.num_event_types, cfg.d_model)
+        self.age = nn.Embedding(self.num_time_buckets, cfg.d_model)
+        for emb in (self.type_emb, self.age):
+            nn.init.normal_(emb.weight, std=0.02)
+        self.proj = nn.Linear(cfg.event_emb_dim, cfg.d_model)
+        self.width_mask: torch.Tensor | None
+        if cfg.event_widths is not None:
+            cols = torch.arange(cfg.event_emb_dim)
+            mask = (cols[None, :] < torch.tensor(cfg.event_widths)[:, None]).float()
+            self.register_buffer("width_mask", mask, persistent=False)
+        else:
+            self.width_mask = None
+
+    def forward(
+        self, ids: torch.Tensor, types: torch.Tensor, timestamps: torch.Tensor,
+        offsets: torch.Tensor, sample: torch.Tensor,
+    ) -> torch.Tensor:
+        x = self.item(ids)
+        if self.width_mask is not None:
+            x = x * self.width_mask[types]
+        # Age relative to the sample's most recent event, log2-bucketed.
+        last = timestamps[(offsets[1:] - 1).clamp(min=0)] if timestamps.numel() else timestamps
+        age = (last[sample] - timestamps).clamp(min=0).to(torch.float32)
+        bucket = torch.log2(age + 1.0).long().clamp(max=self.num_time_buckets - 1)
+        return self.proj(x) + self.type_emb(types) + self.age(bucket)
+
+    def flops(self, shapes: _flops.Shapes) -> float:
+        return _flops.linear(shapes.tokens, self.e, self.d)

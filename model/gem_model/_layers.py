@@ -1,0 +1,294 @@
+"""InterFormer layer (arXiv 2411.09852) with the Kunlun switches (arXiv 2602.10016).
+
+One layer, information flowing both ways:
+
+    x [B, F, d] (non-sequence tokens)          seq [T, d] (jagged event tokens)
+      │ NonSeqSummary (Cross arch, →seq)             │
+      ├──────────── x_sum [B, n_cls, d] ──────► SeqFFN (personalized FFN | GDPA)
+      │                                         SeqAttention (CLS = x_sum prepended, RoPE, JFA)
+      │                                         SeqPooling (PMA | hierarchical seeds) + recent
+      │ ◄──── s_sum [B, n_sum, d] ◄── SeqSummary (Cross arch, gated CLS + PMA + recent)
+      ▼ Interaction (self-attention over [x; s_sum] + FFN)
+
+Every submodule takes plain tensors and host ints, so a benchmark can run each alone, and
+has `flops(shapes)` giving its analytic forward FLOPs (gem_model._flops conventions).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gem_model import _flops, _jagged
+from gem_model._config import GEMConfig
+
+
+def _glu(lin: nn.Linear, z: torch.Tensor) -> torch.Tensor:
+    a, g = lin(z).chunk(2, dim=-1)
+    return a * torch.sigmoid(g)
+
+
+class NonSeqSummary(nn.Module):
+    """Cross arch, non-sequence → sequence: F feature tokens → n_cls gated summary tokens."""
+
+    def __init__(self, cfg: GEMConfig) -> None:
+        super().__init__()
+        self.f, self.n, self.d = cfg.num_tokens, cfg.num_cls, cfg.d_model
+        self.mix = nn.Linear(self.f, self.n)  # over the token axis
+        self.norm = nn.LayerNorm(self.d)
+        self.glu = nn.Linear(self.d, 2 * self.d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.mix(x.transpose(1, 2)).transpose(1, 2)  # [B, n_cls, d]
+        return _glu(self.glu, self.norm(z))
+
+    def flops(self, s: _flops.Shapes) -> float:
+        return _flops.linear(s.batch * self.d, self.f, self.n) + _flops.linear(s.batch * self.n, self.d, 2 * self.d)
+
+
+class PersonalizedFFN(nn.Module):
+    """Sequence FFN modulated per sample by the non-sequence summary (FiLM-style PFFN)."""
+
+    def __init__(self, cfg: GEMConfig) -> None:
+        super().__init__()
+        self.d, self.h = cfg.d_model, cfg.ffn_mult * cfg.d_model
+        self.norm = nn.LayerNorm(self.d)
+        self.film = nn.Linear(self.d, 2 * self.d)
+        self.w1 = nn.Linear(self.d, self.h)
+        self.w2 = nn.Linear(self.h, self.d)
+
+    def forward(
+        self, seq: torch.Tensor, x_sum: torch.Tensor, offsets: torch.Tensor, max_len: int,
+        sample: torch.Tensor,
+    ) -> torch.Tensor:
+        gamma, beta = self.film(x_sum.mean(dim=1)).chunk(2, dim=-1)  # [B, d] each
+        h = self.norm(seq) * (1.0 + gamma[sample]) + beta[sample]
+        return seq + self.w2(F.gelu(self.w1(h)))
+
+    def flops(self, s: _flops.Shapes) -> float:
+        t = s.tokens
+        return _flops.linear(s.batch, self.d, 2 * self.d) + 2 * _flops.linear(t, self.d, self.h)
+
+
+class GDPAFFN(nn.Module):
+    """Kunlun: the personalized FFN as GDPA cross-attention over a short per-sample kv.
+
+    Queries are the jagged sequence tokens; keys/values are `gdpa_kv_len` tokens mixed from
+    the non-sequence summary. `out = act(q kᵀ/√D) v / kv_len` (gem_kernels GDPA).
+    """
+
+    def __init__(self, cfg: GEMConfig) -> None:
+        super().__init__()
+        self.d, self.heads, self.dh = cfg.d_model, cfg.num_heads, cfg.head_dim
+        self.n_cls, self.n_kv = cfg.num_cls, cfg.gdpa_kv_len
+        self.act, self.backend = cfg.gdpa_activation, cfg.attention_backend
+        self.norm = nn.LayerNorm(self.d)
+        self.kv_mix = nn.Linear(self.n_cls, self.n_kv)
+        self.kv_norm = nn.LayerNorm(self.d)
+        self.wq = nn.Linear(self.d, self.d)
+        self.wkv = nn.Linear(self.d, 2 * self.d)
+        self.wo = nn.Linear(self.d, self.d)
+
+    def forward(
+        self, seq: torch.Tensor, x_sum: torch.Tensor, offsets: torch.Tensor, max_len: int,
+        sample: torch.Tensor,
+    ) -> torch.Tensor:
+        b, t = x_sum.shape[0], seq.shape[0]
+        kvs = self.kv_norm(self.kv_mix(x_sum.transpose(1, 2)).transpose(1, 2))  # [B, n_kv, d]
+        k, v = self.wkv(kvs).reshape(b * self.n_kv, 2, self.heads, self.dh).unbind(1)
+        q = self.wq(self.norm(seq)).reshape(t, self.heads, self.dh)
+        kv_off = _jagged.uniform_offsets(b, self.n_kv, seq.device)
+        o = _jagged.attention(
+            q, k, v, offsets, kv_off, max_len, self.n_kv, activation=self.act, backend=self.backend
+        )
+        return seq + self.wo(o.reshape(t, self.d))
+
+    def flops(self, s: _flops.Shapes) -> float:
+        b, t = s.batch, s.tokens
+        return (
+            _flops.linear(b * self.d, self.n_cls, self.n_kv)
+            + _flops.linear(b * self.n_kv, self.d, 2 * self.d)
+            + 2 * _flops.linear(t, self.d, self.d)
+            + _flops.attention(t * self.n_kv, self.heads, self.dh)
+        )
+
+
+class SeqAttention(nn.Module):
+    """MHA over each jagged sequence with its CLS tokens prepended; RoPE; optional window."""
+
+    def __init__(self, cfg: GEMConfig) -> None:
+        super().__init__()
+        self.d, self.heads, self.dh = cfg.d_model, cfg.num_heads, cfg.head_dim
+        self.n_cls, self.window, self.base = cfg.num_cls, cfg.window, cfg.rope_base
+        self.backend = cfg.attention_backend
+        self.norm = nn.LayerNorm(self.d)
+        self.wqkv = nn.Linear(self.d, 3 * self.d)
+        self.wo = nn.Linear(self.d, self.d)
+
+    def forward(
+        self, seq: torch.Tensor, cls: torch.Tensor, offsets: torch.Tensor, max_len: int,
+        sample: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        b = cls.shape[0]
+        comb, off, seq_pos, cls_pos = _jagged.insert_prefix(seq, cls, offsets, sample)
+        tc = comb.shape[0]
+        pos = torch.arange(tc, device=comb.device) - off[_jagged.token_sample(off, tc)]
+        q, k, v = self.wqkv(self.norm(comb)).reshape(tc, 3, self.heads, self.dh).unbind(1)
+        q, k = _jagged.rope(q, pos, self.base), _jagged.rope(k, pos, self.base)
+        lc = max_len + self.n_cls
+        o = _jagged.attention(q, k, v, off, off, lc, lc, window=self.window, backend=self.backend)
+        comb = comb + self.wo(o.reshape(tc, self.d))
+        return comb[seq_pos], comb[cls_pos].reshape(b, self.n_cls, self.d)
+
+    def flops(self, s: _flops.Shapes) -> float:
+        tc = s.tokens + s.batch * self.n_cls
+        pairs = sum(_flops.band_pairs(n + self.n_cls, self.window) for n in s.lengths)
+        return (
+            _flops.linear(tc, self.d, 3 * self.d) + _flops.linear(tc, self.d, self.d)
+            + _flops.attention(pairs, self.heads, self.dh)
+        )
+
+
+class SeqPooling(nn.Module):
+    """PMA: learned seeds attend over the jagged sequence (kv = the sequence).
+
+    Hierarchical (Kunlun): `hier_seeds` seeds, then a rank-`hier_rank` compression over the
+    seed axis to `num_pma_seeds` outputs — more views of a long history for little compute.
+    """
+
+    def __init__(self, cfg: GEMConfig) -> None:
+        super().__init__()
+        self.d, self.heads, self.dh = cfg.d_model, cfg.num_heads, cfg.head_dim
+        self.hier = cfg.hierarchical_pooling
+        self.n_seeds = cfg.hier_seeds if self.hier else cfg.num_pma_seeds
+        self.n_out, self.rank = cfg.num_pma_seeds, cfg.hier_rank
+        self.backend = cfg.attention_backend
+        self.seeds = nn.Parameter(torch.randn(self.n_seeds, self.d) * 0.02)
+        self.wq = nn.Linear(self.d, self.d)
+        self.norm = nn.LayerNorm(self.d)
+        self.wkv = nn.Linear(self.d, 2 * self.d)
+        self.wo = nn.Linear(self.d, self.d)
+        self.down: nn.Linear | None = None
+        self.up: nn.Linear | None = None
+        if self.hier:
+            self.down = nn.Linear(self.n_seeds, self.rank, bias=False)
+            self.up = nn.Linear(self.rank, self.n_out)
+
+    def forward(self, seq: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
+        b, t = offsets.shape[0] - 1, seq.shape[0]
+        q = self.wq(self.seeds).reshape(1, self.n_seeds, self.heads, self.dh)
+        q = q.expand(b, -1, -1, -1).reshape(b * self.n_seeds, self.heads, self.dh)
+        k, v = self.wkv(self.norm(seq)).reshape(t, 2, self.heads, self.dh).unbind(1)
+        q_off = _jagged.uniform_offsets(b, self.n_seeds, seq.device)
+        o = _jagged.attention(q, k, v, q_off, offsets, self.n_seeds, max_len, backend=self.backend)
+        p = self.wo(o.reshape(b * self.n_seeds, self.d)).reshape(b, self.n_seeds, self.d)
+        p = p + self.seeds.to(p.dtype)
+        if self.down is not None and self.up is not None:
+            p = self.up(self.down(p.transpose(1, 2))).transpose(1, 2)
+        return p  # [B, num_pma_seeds, d]
+
+    def flops(self, s: _flops.Shapes) -> float:
+        b, t = s.batch, s.tokens
+        f = (
+            _flops.linear(self.n_seeds, self.d, self.d) + _flops.linear(t, self.d, 2 * self.d)
+            + _flops.attention(self.n_seeds * t, self.heads, self.dh)
+            + _flops.linear(b * self.n_seeds, self.d, self.d)
+        )
+        if self.hier:
+            f += _flops.linear(b * self.d, self.n_seeds, self.rank) + _flops.linear(b * self.d, self.rank, self.n_out)
+        return f
+
+
+def recent_tokens(seq: torch.Tensor, offsets: torch.Tensor, k: int) -> torch.Tensor:
+    """The k most recent tokens of each sequence `[B, k, d]`, oldest first, zeros if shorter."""
+    b = offsets.shape[0] - 1
+    if k == 0 or seq.shape[0] == 0:
+        return seq.new_zeros(b, k, seq.shape[1])
+    idx = offsets[1:, None] - k + torch.arange(k, device=seq.device)
+    valid = (idx >= offsets[:-1, None]).unsqueeze(-1)
+    return seq[idx.clamp(min=0)] * valid
+
+
+class SeqSummary(nn.Module):
+    """Cross arch, sequence → non-sequence: gated [CLS; PMA; recent] summary tokens."""
+
+    def __init__(self, cfg: GEMConfig) -> None:
+        super().__init__()
+        self.n, self.d = cfg.num_summary, cfg.d_model
+        self.norm = nn.LayerNorm(self.d)
+        self.glu = nn.Linear(self.d, 2 * self.d)
+
+    def forward(self, cls: torch.Tensor, pooled: torch.Tensor, recent: torch.Tensor) -> torch.Tensor:
+        z = torch.cat([cls, pooled.to(cls.dtype), recent.to(cls.dtype)], dim=1)
+        return _glu(self.glu, self.norm(z))
+
+    def flops(self, s: _flops.Shapes) -> float:
+        return _flops.linear(s.batch * self.n, self.d, 2 * self.d)
+
+
+class Interaction(nn.Module):
+    """Interaction arch: self-attention over [feature tokens; sequence summary], then FFN."""
+
+    def __init__(self, cfg: GEMConfig) -> None:
+        super().__init__()
+        self.f, self.n = cfg.num_tokens, cfg.num_tokens + cfg.num_summary
+        self.d, self.heads, self.dh = cfg.d_model, cfg.num_heads, cfg.head_dim
+        self.h = cfg.ffn_mult * cfg.d_model
+        self.norm1 = nn.LayerNorm(self.d)
+        self.wqkv = nn.Linear(self.d, 3 * self.d)
+        self.wo = nn.Linear(self.d, self.d)
+        self.norm2 = nn.LayerNorm(self.d)
+        self.w1 = nn.Linear(self.d, self.h)
+        self.w2 = nn.Linear(self.h, self.d)
+
+    def forward(self, x: torch.Tensor, s_sum: torch.Tensor) -> torch.Tensor:
+        z = torch.cat([x, s_sum.to(x.dtype)], dim=1)
+        b = z.shape[0]
+        qkv = self.wqkv(self.norm1(z)).reshape(b, self.n, 3, self.heads, self.dh)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, N, Dh]
+        # Explicit products (not SDPA): N is tiny, and flop counters see them.
+        p = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.dh), dim=-1)
+        a = torch.matmul(p, v).transpose(1, 2).reshape(b, self.n, self.d)
+        z = z + self.wo(a)
+        x = z[:, : self.f]
+        return x + self.w2(F.gelu(self.w1(self.norm2(x))))
+
+    def flops(self, s: _flops.Shapes) -> float:
+        rows = s.batch * self.n
+        return (
+            _flops.linear(rows, self.d, 4 * self.d)
+            + _flops.attention(s.batch * self.n * self.n, self.heads, self.dh)
+            + 2 * _flops.linear(s.batch * self.f, self.d, self.h)
+        )
+
+
+class InterFormerLayer(nn.Module):
+    """One InterFormer layer; `pools=False` (computation skip) reuses the given pooling."""
+
+    def __init__(self, cfg: GEMConfig, layer: int) -> None:
+        super().__init__()
+        self.num_recent = cfg.num_recent
+        self.nonseq_summary = NonSeqSummary(cfg)
+        self.seq_ffn: GDPAFFN | PersonalizedFFN = GDPAFFN(cfg) if cfg.gdpa_ffn else PersonalizedFFN(cfg)
+        self.seq_attention = SeqAttention(cfg)
+        self.pooling: SeqPooling | None = SeqPooling(cfg) if cfg.pools_at(layer) else None
+        self.seq_summary = SeqSummary(cfg)
+        self.interaction = Interaction(cfg)
+
+    def forward(
+        self, x: torch.Tensor, seq: torch.Tensor, offsets: torch.Tensor, max_len: int,
+        sample: torch.Tensor, pooled: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x `[B, F, d]`, seq `[T, d]` → (x, seq, sequence summary `[B, n_sum, d]`, pooling)."""
+        x_sum = self.nonseq_summary(x)
+        seq = self.seq_ffn(seq, x_sum, offsets, max_len, sample)
+        seq, cls_out = self.seq_attention(seq, x_sum, offsets, max_len, sample)
+        if self.pooling is not None:
+            pooled = self.pooling(seq, offsets, max_len)
+        if pooled is None:
+            raise ValueError("a computation-skip layer needs the previous layer's pooling")
+        s_sum = self.seq_summary(cls_out, pooled, recent_tokens(seq, offsets, self.num_recent))
+        return self.interaction(x, s_sum), seq, s_sum, pooled

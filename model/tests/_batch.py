@@ -1,0 +1,117 @@
+"""A small duck-typed Batch (INTERFACES.md fields) with a planted label function, for tests.
+
+gem_model must not import gem_data, and its tests should not depend on gem_data's progress
+for the basic checks: this builds exactly the fields the model reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gem_model import GEMConfig, presets
+
+SPARSE = (("user", 50), ("country", 7), ("device", 5))
+FEATURES: dict[str, Any] = dict(
+    event_vocab=200, num_event_types=4, sparse_features=SPARSE, num_dense=3, num_domains=3,
+    tasks=("click", "conversion"),
+)
+
+
+def tiny_config(**overrides: Any) -> GEMConfig:
+    return presets.tiny(**{**FEATURES, **overrides})
+
+
+class _Jag:
+    def __init__(self, values: torch.Tensor, lengths: torch.Tensor) -> None:
+        self._v, self._l = values, lengths
+
+    def values(self) -> torch.Tensor:
+        return self._v
+
+    def lengths(self) -> torch.Tensor:
+        return self._l
+
+    def offsets(self) -> torch.Tensor:
+        return torch.cat([self._l.new_zeros(1), torch.cumsum(self._l, 0)])
+
+
+class Sparse:
+    """Minimal SparseFeatures: keys() / values() / lengths() / offsets() / to_dict()."""
+
+    def __init__(self, feats: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self._f = feats
+
+    def keys(self) -> list[str]:
+        return list(self._f)
+
+    def values(self) -> torch.Tensor:
+        return torch.cat([v for v, _ in self._f.values()])
+
+    def lengths(self) -> torch.Tensor:
+        return torch.cat([n for _, n in self._f.values()])
+
+    def offsets(self) -> torch.Tensor:
+        n = self.lengths()
+        return torch.cat([n.new_zeros(1), torch.cumsum(n, 0)])
+
+    def to_dict(self) -> dict[str, _Jag]:
+        return {k: _Jag(v, n) for k, (v, n) in self._f.items()}
+
+
+@dataclass
+class Batch:
+    event_ids: torch.Tensor
+    event_types: torch.Tensor
+    timestamps: torch.Tensor
+    seq_offsets: torch.Tensor
+    max_seq_len: int
+    sparse: Any
+    dense: torch.Tensor
+    domain: torch.Tensor
+    labels: torch.Tensor
+    probs: torch.Tensor | None = field(default=None)
+
+
+def make_batch(
+    b: int, *, lengths: list[int] | None = None, max_len: int = 24, seed: int = 0
+) -> Batch:
+    """Random batch with labels from a planted function of the sequence and features.
+
+    logit_click = 3·(fraction of type-0 events − 0.25)·4 + 1.5·dense[0] + (user < 25 ? 1 : −1)
+    logit_conv  = 2·(fraction of ids < 50) ·2 − 2 + domain effect.
+    """
+    g = torch.Generator().manual_seed(seed)
+    if lengths is None:
+        lengths = torch.randint(0, max_len + 1, (b,), generator=g).tolist()
+    lens = torch.tensor(lengths, dtype=torch.int64)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lens, 0)])
+    t = int(offsets[-1])
+    ids = torch.randint(0, FEATURES["event_vocab"], (t,), generator=g)
+    types = torch.randint(0, FEATURES["num_event_types"], (t,), generator=g)
+    gaps = torch.randint(0, 5000, (t,), generator=g)
+    ts = torch.cumsum(gaps, 0)  # non-decreasing within each sequence
+    feats = {}
+    for name, vocab in SPARSE:
+        n = torch.randint(1, 3, (b,), generator=g)
+        feats[name] = (torch.randint(0, vocab, (int(n.sum()),), generator=g), n)
+    sparse = Sparse(feats)
+    dense = torch.randn(b, FEATURES["num_dense"], generator=g)
+    domain = torch.randint(0, FEATURES["num_domains"], (b,), generator=g)
+
+    sample = torch.repeat_interleave(torch.arange(b), lens)
+    denom = lens.clamp(min=1).float()
+    frac0 = torch.zeros(b).index_add_(0, sample, (types == 0).float()) / denom
+    frac_low = torch.zeros(b).index_add_(0, sample, (ids < 50).float()) / denom
+    user_first = feats["user"][0][torch.cumsum(feats["user"][1], 0) - feats["user"][1]]
+    click = 12.0 * (frac0 - 0.25) + 1.5 * dense[:, 0] + torch.where(user_first < 25, 1.0, -1.0)
+    conv = 4.0 * frac_low - 2.0 + (domain.float() - 1.0)
+    probs = torch.sigmoid(torch.stack([click, conv], dim=1))
+    labels = torch.bernoulli(probs, generator=g)
+    return Batch(
+        event_ids=ids, event_types=types, timestamps=ts, seq_offsets=offsets,
+        max_seq_len=max(lengths) if lengths else 0, sparse=sparse, dense=dense, domain=domain,
+        labels=labels, probs=probs,
+    )

@@ -1,0 +1,220 @@
+"""GEMModel: shapes, gradients, FLOP count, edge lengths, config and input validation."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from _batch import FEATURES, make_batch, tiny_config
+from gem_model import GEMConfig, GEMModel, presets
+from gem_model import _flops, _jagged
+from gem_model._embedding import torchrec_available
+from gem_model._layers import recent_tokens
+
+KUNLUN: dict[str, dict[str, Any]] = {
+    "interformer": {},
+    "gdpa": dict(gdpa_ffn=True),
+    "hier_pool": dict(hierarchical_pooling=True),
+    "window": dict(window=3),
+    "skip": dict(computation_skip=True, num_layers=3),
+    "event_widths": dict(event_widths=(16, 8, 4, 1)),
+    "all": dict(
+        gdpa_ffn=True, hierarchical_pooling=True, window=4, computation_skip=True,
+        event_widths=(16, 12, 8, 4),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(KUNLUN))
+def test_shapes_and_every_parameter_gets_gradient(name: str) -> None:
+    torch.manual_seed(0)
+    model = GEMModel(tiny_config(**KUNLUN[name]))
+    batch = make_batch(6, lengths=[0, 1, 5, 17, 2, 9], seed=1)
+    logits = model(batch)
+    assert logits.shape == (6, 2) and logits.dtype == torch.float32
+    assert torch.isfinite(logits).all()
+    torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels).backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing, f"no gradient reaches {missing}"
+    zero = [n for n, p in model.named_parameters() if p.grad is not None and not p.grad.any()]
+    # Only embedding rows/tables can be all-zero by chance of ids; dense weights must move.
+    assert all("weight" in n and ("bags" in n or "ebc" in n or "domain" in n) for n in zero), zero
+
+
+def test_empty_and_all_empty_batches() -> None:
+    model = GEMModel(tiny_config(gdpa_ffn=True))
+    for lengths in ([0, 0, 0], [1], [0, 3]):
+        batch = make_batch(len(lengths), lengths=lengths, seed=2)
+        out = model(batch)
+        assert out.shape == (len(lengths), 2) and torch.isfinite(out).all()
+
+
+def _flop_counter(model: GEMModel, batch: Any) -> int:
+    fc = FlopCounterMode(display=False)
+    with fc:
+        model(batch)
+    return int(fc.get_total_flops())
+
+
+@pytest.mark.parametrize("name", ["interformer", "gdpa", "hier_pool", "skip", "event_widths"])
+def test_flops_match_flop_counter(name: str) -> None:
+    """Analytic FLOPs vs FlopCounterMode on the reference attention path (per-sample matmuls).
+
+    Both count matrix products only. Without a window the reference's products are exactly
+    the visible pairs, so the counts must agree (we ask for 5 %, get ~exact).
+    """
+    model = GEMModel(tiny_config(attention_backend="reference", **KUNLUN[name]))
+    batch = make_batch(7, lengths=[0, 1, 30, 7, 64, 3, 12], seed=3)
+    counted = _flop_counter(model, batch)
+    analytic = model.flops(batch)
+    assert abs(analytic["total"] - counted) <= 0.05 * counted, (analytic, counted)
+    assert analytic["total"] == pytest.approx(sum(v for k, v in analytic.items() if k != "total"))
+    assert analytic["seq_attention"] > 0 and analytic["pooling"] > 0
+
+
+def test_window_flops_count_only_visible_pairs() -> None:
+    """With a window the analytic count is the band; the reference computes (then masks) all
+    pairs, so FlopCounterMode exceeds it by exactly the masked pairs."""
+    cfg = tiny_config(attention_backend="reference", window=4)
+    model = GEMModel(cfg)
+    lengths = [0, 1, 30, 7, 64]
+    batch = make_batch(5, lengths=lengths, seed=4)
+    counted = _flop_counter(model, batch)
+    analytic = model.flops(batch)["total"]
+    full = sum((n + cfg.num_cls) ** 2 for n in lengths)
+    band = sum(_flops.band_pairs(n + cfg.num_cls, 4) for n in lengths)
+    masked = _flops.attention(full - band, cfg.num_heads, cfg.head_dim) * cfg.num_layers
+    assert counted == pytest.approx(analytic + masked)
+
+
+@pytest.mark.parametrize("n,w", [(0, 3), (1, 1), (5, 1), (5, 3), (9, 4), (4, 9)])
+def test_band_pairs_brute_force(n: int, w: int) -> None:
+    i = torch.arange(n)
+    assert _flops.band_pairs(n, w) == int(((i[:, None] - i[None, :]).abs() < w).sum())
+
+
+def test_flops_scale_with_tokens() -> None:
+    model = GEMModel(tiny_config())
+    short, long = model.flops_for((10, 10)), model.flops_for((100, 100))
+    assert long["seq_ffn"] == pytest.approx(10 * short["seq_ffn"], rel=0.05)
+    assert long["seq_attention"] > 10 * short["seq_attention"]  # quadratic part
+    assert long["interaction"] == short["interaction"]  # per-sample, not per-token
+
+
+def test_h200_preset_is_wide() -> None:
+    cfg = presets.h200(**FEATURES)
+    assert cfg.head_dim == 128 and 512 <= cfg.d_model <= 1024
+    assert cfg.gdpa_ffn and cfg.hierarchical_pooling and cfg.computation_skip
+
+
+def test_prefix_insertion_and_recent_tokens_against_loops() -> None:
+    lengths = [3, 0, 1, 5]
+    offsets = torch.tensor([0, 3, 3, 4, 9])
+    seq = torch.randn(9, 4)
+    cls = torch.randn(4, 2, 4)
+    sample = _jagged.token_sample(offsets, 9)
+    comb, new_off, seq_pos, cls_pos = _jagged.insert_prefix(seq, cls, offsets, sample)
+    expect = torch.cat([torch.cat([cls[b], seq[offsets[b] : offsets[b + 1]]]) for b in range(4)])
+    torch.testing.assert_close(comb, expect, rtol=0, atol=0)
+    assert new_off.tolist() == [0, 5, 7, 10, 17]
+    torch.testing.assert_close(comb[seq_pos], seq, rtol=0, atol=0)
+    rec = recent_tokens(seq, offsets, 2)
+    for b, n in enumerate(lengths):
+        last = seq[offsets[b] : offsets[b + 1]][-2:]
+        want = torch.cat([torch.zeros(2 - last.shape[0], 4), last])
+        torch.testing.assert_close(rec[b], want, rtol=0, atol=0)
+
+
+def test_event_widths_mask_columns_per_type() -> None:
+    torch.manual_seed(0)
+    model = GEMModel(tiny_config(event_widths=(16, 8, 4, 2)))
+    batch = make_batch(3, lengths=[4, 6, 2], seed=5)
+    batch.event_types = torch.full_like(batch.event_types, 3)  # every event has width 2
+    before = model(batch)
+    with torch.no_grad():
+        model.events.item.weight[:, 2:] += 1.0
+    torch.testing.assert_close(model(batch), before)
+    with torch.no_grad():
+        model.events.item.weight[:, :2] += 1.0
+    assert not torch.allclose(model(batch), before)
+
+
+def test_computation_skip_reuses_pooling() -> None:
+    model = GEMModel(tiny_config(computation_skip=True, num_layers=4))
+    pools = [layer.pooling is not None for layer in model.layers]  # type: ignore[union-attr]
+    assert pools == [True, False, True, False]
+    f = model.flops_for((10, 20))
+    full = GEMModel(tiny_config(num_layers=4)).flops_for((10, 20))
+    assert f["pooling"] == pytest.approx(full["pooling"] / 2)
+
+
+@pytest.mark.skipif(not torchrec_available(), reason="torchrec not installed")
+def test_torchrec_and_plain_front_ends_agree() -> None:
+    torch.manual_seed(0)
+    a = GEMModel(tiny_config(use_torchrec=True))
+    b = GEMModel(tiny_config(use_torchrec=False))
+    sd = b.state_dict()
+    for name, _ in FEATURES["sparse_features"]:
+        sd[f"sparse.bags.{name}.weight"] = a.sparse.ebc.embedding_bags[f"t_{name}"].weight  # type: ignore[union-attr,index]
+    for k, v in a.state_dict().items():
+        if not k.startswith("sparse.ebc"):
+            sd[k] = v
+    b.load_state_dict(sd)
+    batch = make_batch(4, seed=6)
+    torch.testing.assert_close(a(batch), b(batch))
+
+
+def test_config_validation_names_the_field() -> None:
+    with pytest.raises(ValueError, match="d_model"):
+        tiny_config(d_model=30, num_heads=4)
+    with pytest.raises(ValueError, match="hier_seeds"):
+        tiny_config(hierarchical_pooling=True, hier_seeds=2)
+    with pytest.raises(ValueError, match="event_widths"):
+        tiny_config(event_widths=(4, 4))
+    with pytest.raises(ValueError, match="window"):
+        tiny_config(window=0)
+    with pytest.raises(ValueError, match="attention_backend"):
+        tiny_config(attention_backend="cuda")
+    with pytest.raises(TypeError, match="feature sizes"):
+        presets.tiny(event_vocab=10)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tiny_config().d_model = 8  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        GEMConfig(10, 2, (), 1, 1)  # type: ignore[misc]  # keyword-only
+
+
+def test_bad_batch_raises() -> None:
+    model = GEMModel(tiny_config())
+    batch = make_batch(3, seed=7)
+    bad = make_batch(3, seed=7)
+    bad.seq_offsets = bad.seq_offsets[:-1]
+    with pytest.raises(ValueError, match="seq_offsets"):
+        model(bad)
+    bad = make_batch(3, seed=7)
+    bad.max_seq_len = torch.tensor(5)  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="max_seq_len"):
+        model(bad)
+    assert model(batch).shape == (3, 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_bf16_autocast_matches_reference_backend() -> None:
+    torch.manual_seed(0)
+    cfg = presets.h200(**FEATURES, num_layers=2, d_model=256, num_heads=2, event_widths=(256, 128, 64, 32))
+    fast = GEMModel(cfg).cuda()
+    ref = GEMModel(dataclasses.replace(cfg, attention_backend="reference")).cuda()
+    ref.load_state_dict(fast.state_dict())
+    batch = make_batch(16, max_len=700, seed=8)
+    batch = dataclasses.replace(
+        batch, **{f: getattr(batch, f).cuda() for f in ("event_ids", "event_types", "timestamps", "seq_offsets", "dense", "domain", "labels")}
+    )
+    batch.sparse = type(batch.sparse)({k: (j.values().cuda(), j.lengths().cuda()) for k, j in batch.sparse.to_dict().items()})
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        a, b = fast(batch), ref(batch)
+    torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
+    a.sum().backward()
+    assert all(p.grad is not None for p in fast.parameters())
