@@ -94,7 +94,10 @@ class HostBatch:
 
     def to_batch(self, sparse_kind: str = "auto") -> Batch:
         """Zero-copy torch view of the arrays (CPU), as a `Batch`."""
-        t = torch.from_numpy
+        def t(a: np.ndarray) -> torch.Tensor:
+            # Arrow's zero-copy buffers are read-only; torch tensors must own writable memory
+            return torch.from_numpy(a if a.flags.writeable else a.copy())
+
         lengths = t(np.ascontiguousarray(self.sparse_lengths.reshape(-1)))
         values = t(np.concatenate(self.sparse_values) if self.sparse_values else np.zeros(0, I64))
         return Batch(
