@@ -1,0 +1,134 @@
+"""Triton MXFP8 GEMM for Hopper: C[M, N] = A[M, K] . B[N, K]^T with per-32 E8M0 scales.
+
+Hopper has no block-scaled MMA, so every 32-wide K slice is one FP8 tensor-core dot (a single
+wgmma k32 step) whose fp32 result is multiplied by 2^(sa_i + sb_j) and added to the fp32
+accumulator. Scales are powers of two, so that multiply is exact: the result equals
+dequantize-then-fp32-matmul up to fp32 accumulation order (and the tensor core's internal
+accumulation inside one 32-long dot). SUB such slices are loaded per loop iteration so the
+software pipeliner has enough bytes in flight. The cost over a plain FP8 GEMM is the two
+CUDA-core fp32 ops per output element per 32 K (scale product, FMA), which competes with the
+tensor cores: see BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gem_precision._formats import MXTensor
+
+
+@triton.jit
+def _e8m0_to_f32(byte):
+    b = byte.to(tl.int32)
+    f = (tl.minimum(tl.maximum(b, 1), 254) << 23).to(tl.float32, bitcast=True)
+    f = tl.where(b == 0, 5.877471754111438e-39, f)  # 2^-127, the E8M0 byte 0
+    return tl.where(b == 255, float("nan"), f)
+
+
+@triton.jit
+def _mx_gemm_kernel(
+    a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, bias_ptr,
+    M, N, K,
+    sam, sak, sbn, sbk, sasm, sask, sbsn, sbsk, scm, scn,
+    BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr, GROUP_M: tl.constexpr,
+    A_E5M2: tl.constexpr, B_E5M2: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    gsize = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % gsize
+    pid_n = (pid % group) // gsize
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, 32)
+    mmask = rm < M
+    nmask = rn < N
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, 32 * SUB):
+        for j in tl.static_range(SUB):
+            kk = k0 + j * 32 + rk
+            kmask = kk < K
+            a = tl.load(a_ptr + rm[:, None] * sam + kk[None, :] * sak, mask=mmask[:, None] & kmask[None, :], other=0)
+            b = tl.load(b_ptr + kk[:, None] * sbk + rn[None, :] * sbn, mask=kmask[:, None] & nmask[None, :], other=0)
+            kb = (k0 + j * 32) // 32
+            sa = tl.load(as_ptr + rm * sasm + kb * sask, mask=mmask & (k0 + j * 32 < K), other=127)
+            sb = tl.load(bs_ptr + rn * sbsn + kb * sbsk, mask=nmask & (k0 + j * 32 < K), other=127)
+            if A_E5M2:
+                a = a.to(tl.float8e5, bitcast=True)
+            else:
+                a = a.to(tl.float8e4nv, bitcast=True)
+            if B_E5M2:
+                b = b.to(tl.float8e5, bitcast=True)
+            else:
+                b = b.to(tl.float8e4nv, bitcast=True)
+            part = tl.dot(a, b, out_dtype=tl.float32)
+            acc += part * (_e8m0_to_f32(sa)[:, None] * _e8m0_to_f32(sb)[None, :])
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    c = acc.to(c_ptr.dtype.element_ty)
+    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, c, mask=mmask[:, None] & nmask[None, :])
+
+
+# (BM, BN, SUB, num_warps, num_stages): 128x128 keeps the fp32 accumulator plus one dot
+# result within the register file at 8 warps.
+_GPU_CONFIGS = [
+    (128, 128, 4, 8, 4),
+    (128, 128, 2, 8, 5),
+    (128, 256, 2, 8, 3),
+    (256, 128, 2, 8, 3),
+    (128, 128, 4, 4, 4),
+]
+_tuned: dict[tuple[int, int, int, bool, bool], tuple[int, int, int, int, int]] = {}
+TUNE = {"enabled": True}
+
+
+def _launch(a: MXTensor, b: MXTensor, out: torch.Tensor, bias: torch.Tensor | None,
+            cfg: tuple[int, int, int, int, int]) -> None:
+    M, K = a.data.shape
+    N = b.data.shape[0]
+    BM, BN, SUB, warps, stages = cfg
+    grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
+    ad, bd = a.data.view(torch.uint8), b.data.view(torch.uint8)
+    _mx_gemm_kernel[grid](
+        ad, a.scale, bd, b.scale, out, bias if bias is not None else out,
+        M, N, K,
+        ad.stride(0), ad.stride(1), bd.stride(0), bd.stride(1),
+        a.scale.stride(0), a.scale.stride(1), b.scale.stride(0), b.scale.stride(1),
+        out.stride(0), out.stride(1),
+        BM=BM, BN=BN, SUB=SUB, GROUP_M=8,
+        A_E5M2=a.elem_dtype == torch.float8_e5m2, B_E5M2=b.elem_dtype == torch.float8_e5m2,
+        HAS_BIAS=bias is not None, num_warps=warps, num_stages=stages,
+    )
+
+
+def mx_gemm_triton(a: MXTensor, b: MXTensor, out_dtype: torch.dtype, bias: torch.Tensor | None) -> torch.Tensor:
+    """a: [M, K] blocked along K; b: [N, K] blocked along K -> [M, N] out_dtype (+ bias)."""
+    M, K = a.data.shape
+    N = b.data.shape[0]
+    out = torch.empty((M, N), dtype=out_dtype, device=a.data.device)
+    if M == 0 or N == 0:
+        return out
+    if not a.data.is_cuda:  # TRITON_INTERPRET=1: one small config
+        _launch(a, b, out, bias, (32, 32, 2, 4, 1))
+        return out
+    key = (M, N, K, a.elem_dtype == torch.float8_e5m2, b.elem_dtype == torch.float8_e5m2)
+    if key not in _tuned:
+        if not TUNE["enabled"] or M * N * K < 2**30:
+            _tuned[key] = _GPU_CONFIGS[0]
+        else:
+            best: tuple[float, tuple[int, int, int, int, int]] | None = None
+            for cfg in _GPU_CONFIGS:
+                try:
+                    ms = triton.testing.do_bench(lambda: _launch(a, b, out, bias, cfg), warmup=5, rep=20)
+                except Exception:  # noqa: BLE001 - a config that does not fit (smem/regs) is skipped
+                    continue
+                if best is None or ms < best[0]:
+                    best = (ms, cfg)
+            _tuned[key] = best[1] if best is not None else _GPU_CONFIGS[0]
+    _launch(a, b, out, bias, _tuned[key])
+    return out

@@ -1,0 +1,55 @@
+"""Triton quantization kernels vs the reference, bit for bit (TRITON_INTERPRET=1 on CPU)."""
+import os
+
+import pytest
+import torch
+from _util import assert_mx_equal, mixed
+
+from gem_precision import to_mx, to_mx_2d_both, to_mx_reference
+
+CAN_TRITON = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+pytestmark = pytest.mark.skipif(not CAN_TRITON, reason="needs CUDA or TRITON_INTERPRET=1")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+ELEMS = [torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+@pytest.mark.parametrize("mode", ["floor", "rceil"])
+@pytest.mark.parametrize("elem", ELEMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_and_cols_bit_exact(dtype: torch.dtype, elem: torch.dtype, mode: str) -> None:
+    x = mixed((48, 160), dtype, seed=hash((str(dtype), str(elem), mode)) % 1000).to(DEV)
+    kw = dict(elem_dtype=elem, scale_mode=mode)
+    assert_mx_equal(to_mx(x, backend="triton", **kw), to_mx_reference(x, **kw))  # type: ignore[arg-type]
+    x0 = x[:32 * (x.shape[0] // 32)]
+    assert_mx_equal(to_mx(x0, dim=0, backend="triton", **kw), to_mx_reference(x0, dim=0, **kw))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("shape", [(1, 32), (1, 33), (31, 64), (33, 96), (70, 31), (0, 64), (5, 0)])
+@pytest.mark.parametrize("mode", ["floor", "rceil"])
+def test_both_from_one_read_edge_shapes(shape: tuple[int, int], mode: str) -> None:
+    x = mixed(shape, torch.bfloat16, seed=shape[0] * 100 + shape[1]).to(DEV)
+    r, c = to_mx_2d_both(x, scale_mode=mode, backend="triton")
+    assert_mx_equal(r, to_mx_reference(x, scale_mode=mode))
+    assert_mx_equal(c, to_mx_reference(x.t(), scale_mode=mode))
+    assert c.data.is_contiguous() and c.data.shape == (shape[1], shape[0])
+
+
+def test_padding_strides_and_nd() -> None:
+    x = mixed((6, 8, 40), torch.float32, seed=3).to(DEV)
+    for dim in (-1, 0, 1):
+        assert_mx_equal(to_mx(x, dim=dim, pad=True, backend="triton"), to_mx_reference(x, dim=dim))
+    xt = mixed((64, 96), torch.bfloat16, seed=4).to(DEV).t()  # non-contiguous input
+    assert_mx_equal(to_mx(xt, backend="triton"), to_mx_reference(xt))
+    assert_mx_equal(to_mx(xt, dim=0, backend="triton"), to_mx_reference(xt, dim=0))
+    for bs in (16, 64):
+        assert_mx_equal(to_mx(xt, block_size=bs, backend="triton"), to_mx_reference(xt, block_size=bs))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_large_bit_exact() -> None:
+    for mode in ("floor", "rceil"):
+        x = mixed((4096, 2048), torch.bfloat16, seed=7).cuda()
+        r, c = to_mx_2d_both(x, scale_mode=mode)
+        assert_mx_equal(r, to_mx_reference(x, scale_mode=mode))
+        assert_mx_equal(c, to_mx_reference(x.t(), scale_mode=mode))
