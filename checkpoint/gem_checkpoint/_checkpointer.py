@@ -294,7 +294,7 @@ class Checkpointer:
                 dcp_save(state_dict, storage_writer=writer, process_group=self._pg)
             files = _fs.digests(tmp, writer.written)
         except BaseException as e:  # noqa: BLE001 - reported via save()/wait()
-            local_err = e
+            local_err = _unwrap(e, self.rank)
         error: BaseException | None = local_err
         try:
             results = self._all_gather((local_err is None, files if local_err is None else repr(local_err)))
@@ -433,3 +433,13 @@ def _cause(failure: object) -> str:
     # DCP wraps each rank's exception as (exception, traceback).
     exc = failure[0] if isinstance(failure, tuple) and failure else failure
     return repr(exc)
+
+
+def _unwrap(err: BaseException, rank: int) -> BaseException:
+    """DCP wraps every rank's failure in one CheckpointException; keep the real cause."""
+    if isinstance(err, CheckpointException) and err.failures:
+        failure = err.failures.get(rank, next(iter(err.failures.values())))
+        exc = failure[0] if isinstance(failure, tuple) and failure else failure
+        if isinstance(exc, BaseException):
+            return exc
+    return err

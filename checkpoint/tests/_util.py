@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import os
+import multiprocessing as mp
 import socket
-import subprocess
-import sys
-from pathlib import Path
+from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
-
-WORKER = str(Path(__file__).with_name("_worker.py"))
-
 
 class Loader:
     """Loader-like Stateful: position + shuffled order, plain python values."""
@@ -43,20 +38,32 @@ def trained(seed: int, steps: int = 2) -> tuple[torch.nn.Module, torch.optim.Opt
     return model, optim
 
 
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    e.pop("GEM_CKPT_FAULT", None)
-    e["OMP_NUM_THREADS"] = "1"
-    return e
+_CTX: Any = None
+
+
+def start(name: str, *args: Any) -> tuple[mp.process.BaseProcess, Connection]:
+    """Runs _worker.entry(name, conn, *args) in a child forked from a torch-preloaded server."""
+    global _CTX
+    if _CTX is None:
+        _CTX = mp.get_context("forkserver")
+        _CTX.set_forkserver_preload(["torch", "torch.distributed.checkpoint", "gem_checkpoint", "_worker"])
+    import _worker
+
+    parent, child = _CTX.Pipe()
+    proc = _CTX.Process(target=_worker.entry, args=(name, child, *args))
+    proc.start()
+    child.close()
+    return proc, parent
+
+
+def recv(conn: Connection, proc: mp.process.BaseProcess, timeout: float = 120.0) -> Any:
+    if not conn.poll(timeout):
+        proc.kill()
+        raise AssertionError(f"worker sent nothing in {timeout}s (exitcode {proc.exitcode})")
+    return conn.recv()
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def launch(args: list[str], **kw: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, WORKER, *args], env=kw.pop("env", env()), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)

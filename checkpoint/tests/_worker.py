@@ -1,18 +1,17 @@
-"""Subprocess entry points for the crash, real-I/O-error and multi-process tests.
+"""Child-process bodies for the crash, real-I/O-error and multi-process tests.
 
-    python _worker.py crash <dir> <fault-or-"none">   save step 1, print READY, keep saving
-    python _worker.py fsize <dir>                      RLIMIT_FSIZE makes a save fail for real
-    python _worker.py dist_save <dir> <seed>           (under RANK/WORLD_SIZE env) DTensor save
-    python _worker.py dist_load <dir> <seed>           load into this world's Shard(0) layout
+Started through a forkserver that has torch imported already (see _util.start), so a
+child costs milliseconds instead of a fresh torch import. Each takes a Connection `conn`
+and sends its results (or "READY") through it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import signal
-import sys
+from multiprocessing.connection import Connection
+from typing import Any
 
 import torch
 
@@ -26,20 +25,26 @@ def step_state(step: int) -> dict[str, object]:
     return {"w": torch.randn(N, generator=g), "b": torch.randint(0, 1 << 30, (1000,), generator=g), "meta": {"step": step, "tag": f"s{step}"}}
 
 
-def crash(directory: str, fault: str) -> None:
+def crash(conn: Connection, directory: str, fault: str) -> None:
+    """Saves step 1, says READY, then saves steps 2, 3, ... until killed."""
+    torch.set_num_threads(1)
+    os.environ.pop(FAULT_ENV, None)
     ckpt = Checkpointer(directory, keep_last=2)
     ckpt.save(1, step_state(1))
     ckpt.wait()
     if fault != "none":
         os.environ[FAULT_ENV] = fault
-    print("READY", flush=True)
+    conn.send("READY")
     step = 2
     while True:
         ckpt.save(step, step_state(step))
         step += 1
 
 
-def fsize(directory: str) -> None:
+def fsize(conn: Connection, directory: str) -> None:
+    """A real failing write: RLIMIT_FSIZE below the checkpoint size, then lifted again."""
+    torch.set_num_threads(1)
+    os.environ.pop(FAULT_ENV, None)
     ckpt = Checkpointer(directory, keep_last=5)
     ckpt.save(1, step_state(1))
     ckpt.wait()
@@ -47,7 +52,7 @@ def fsize(directory: str) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
     ckpt.save(2, step_state(2))
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
     try:
         ckpt.wait()
         out["error"] = None
@@ -59,7 +64,7 @@ def fsize(directory: str) -> None:
     ckpt.save(3, step_state(3))
     ckpt.wait()
     out["latest_after_retry"] = ckpt.latest()
-    print(json.dumps(out), flush=True)
+    conn.send(out)
 
 
 def dist_state(seed: int, world: int, mesh: object, zeros: bool) -> dict[str, object]:
@@ -78,10 +83,14 @@ def dist_state(seed: int, world: int, mesh: object, zeros: bool) -> dict[str, ob
     }
 
 
-def dist_main(mode: str, directory: str, seed: int) -> None:
+def dist_main(conn: Connection, mode: str, directory: str, seed: int, rank: int, world: int, port: int) -> None:
+    """One rank of a gloo world: DTensor Shard(0) save (dist_save) or resharded load."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    torch.set_num_threads(1)
+    os.environ.pop(FAULT_ENV, None)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
@@ -93,6 +102,7 @@ def dist_main(mode: str, directory: str, seed: int) -> None:
         ckpt.wait()
         expect_rand = torch.rand(4)  # what this rank's RNG gives next
         torch.save(expect_rand, os.path.join(directory, f"rand_rank{rank}.pt"))
+        conn.send({"rank": rank, "latest": ckpt.latest()})
     else:
         state = dist_state(seed, world, mesh, zeros=True)
         ref = dist_state(seed, world, mesh, zeros=False)
@@ -104,14 +114,9 @@ def dist_main(mode: str, directory: str, seed: int) -> None:
         saved_world = state["config"]["world"]  # type: ignore[index]
         expect = torch.load(os.path.join(directory, f"rand_rank{rank % saved_world}.pt"))
         ok_rng = torch.equal(torch.rand(4), expect)
-        print(json.dumps({"rank": rank, "step": step, "w": ok_w, "b": ok_b, "rng": ok_rng, "rows": local_rows, "config": state["config"]}), flush=True)
+        conn.send({"rank": rank, "step": step, "w": ok_w, "b": ok_b, "rng": ok_rng, "rows": local_rows, "config": state["config"]})
     dist.destroy_process_group()
 
 
-if __name__ == "__main__":
-    if sys.argv[1] == "crash":
-        crash(sys.argv[2], sys.argv[3])
-    elif sys.argv[1] == "fsize":
-        fsize(sys.argv[2])
-    else:
-        dist_main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+def entry(name: str, conn: Connection, *args: Any) -> None:
+    {"crash": crash, "fsize": fsize, "dist_save": dist_main, "dist_load": dist_main}[name](conn, *args)
