@@ -6,12 +6,16 @@ offers `backend="auto" | "triton" | "reference"`. Ops are registered with `torch
 
 from gem_kernels._jagged import pad_jagged, unpad_jagged
 from gem_kernels._jfa import jagged_flash_attention
+from gem_kernels._gdpa import generalized_dot_product_attention
+from gem_kernels._block import block_attention
 
 __version__ = "0.1.0"
 
 # One import line and one entry per op, so op files merge without conflicts.
 __all__ = [
     "__version__",
+    "block_attention",
+    "generalized_dot_product_attention",
     "jagged_flash_attention",
     "pad_jagged",
     "unpad_jagged",

@@ -1,0 +1,320 @@
+"""BlockAttention: softmax attention inside fixed-size blocks of each jagged sequence.
+
+Why this op exists: GEM-style models attend over very long user histories where most of the
+useful signal is local. Cutting each sequence into consecutive `block_size` (64) token blocks
+from its start and letting a block attend only to itself makes attention linear in length
+and memory-bound: per block, q, k, v are read once and out written once. The kernel is
+therefore measured in bytes per second, not FLOP/s.
+
+RoPE: `rope=(cos, sin)` rotates q and k inside the kernel (fwd and bwd), at each token's
+position *within its sequence* (0 for the first token of every sample), "rotate half"
+convention (GPT-NeoX / Llama): x = [x1, x2] split at D/2,
+rot(x) = [x1 cos - x2 sin, x2 cos + x1 sin], with `cos`, `sin` of shape `[P, D/2]`,
+P >= max_len (e.g. `cos = torch.cos(pos[:, None] * inv_freq[None, :])`). `rope_tables`
+builds them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from gem_kernels._jagged import check_jagged, check_offsets
+
+_BACKENDS = ("auto", "triton", "reference")
+TRITON_HEAD_DIMS = (32, 64, 128, 256)
+TRITON_MAX_BLOCK = 128
+
+
+def rope_tables(max_len: int, head_dim: int, *, base: float = 10000.0, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin), each fp32 `[max_len, head_dim / 2]`, for the standard RoPE frequencies."""
+    inv_freq = base ** (-torch.arange(0, head_dim // 2, dtype=torch.float32, device=device) * 2.0 / head_dim)
+    ang = torch.arange(max_len, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
+    return torch.cos(ang), torch.sin(ang)
+
+
+def apply_rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE of `[L, H, D]` at positions 0..L-1 (fp32 math)."""
+    half = x.shape[-1] // 2
+    c = cos[: x.shape[0]].float()[:, None, :]
+    s = sin[: x.shape[0]].float()[:, None, :]
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+def block_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    offsets: torch.Tensor,
+    *,
+    block_size: int,
+    rope: tuple[torch.Tensor, torch.Tensor] | None,
+    scale: float,
+) -> torch.Tensor:
+    """Plain-PyTorch BlockAttention (the specification). fp32 math; reads offsets on the host.
+
+    Shapes: q/k/v `[T, H, D]`, offsets int64 `[B+1]` -> `[T, H, D]`.
+    """
+    off = offsets.tolist()
+    outs: list[torch.Tensor] = []
+    for b in range(len(off) - 1):
+        qb, kb, vb = q[off[b] : off[b + 1]], k[off[b] : off[b + 1]], v[off[b] : off[b + 1]]
+        length = qb.shape[0]
+        if length == 0:
+            continue
+        if rope is not None:
+            qf, kf = apply_rope_reference(qb, *rope), apply_rope_reference(kb, *rope)
+        else:
+            qf, kf = qb.float(), kb.float()
+        vf = vb.float()
+        for s in range(0, length, block_size):
+            e = min(s + block_size, length)
+            sc = torch.einsum("ihd,jhd->hij", qf[s:e], kf[s:e]) * scale
+            p = torch.softmax(sc, dim=-1)
+            outs.append(torch.einsum("hij,jhd->ihd", p, vf[s:e]).to(q.dtype))
+    if not outs:  # no tokens at all: an empty [0, H, D] result, still part of q's graph
+        return q * 0.0
+    return torch.cat(outs, dim=0)
+
+
+def _check_rope(rope: Any, head_dim: int, max_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    if rope is None:
+        return None
+    if not isinstance(rope, (tuple, list)) or len(rope) != 2:
+        raise TypeError(f"rope must be None or a (cos, sin) pair of tensors, got {type(rope).__name__}")
+    cos, sin = rope
+    for name, t in (("rope[0] (cos)", cos), ("rope[1] (sin)", sin)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name}.dtype={t.dtype} must be a float dtype")
+        if t.dim() != 2 or t.shape[1] != head_dim // 2 or t.shape[0] < max_len:
+            raise ValueError(
+                f"{name}.shape={tuple(t.shape)} must be [P, D/2] = [>= max_len={max_len}, {head_dim // 2}]"
+            )
+        if t.device != device:
+            raise ValueError(f"{name}.device={t.device} must be q's device {device}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"rope cos.shape={tuple(cos.shape)} and sin.shape={tuple(sin.shape)} must be equal")
+    if head_dim % 2:
+        raise ValueError(f"q.shape[2]={head_dim} (head dim D) must be even with rope")
+    return cos, sin
+
+
+def block_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    offsets: torch.Tensor,
+    max_len: int,
+    *,
+    block_size: int = 64,
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Softmax attention within consecutive `block_size` blocks of each jagged sequence.
+
+    Blocks are cut from each sequence's start (the last may be partial); a query attends to
+    all keys of its own block and nothing else (no causal mask inside the block).
+
+    Args:
+        q: `[T, H, D]` jagged queries (bf16, fp16 or fp32).
+        k: `[T, H, D]` jagged keys (same offsets as q).
+        v: `[T, H, D]` jagged values.
+        offsets: int64 `[B+1]`.
+        max_len: host int >= every sequence length.
+        block_size: tokens per block (Triton: 1..128).
+        rope: optional `(cos, sin)`, each `[P, D/2]` with P >= max_len, applied to q and k at
+            positions within the sequence (rotate-half convention; see `rope_tables`).
+        scale: softmax scale, default 1/sqrt(D).
+        backend: "triton", "reference" (plain PyTorch) or "auto" (Triton on CUDA).
+
+    Returns:
+        `[T, H, D]` in q's dtype.
+    """
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend={backend!r} must be one of {_BACKENDS}")
+    device = check_jagged({"q": q, "k": k, "v": v})
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(
+            f"q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)} must be equal"
+        )
+    if isinstance(offsets, torch.Tensor) and offsets.device != device:
+        raise ValueError(f"offsets.device={offsets.device} must be q's device {device}")
+    check_offsets(offsets, "offsets", total=q.shape[0], max_len=max_len, max_len_name="max_len")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size={block_size!r} must be an int >= 1")
+    rope = _check_rope(rope, q.shape[2], max_len, device)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[2])
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale={scale!r} must be a finite host float")
+    if backend == "auto":
+        backend = "triton" if device.type == "cuda" else "reference"
+    if backend == "reference":
+        return block_attention_reference(q, k, v, offsets, block_size=block_size, rope=rope, scale=float(scale))
+    if q.shape[2] not in TRITON_HEAD_DIMS:
+        raise ValueError(f"q.shape[2]={q.shape[2]} (head dim D) must be one of {TRITON_HEAD_DIMS} for backend='triton'")
+    if block_size > TRITON_MAX_BLOCK:
+        raise ValueError(f"block_size={block_size} must be <= {TRITON_MAX_BLOCK} for backend='triton'")
+    cos, sin = rope if rope is not None else (None, None)
+    out: torch.Tensor = torch.ops.gem_kernels.block_attention_fwd(
+        q, k, v, offsets, max_len, block_size, cos, sin, float(scale)
+    )
+    return out
+
+
+# --- Triton launchers ------------------------------------------------------------------------
+
+
+def _launch_common(
+    q: torch.Tensor, offsets: torch.Tensor, max_len: int, block_size: int
+) -> tuple[torch.Tensor, tuple[int, int], dict[str, Any]]:
+    from gem_kernels._gdpa import _log_b, _prec, _tile_offsets
+
+    t, h, d = q.shape
+    b = offsets.numel() - 1
+    tiles = _tile_offsets(offsets, block_size)
+    grid = (min(t // block_size + b, b * max(1, -(-max_len // block_size))), h)
+    bsp = max(16, 1 << (block_size - 1).bit_length())
+    meta: dict[str, Any] = dict(
+        D=d, BS=block_size, BSP=bsp, LOG_B=_log_b(b), PREC=_prec(q.dtype),
+        num_warps=4 if bsp * d <= 64 * 128 else 8, num_stages=1,
+    )
+    return tiles, grid, meta
+
+
+def block_forward_triton(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor, max_len: int,
+    block_size: int, cos: torch.Tensor | None, sin: torch.Tensor | None, scale: float,
+) -> torch.Tensor:
+    """Launches the Triton forward. Returns `[T, H, D]`."""
+    from gem_kernels._triton_block import _block_fwd_kernel
+
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = torch.empty_like(q)
+    b = offsets.numel() - 1
+    if q.shape[0] == 0 or b == 0:
+        return out
+    tiles, grid, meta = _launch_common(q, offsets, max_len, block_size)
+    rope = cos is not None and sin is not None
+    cos_t = cos.contiguous() if cos is not None else q
+    sin_t = sin.contiguous() if sin is not None else q
+    _block_fwd_kernel[grid](
+        q, k, v, out, cos_t, sin_t, offsets, tiles,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), cos_t.stride(0) if rope else 0, scale, b, ROPE=rope, **meta,
+    )
+    return out
+
+
+def block_backward_triton(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
+    max_len: int, block_size: int, cos: torch.Tensor | None, sin: torch.Tensor | None, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launches the fused Triton backward (RoPE undone in-kernel). Returns (dq, dk, dv)."""
+    from gem_kernels._triton_block import _block_bwd_kernel
+
+    q, k, v, dout = q.contiguous(), k.contiguous(), v.contiguous(), dout.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    b = offsets.numel() - 1
+    if q.shape[0] == 0 or b == 0:
+        return dq, dk, dv
+    tiles, grid, meta = _launch_common(q, offsets, max_len, block_size)
+    rope = cos is not None and sin is not None
+    cos_t = cos.contiguous() if cos is not None else q
+    sin_t = sin.contiguous() if sin is not None else q
+    _block_bwd_kernel[grid](
+        q, k, v, dout, dq, dk, dv, cos_t, sin_t, offsets, tiles,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1), dk.stride(0), dk.stride(1),
+        dv.stride(0), dv.stride(1), cos_t.stride(0) if rope else 0, scale, b, ROPE=rope, **meta,
+    )
+    return dq, dk, dv
+
+
+# --- torch.library registration of the Triton path -------------------------------------------
+
+
+@torch.library.custom_op("gem_kernels::block_attention_fwd", mutates_args=())
+def _block_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    offsets: torch.Tensor,
+    max_len: int,
+    block_size: int,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    return block_forward_triton(q, k, v, offsets, max_len, block_size, cos, sin, scale)
+
+
+@_block_fwd.register_fake
+def _block_fwd_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    offsets: torch.Tensor,
+    max_len: int,
+    block_size: int,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    return torch.empty_like(q)
+
+
+@torch.library.custom_op("gem_kernels::block_attention_bwd", mutates_args=())
+def _block_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    offsets: torch.Tensor,
+    max_len: int,
+    block_size: int,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return block_backward_triton(dout, q, k, v, offsets, max_len, block_size, cos, sin, scale)
+
+
+@_block_bwd.register_fake
+def _block_bwd_fake(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    offsets: torch.Tensor,
+    max_len: int,
+    block_size: int,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _block_setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    q, k, v, offsets, max_len, block_size, cos, sin, scale = inputs
+    ctx.save_for_backward(q, k, v, offsets, cos, sin)
+    ctx.meta = (max_len, block_size, scale)
+
+
+def _block_backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    q, k, v, offsets, cos, sin = ctx.saved_tensors
+    max_len, block_size, scale = ctx.meta
+    dq, dk, dv = torch.ops.gem_kernels.block_attention_bwd(
+        dout.contiguous(), q, k, v, offsets, max_len, block_size, cos, sin, scale
+    )
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+_block_fwd.register_autograd(_block_backward, setup_context=_block_setup_context)

@@ -1,0 +1,430 @@
+"""Generalized Dot-Product Attention (GDPA): `out_i = sum_j act(scale q_i.k_j) v_j / divisor`.
+
+Why this op exists: HSTU and Kunlun replace softmax by an elementwise activation (SiLU in
+HSTU) and divide by a fixed `divisor` (the max kv length) instead of a row sum. Without the
+row normalisation there is no online-softmax rescale in the forward and no `rowsum(dO * O)`
+correction in the backward, which is where it beats flash attention. Kunlun also rewrites its
+personalized FFN as GDPA cross-attention: long jagged queries over a short (4-64 token)
+per-sample key/value set, so the kernel keeps the whole kv of a sample in one tile there.
+
+Visibility (causal / window / cross) is exactly `jagged_flash_attention`'s
+(`_jagged.visible_mask`). `activation="softmax"` *is* `jagged_flash_attention` (divisor
+ignored).
+
+Adding an activation is one small change in two adjacent places:
+1. one entry in `ACTIVATIONS` below: the value and the derivative in plain PyTorch (the
+   reference and the tests use them);
+2. one branch with the same name in `_triton_gdpa._act` and `_triton_gdpa._act_and_grad`.
+The tests iterate over `ACTIVATIONS`, so a new entry is tested against the reference at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from gem_kernels._jagged import check_jagged, check_offsets, visible_mask
+
+_BACKENDS = ("auto", "triton", "reference")
+TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
+
+_Fn = Callable[[torch.Tensor], torch.Tensor]
+_GELU_C = math.sqrt(2.0 / math.pi)
+_GELU_A = 0.044715
+
+
+def _gelu(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1.0 + torch.tanh(_GELU_C * (x + _GELU_A * x**3)))
+
+
+def _dgelu(x: torch.Tensor) -> torch.Tensor:
+    t = torch.tanh(_GELU_C * (x + _GELU_A * x**3))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _GELU_C * (1.0 + 3.0 * _GELU_A * x * x)
+
+
+def _dsilu(x: torch.Tensor) -> torch.Tensor:
+    s = torch.sigmoid(x)
+    return s * (1.0 + x * (1.0 - s))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Activation:
+    """An elementwise GDPA activation: value and derivative (fp32 in, fp32 out)."""
+
+    fn: _Fn
+    grad: _Fn
+
+
+# The one table of elementwise activations (see the module docstring to add one).
+ACTIVATIONS: dict[str, Activation] = {
+    "silu": Activation(fn=lambda x: x * torch.sigmoid(x), grad=_dsilu),
+    "gelu": Activation(fn=_gelu, grad=_dgelu),  # tanh approximation
+    "relu": Activation(fn=torch.relu, grad=lambda x: (x > 0).to(x.dtype)),
+    "relu2": Activation(fn=lambda x: torch.relu(x) ** 2, grad=lambda x: 2.0 * torch.relu(x)),
+    "sigmoid": Activation(fn=torch.sigmoid, grad=lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x))),
+    "identity": Activation(fn=lambda x: x, grad=torch.ones_like),
+}
+ACTIVATION_NAMES = ("softmax", *ACTIVATIONS)
+
+
+class _ActFn(torch.autograd.Function):
+    """Applies a table activation with the table's derivative, so the reference's backward
+    uses exactly the documented derivative (and a test can check it against autograd)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, name: str) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.name = name
+        return ACTIVATIONS[name].fn(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (x,) = ctx.saved_tensors
+        return g * ACTIVATIONS[ctx.name].grad(x), None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GdpaTiles:
+    """Tile shape of the Triton GDPA kernels (rows of q x rows of kv per program step)."""
+
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+def gdpa_tiles(max_kv_len: int, head_dim: int, *, backward: bool = False) -> GdpaTiles:
+    """Tiles for one call. Short kv (<= 64, the cross-attention/personalized-FFN shape): the
+    whole kv of a sample in one tile (block_n = next pow2 >= 16) and the grid over q tiles."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return GdpaTiles(block_m=16, block_n=16, num_warps=4, num_stages=1)
+    if max_kv_len <= 64:
+        bn = max(16, 1 << max(0, (max_kv_len - 1).bit_length()))
+        return GdpaTiles(block_m=128 if not backward else 64, block_n=bn, num_warps=4, num_stages=2)
+    if backward:
+        return GdpaTiles(block_m=64, block_n=64 if head_dim > 64 else 128, num_warps=4 if head_dim <= 64 else 8, num_stages=2)
+    return GdpaTiles(block_m=128, block_n=64 if head_dim > 64 else 128, num_warps=8 if head_dim > 64 else 4, num_stages=3)
+
+
+def gdpa_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    *,
+    activation: str,
+    scale: float,
+    divisor: float,
+    causal: bool,
+    window: int | None,
+) -> torch.Tensor:
+    """Plain-PyTorch GDPA for an elementwise activation (the specification).
+
+    One sample at a time, fp32 math; reads the offsets on the host (one sync).
+    Shapes: q `[Tq, H, D]`, k/v `[Tkv, H, D]`, offsets int64 `[B+1]` -> `[Tq, H, D]`.
+    """
+    qo = q_offsets.tolist()
+    ko = kv_offsets.tolist()
+    outs: list[torch.Tensor] = []
+    for b in range(len(qo) - 1):
+        qb = q[qo[b] : qo[b + 1]].float().transpose(0, 1)  # [H, Lq, D]
+        kb = k[ko[b] : ko[b + 1]].float().transpose(0, 1)
+        vb = v[ko[b] : ko[b + 1]].float().transpose(0, 1)
+        lq, lk = qb.shape[1], kb.shape[1]
+        if lq == 0:
+            continue
+        mask = visible_mask(lq, lk, causal=causal, window=window, device=q.device)
+        s = torch.matmul(qb, kb.transpose(1, 2)) * scale
+        p = _ActFn.apply(s, activation) * mask / divisor  # type: ignore[no-untyped-call]
+        outs.append(torch.matmul(p, vb).transpose(0, 1).to(q.dtype))
+    if not outs:  # no queries at all: an empty [0, H, D] result, still part of q's graph
+        return q * 0.0
+    return torch.cat(outs, dim=0)
+
+
+def generalized_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    *,
+    activation: str = "silu",
+    scale: float | None = None,
+    divisor: float | None = None,
+    causal: bool = False,
+    window: int | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """GDPA on jagged sequences: `out_i = sum_j act(scale q_i.k_j) v_j / divisor`.
+
+    The sum runs over the keys j of the same sample that query i sees (the visibility rule of
+    `jagged_flash_attention`: `causal`, `window`, bottom-right aligned for unequal lengths).
+
+    Args:
+        q: `[Tq, H, D]` jagged queries (bf16, fp16 or fp32).
+        k: `[Tkv, H, D]` jagged keys.
+        v: `[Tkv, H, D]` jagged values.
+        q_offsets: int64 `[B+1]` offsets into q.
+        kv_offsets: int64 `[B+1]` offsets into k/v (self-attention: pass q_offsets again).
+        max_q_len: host int >= every query length.
+        max_kv_len: host int >= every key length.
+        activation: one of `ACTIVATION_NAMES`: "softmax" (= `jagged_flash_attention`,
+            divisor ignored), "silu", "gelu" (tanh approximation), "relu", "relu2" (squared
+            ReLU), "sigmoid", "identity".
+        scale: score scale, default 1/sqrt(D).
+        divisor: host float > 0 dividing the sum; default `max(max_kv_len, 1)` (HSTU/Kunlun).
+        causal: query i sees keys j <= i + (len_kv - len_q).
+        window: sliding window w (see `jagged_flash_attention`).
+        backend: "triton", "reference" (plain PyTorch) or "auto" (Triton on CUDA).
+
+    Returns:
+        `[Tq, H, D]` in q's dtype. Queries that see no key output 0, never NaN.
+    """
+    if not isinstance(activation, str) or activation not in ACTIVATION_NAMES:
+        raise ValueError(f"activation={activation!r} must be one of {ACTIVATION_NAMES}")
+    if activation == "softmax":
+        from gem_kernels._jfa import jagged_flash_attention
+
+        return jagged_flash_attention(
+            q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len,
+            causal=causal, window=window, scale=scale, backend=backend,
+        )
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend={backend!r} must be one of {_BACKENDS}")
+    device = check_jagged({"q": q, "k": k, "v": v})
+    if k.shape != v.shape:
+        raise ValueError(f"k.shape={tuple(k.shape)} and v.shape={tuple(v.shape)} must be equal")
+    if q.shape[1:] != k.shape[1:]:
+        raise ValueError(f"q.shape={tuple(q.shape)} and k.shape={tuple(k.shape)} must share [H, D]")
+    for name, off in (("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
+        if isinstance(off, torch.Tensor) and off.device != device:
+            raise ValueError(f"{name}.device={off.device} must be q's device {device}")
+    check_offsets(q_offsets, "q_offsets", total=q.shape[0], max_len=max_q_len, max_len_name="max_q_len")
+    check_offsets(kv_offsets, "kv_offsets", total=k.shape[0], max_len=max_kv_len, max_len_name="max_kv_len")
+    if q_offsets.shape != kv_offsets.shape:
+        raise ValueError(
+            f"q_offsets.shape={tuple(q_offsets.shape)} and kv_offsets.shape="
+            f"{tuple(kv_offsets.shape)} must be equal (one [B+1] per batch)"
+        )
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window={window!r} must be None or an int >= 1")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[2])
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale={scale!r} must be a finite host float")
+    if divisor is None:
+        divisor = float(max(max_kv_len, 1))
+    elif isinstance(divisor, bool) or not isinstance(divisor, (int, float)) or not (
+        math.isfinite(divisor) and divisor > 0
+    ):
+        raise ValueError(f"divisor={divisor!r} must be a finite host float > 0")
+    if backend == "auto":
+        backend = "triton" if device.type == "cuda" else "reference"
+    if backend == "reference":
+        return gdpa_reference(
+            q, k, v, q_offsets, kv_offsets, activation=activation, scale=float(scale),
+            divisor=float(divisor), causal=bool(causal), window=window,
+        )
+    if q.shape[2] not in TRITON_HEAD_DIMS:
+        raise ValueError(
+            f"q.shape[2]={q.shape[2]} (head dim D) must be one of {TRITON_HEAD_DIMS} for backend='triton'"
+        )
+    out: torch.Tensor = torch.ops.gem_kernels.gdpa_fwd(
+        q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, activation,
+        float(scale), float(divisor), bool(causal), window,
+    )
+    return out
+
+
+# --- Triton launchers ------------------------------------------------------------------------
+
+
+def _tile_offsets(offsets: torch.Tensor, block: int) -> torch.Tensor:
+    """Cumulative per-sample tile counts `[B+1]` (on the device, no sync)."""
+    lengths = offsets[1:] - offsets[:-1]
+    counts = torch.div(lengths + (block - 1), block, rounding_mode="floor")
+    return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+
+
+def _log_b(b: int) -> int:
+    return max(1, (max(b, 1)).bit_length())
+
+
+def _prec(dtype: torch.dtype) -> str:
+    """Dot precision: exact fp32 for fp32 inputs; fp32-upcast 16-bit dots in the interpreter."""
+    if dtype == torch.float32:
+        return "ieee"
+    return "upcast" if os.environ.get("TRITON_INTERPRET", "0") == "1" else "tf32"
+
+
+def gdpa_forward_triton(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor, max_q_len: int, max_kv_len: int, activation: str,
+    scale: float, divisor: float, causal: bool, window: int | None,
+) -> torch.Tensor:
+    """Launches the Triton forward. Returns `[Tq, H, D]`."""
+    from gem_kernels._triton_gdpa import _gdpa_fwd_kernel
+
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = torch.empty_like(q)
+    tq, h, d = q.shape
+    b = q_offsets.numel() - 1
+    if tq == 0 or b == 0:
+        return out.zero_()
+    t = gdpa_tiles(max_kv_len, d)
+    tiles = _tile_offsets(q_offsets, t.block_m)
+    grid = (min(tq // t.block_m + b, b * max(1, -(-max_q_len // t.block_m))), h)
+    _gdpa_fwd_kernel[grid](
+        q, k, v, out, q_offsets, kv_offsets, tiles,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1),
+        scale, 1.0 / divisor, window or 0, b,
+        D=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n, LOG_B=_log_b(b), ACT=activation,
+        CAUSAL=causal, HAS_WINDOW=window is not None, PREC=_prec(q.dtype),
+        num_warps=t.num_warps, num_stages=t.num_stages,
+    )
+    return out
+
+
+def gdpa_backward_triton(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q_len: int, max_kv_len: int,
+    activation: str, scale: float, divisor: float, causal: bool, window: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launches the Triton backward (a dQ kernel and a dK/dV kernel). Returns (dq, dk, dv)."""
+    from gem_kernels._triton_gdpa import _gdpa_bwd_dkdv_kernel, _gdpa_bwd_dq_kernel
+
+    q, k, v, dout = q.contiguous(), k.contiguous(), v.contiguous(), dout.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    tq, h, d = q.shape
+    tkv = k.shape[0]
+    b = q_offsets.numel() - 1
+    if b == 0 or tq == 0 or tkv == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    t = gdpa_tiles(max_kv_len, d, backward=True)
+    common = dict(
+        D=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n, LOG_B=_log_b(b), ACT=activation, CAUSAL=causal,
+        HAS_WINDOW=window is not None, PREC=_prec(q.dtype), num_warps=t.num_warps, num_stages=t.num_stages,
+    )
+    q_tiles = _tile_offsets(q_offsets, t.block_m)
+    grid_q = (min(tq // t.block_m + b, b * max(1, -(-max_q_len // t.block_m))), h)
+    _gdpa_bwd_dq_kernel[grid_q](
+        q, k, v, dout, dq, q_offsets, kv_offsets, q_tiles,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
+        scale, 1.0 / divisor, window or 0, b, **common,
+    )
+    kv_tiles = _tile_offsets(kv_offsets, t.block_n)
+    grid_kv = (min(tkv // t.block_n + b, b * max(1, -(-max_kv_len // t.block_n))), h)
+    _gdpa_bwd_dkdv_kernel[grid_kv](
+        q, k, v, dout, dk, dv, q_offsets, kv_offsets, kv_tiles,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+        scale, 1.0 / divisor, window or 0, b, **common,
+    )
+    return dq, dk, dv
+
+
+# --- torch.library registration of the Triton path -------------------------------------------
+
+
+@torch.library.custom_op("gem_kernels::gdpa_fwd", mutates_args=())
+def _gdpa_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    activation: str,
+    scale: float,
+    divisor: float,
+    causal: bool,
+    window: int | None,
+) -> torch.Tensor:
+    return gdpa_forward_triton(
+        q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, activation, scale, divisor, causal, window
+    )
+
+
+@_gdpa_fwd.register_fake
+def _gdpa_fwd_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    activation: str,
+    scale: float,
+    divisor: float,
+    causal: bool,
+    window: int | None,
+) -> torch.Tensor:
+    return torch.empty_like(q)
+
+
+@torch.library.custom_op("gem_kernels::gdpa_bwd", mutates_args=())
+def _gdpa_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    activation: str,
+    scale: float,
+    divisor: float,
+    causal: bool,
+    window: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return gdpa_backward_triton(
+        dout, q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, activation, scale, divisor, causal, window
+    )
+
+
+@_gdpa_bwd.register_fake
+def _gdpa_bwd_fake(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    activation: str,
+    scale: float,
+    divisor: float,
+    causal: bool,
+    window: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _gdpa_setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    q, k, v, q_offsets, kv_offsets, *meta = inputs
+    ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
+    ctx.meta = tuple(meta)
+
+
+def _gdpa_backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    q, k, v, q_offsets, kv_offsets = ctx.saved_tensors
+    dq, dk, dv = torch.ops.gem_kernels.gdpa_bwd(dout.contiguous(), q, k, v, q_offsets, kv_offsets, *ctx.meta)
+    return (dq, dk, dv) + (None,) * 9
+
+
+_gdpa_fwd.register_autograd(_gdpa_backward, setup_context=_gdpa_setup_context)

@@ -1,0 +1,381 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator,no-untyped-call,no-any-return"
+"""Triton kernels for Generalized Dot-Product Attention (elementwise activations).
+
+GDPA computes `out_i = sum_j act(scale * q_i . k_j) * v_j / divisor` over the visible keys of
+the same sample. Unlike softmax there is no row normalisation, so the forward is one pass with
+no running max / rescale and the backward needs no `rowsum(dO * O)` correction term:
+
+    S = scale * Q K^T,   P = act(S) * mask / divisor,   O = P V
+    dV = P^T dO,   dP = dO V^T,   dS = dP * act'(S) * mask / divisor
+    dQ = scale * dS K,   dK = scale * dS^T Q
+
+Grid: one program per (q tile, head) for the forward and dQ, one per (kv tile, head) for
+dK/dV. Tiles are enumerated over the *jagged* batch (`tile_offsets` = cumsum of per-sample
+tile counts, computed on the device; the grid size is the host-known upper bound
+`T // BLOCK + B`), so no program is wasted on padding and no host sync is needed. Each
+program finds its sample by a binary search over `tile_offsets`.
+
+Within a tile's key loop, blocks fully visible to every row run without masking; only the
+(at most two) boundary ranges pay for the mask.
+
+Activations are selected by the constexpr string `ACT`; `_act` / `_dact` below must have one
+branch per entry of `gem_kernels._gdpa.ACTIVATIONS` (value and derivative).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+_GELU_C = 0.7978845608028654  # sqrt(2 / pi)
+_GELU_A = 0.044715
+
+
+@triton.jit
+def _dot(a, b, PREC: tl.constexpr):
+    """a @ b in fp32. PREC "upcast" works around the CPU interpreter, whose bf16 dot is wrong."""
+    if PREC == "upcast":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _act(x, ACT: tl.constexpr):
+    """act(x) in fp32. One branch per activation (keep in sync with _gdpa.ACTIVATIONS)."""
+    if ACT == "silu":
+        y = x * tl.sigmoid(x)
+    elif ACT == "gelu":
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        y = x * tl.sigmoid(2.0 * u)  # 0.5 * x * (1 + tanh(u)) == x * sigmoid(2u)
+    elif ACT == "relu":
+        y = tl.maximum(x, 0.0)
+    elif ACT == "relu2":
+        r = tl.maximum(x, 0.0)
+        y = r * r
+    elif ACT == "sigmoid":
+        y = tl.sigmoid(x)
+    elif ACT == "identity":
+        y = x
+    else:
+        tl.static_assert(False, "unknown activation")
+    return y
+
+
+@triton.jit
+def _act_and_grad(x, ACT: tl.constexpr):
+    """(act(x), act'(x)) in fp32."""
+    if ACT == "silu":
+        s = tl.sigmoid(x)
+        y = x * s
+        g = s * (1.0 + x * (1.0 - s))
+    elif ACT == "gelu":
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        s = tl.sigmoid(2.0 * u)  # (1 + tanh(u)) / 2
+        y = x * s
+        # d/dx [x * (1 + t) / 2] = (1 + t) / 2 + x * (1 - t^2) / 2 * u'
+        # with (1 + t) / 2 = s and (1 - t^2) / 2 = 2 s (1 - s)
+        g = s + 2.0 * x * s * (1.0 - s) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x)
+    elif ACT == "relu":
+        y = tl.maximum(x, 0.0)
+        g = tl.where(x > 0.0, 1.0, 0.0)
+    elif ACT == "relu2":
+        r = tl.maximum(x, 0.0)
+        y = r * r
+        g = 2.0 * r
+    elif ACT == "sigmoid":
+        s = tl.sigmoid(x)
+        y = s
+        g = s * (1.0 - s)
+    elif ACT == "identity":
+        y = x
+        g = x * 0.0 + 1.0
+    else:
+        tl.static_assert(False, "unknown activation")
+    return y, g
+
+
+@triton.jit
+def _find_tile(tile_offsets, pid, B, LOG_B: tl.constexpr):
+    """Sample b with tile_offsets[b] <= pid < tile_offsets[b + 1] (binary search)."""
+    lo = 0
+    hi = B
+    for _ in tl.static_range(LOG_B):
+        mid = (lo + hi) // 2
+        v = tl.load(tile_offsets + mid)
+        go_right = v <= pid
+        lo = tl.where(go_right, mid, lo)
+        hi = tl.where(go_right, hi, mid)
+    return lo
+
+
+@triton.jit
+def _visible(offs_i, offs_j, shift, window, lo, hi, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Visibility of key j to query i (the JFA rule) restricted to keys [lo, hi)."""
+    ip = offs_i[:, None] + shift
+    j = offs_j[None, :]
+    m = (j >= lo) & (j < hi)
+    if CAUSAL:
+        m = m & (j <= ip)
+    if HAS_WINDOW:
+        m = m & (j > ip - window)
+        if not CAUSAL:
+            m = m & (j < ip + window)
+    return m
+
+
+@triton.jit
+def _q_tile_ranges(first_i, last_i, shift, window, kv_len, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Key ranges for query rows [first_i, last_i]: any row sees [lo, hi), all rows see [flo, fhi)."""
+    lo = 0
+    flo = 0
+    hi = kv_len
+    fhi = kv_len
+    if CAUSAL:
+        hi = tl.minimum(hi, last_i + shift + 1)
+        fhi = tl.minimum(fhi, first_i + shift + 1)
+    if HAS_WINDOW:
+        lo = tl.maximum(lo, first_i + shift - window + 1)
+        flo = tl.maximum(flo, last_i + shift - window + 1)
+        if not CAUSAL:
+            hi = tl.minimum(hi, last_i + shift + window)
+            fhi = tl.minimum(fhi, first_i + shift + window)
+    return lo, hi, flo, fhi
+
+
+@triton.jit
+def _kv_tile_ranges(first_j, last_j, shift, window, q_len, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Query ranges for key columns [first_j, last_j]: any col seen by [lo, hi), all by [flo, fhi)."""
+    lo = 0
+    flo = 0
+    hi = q_len
+    fhi = q_len
+    if CAUSAL:  # j <= i + shift  <=>  i >= j - shift
+        lo = tl.maximum(lo, first_j - shift)
+        flo = tl.maximum(flo, last_j - shift)
+    if HAS_WINDOW:  # j > i + shift - w  <=>  i < j - shift + w
+        hi = tl.minimum(hi, last_j - shift + window)
+        fhi = tl.minimum(fhi, first_j - shift + window)
+        if not CAUSAL:  # j < i + shift + w  <=>  i > j - shift - w
+            lo = tl.maximum(lo, first_j - shift - window + 1)
+            flo = tl.maximum(flo, last_j - shift - window + 1)
+    return lo, hi, flo, fhi
+
+
+@triton.jit
+def _split(lo, hi, flo, fhi, BLOCK: tl.constexpr):
+    """Split [lo, hi) into masked [lo, m1), unmasked whole blocks [m1, m2), masked [m2, hi)."""
+    m1 = tl.minimum(tl.maximum(flo, lo), hi)
+    n_full = tl.maximum(fhi - m1, 0) // BLOCK
+    m2 = m1 + n_full * BLOCK
+    return m1, m2
+
+
+@triton.jit
+def _fwd_inner(acc, q, K, V, kv_start, stride_kt, stride_vt, offs_m, offs_d, start, end, r_lo, r_hi,
+               shift, window, scale, ACT: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        if MASKED:
+            ld = (offs_n >= r_lo) & (offs_n < r_hi)
+            k = tl.load(K + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :], mask=ld[:, None], other=0.0)
+            v = tl.load(V + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :], mask=ld[:, None], other=0.0)
+        else:
+            k = tl.load(K + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :])
+            v = tl.load(V + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :])
+        s = _dot(q, tl.trans(k), PREC) * scale
+        p = _act(s, ACT)
+        if MASKED:
+            p = tl.where(_visible(offs_m, offs_n, shift, window, r_lo, r_hi, CAUSAL, HAS_WINDOW), p, 0.0)
+        acc += _dot(p.to(v.dtype), v, PREC)
+    return acc
+
+
+@triton.jit
+def _gdpa_fwd_kernel(Q, K, V, O, q_offsets, kv_offsets, tile_offsets,
+                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+                     scale, inv_div, window, B,
+                     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG_B: tl.constexpr,
+                     ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr):
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    if pid >= tl.load(tile_offsets + B):
+        return
+    b = _find_tile(tile_offsets, pid, B, LOG_B)
+    m_block = pid - tl.load(tile_offsets + b)
+    q_start = tl.load(q_offsets + b)
+    q_len = (tl.load(q_offsets + b + 1) - q_start).to(tl.int32)
+    kv_start = tl.load(kv_offsets + b)
+    kv_len = (tl.load(kv_offsets + b + 1) - kv_start).to(tl.int32)
+    shift = kv_len - q_len
+
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    row_ok = offs_m < q_len
+    q = tl.load(Q + h * stride_qh + (q_start + offs_m)[:, None] * stride_qt + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    Kh = K + h * stride_kh
+    Vh = V + h * stride_vh
+
+    first_i = m_block * BLOCK_M
+    last_i = tl.minimum(first_i + BLOCK_M, q_len) - 1
+    lo, hi, flo, fhi = _q_tile_ranges(first_i, last_i, shift, window, kv_len, CAUSAL, HAS_WINDOW)
+    m1, m2 = _split(lo, hi, flo, fhi, BLOCK_N)
+
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    acc = _fwd_inner(acc, q, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, m1, m2, m1, m2,
+                     shift, window, scale, ACT, False, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
+    acc = _fwd_inner(acc, q, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, lo, m1, lo, m1,
+                     shift, window, scale, ACT, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
+    acc = _fwd_inner(acc, q, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, m2, hi, m2, hi,
+                     shift, window, scale, ACT, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
+    out = acc * inv_div
+    tl.store(O + h * stride_oh + (q_start + offs_m)[:, None] * stride_ot + offs_d[None, :],
+             out.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _dq_inner(dq, q, do, K, V, kv_start, stride_kt, stride_vt, offs_m, offs_d, start, end, r_lo, r_hi,
+              shift, window, scale, inv_div, ACT: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+              HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        if MASKED:
+            ld = (offs_n >= r_lo) & (offs_n < r_hi)
+            k = tl.load(K + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :], mask=ld[:, None], other=0.0)
+            v = tl.load(V + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :], mask=ld[:, None], other=0.0)
+        else:
+            k = tl.load(K + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :])
+            v = tl.load(V + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :])
+        s = _dot(q, tl.trans(k), PREC) * scale
+        _, g = _act_and_grad(s, ACT)
+        dp = _dot(do, tl.trans(v), PREC)
+        ds = dp * g * inv_div
+        if MASKED:
+            ds = tl.where(_visible(offs_m, offs_n, shift, window, r_lo, r_hi, CAUSAL, HAS_WINDOW), ds, 0.0)
+        dq += _dot(ds.to(k.dtype), k, PREC)
+    return dq
+
+
+@triton.jit
+def _gdpa_bwd_dq_kernel(Q, K, V, DO, DQ, q_offsets, kv_offsets, tile_offsets,
+                        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                        stride_dot, stride_doh, stride_dqt, stride_dqh,
+                        scale, inv_div, window, B,
+                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG_B: tl.constexpr,
+                        ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr):
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    if pid >= tl.load(tile_offsets + B):
+        return
+    b = _find_tile(tile_offsets, pid, B, LOG_B)
+    m_block = pid - tl.load(tile_offsets + b)
+    q_start = tl.load(q_offsets + b)
+    q_len = (tl.load(q_offsets + b + 1) - q_start).to(tl.int32)
+    kv_start = tl.load(kv_offsets + b)
+    kv_len = (tl.load(kv_offsets + b + 1) - kv_start).to(tl.int32)
+    shift = kv_len - q_len
+
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    row_ok = offs_m < q_len
+    q = tl.load(Q + h * stride_qh + (q_start + offs_m)[:, None] * stride_qt + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + h * stride_doh + (q_start + offs_m)[:, None] * stride_dot + offs_d[None, :],
+                 mask=row_ok[:, None], other=0.0)
+    Kh = K + h * stride_kh
+    Vh = V + h * stride_vh
+
+    first_i = m_block * BLOCK_M
+    last_i = tl.minimum(first_i + BLOCK_M, q_len) - 1
+    lo, hi, flo, fhi = _q_tile_ranges(first_i, last_i, shift, window, kv_len, CAUSAL, HAS_WINDOW)
+    m1, m2 = _split(lo, hi, flo, fhi, BLOCK_N)
+
+    dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    dq = _dq_inner(dq, q, do, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, m1, m2, m1, m2,
+                   shift, window, scale, inv_div, ACT, False, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
+    dq = _dq_inner(dq, q, do, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, lo, m1, lo, m1,
+                   shift, window, scale, inv_div, ACT, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
+    dq = _dq_inner(dq, q, do, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, m2, hi, m2, hi,
+                   shift, window, scale, inv_div, ACT, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
+    dq = dq * scale
+    tl.store(DQ + h * stride_dqh + (q_start + offs_m)[:, None] * stride_dqt + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _dkdv_inner(dk, dv, k, v, Q, DO, q_start, stride_qt, stride_dot, offs_n, offs_d, start, end, r_lo, r_hi,
+                shift, window, scale, inv_div, ACT: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr):
+    for start_m in range(start, end, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        if MASKED:
+            ld = (offs_m >= r_lo) & (offs_m < r_hi)
+            q = tl.load(Q + (q_start + offs_m)[:, None] * stride_qt + offs_d[None, :], mask=ld[:, None], other=0.0)
+            do = tl.load(DO + (q_start + offs_m)[:, None] * stride_dot + offs_d[None, :], mask=ld[:, None], other=0.0)
+        else:
+            q = tl.load(Q + (q_start + offs_m)[:, None] * stride_qt + offs_d[None, :])
+            do = tl.load(DO + (q_start + offs_m)[:, None] * stride_dot + offs_d[None, :])
+        # Transposed scores: sT[j, i] = scale * k_j . q_i
+        st = _dot(k, tl.trans(q), PREC) * scale
+        pt, g = _act_and_grad(st, ACT)
+        dpt = _dot(v, tl.trans(do), PREC)
+        pt = pt * inv_div
+        dst = dpt * g * inv_div
+        if MASKED:
+            vis = _visible(offs_m, offs_n, shift, window, 0, 2147483647, CAUSAL, HAS_WINDOW) & ld[:, None]
+            vis = tl.trans(vis)
+            pt = tl.where(vis, pt, 0.0)
+            dst = tl.where(vis, dst, 0.0)
+        dv += _dot(pt.to(do.dtype), do, PREC)
+        dk += _dot(dst.to(q.dtype), q, PREC)
+    return dk, dv
+
+
+@triton.jit
+def _gdpa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, q_offsets, kv_offsets, tile_offsets,
+                          stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                          stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+                          scale, inv_div, window, B,
+                          D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG_B: tl.constexpr,
+                          ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr):
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    if pid >= tl.load(tile_offsets + B):
+        return
+    b = _find_tile(tile_offsets, pid, B, LOG_B)
+    n_block = pid - tl.load(tile_offsets + b)
+    q_start = tl.load(q_offsets + b)
+    q_len = (tl.load(q_offsets + b + 1) - q_start).to(tl.int32)
+    kv_start = tl.load(kv_offsets + b)
+    kv_len = (tl.load(kv_offsets + b + 1) - kv_start).to(tl.int32)
+    shift = kv_len - q_len
+
+    offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    col_ok = offs_n < kv_len
+    k = tl.load(K + h * stride_kh + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :],
+                mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + h * stride_vh + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :],
+                mask=col_ok[:, None], other=0.0)
+    Qh = Q + h * stride_qh
+    DOh = DO + h * stride_doh
+
+    first_j = n_block * BLOCK_N
+    last_j = tl.minimum(first_j + BLOCK_N, kv_len) - 1
+    lo, hi, flo, fhi = _kv_tile_ranges(first_j, last_j, shift, window, q_len, CAUSAL, HAS_WINDOW)
+    m1, m2 = _split(lo, hi, flo, fhi, BLOCK_M)
+
+    dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+    dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, q_start, stride_qt, stride_dot, offs_n, offs_d, m1, m2, m1, m2,
+                         shift, window, scale, inv_div, ACT, False, CAUSAL, HAS_WINDOW, BLOCK_M, PREC)
+    dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, q_start, stride_qt, stride_dot, offs_n, offs_d, lo, m1, lo, m1,
+                         shift, window, scale, inv_div, ACT, True, CAUSAL, HAS_WINDOW, BLOCK_M, PREC)
+    dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, q_start, stride_qt, stride_dot, offs_n, offs_d, m2, hi, m2, hi,
+                         shift, window, scale, inv_div, ACT, True, CAUSAL, HAS_WINDOW, BLOCK_M, PREC)
+    dk = dk * scale
+    tl.store(DK + h * stride_dkh + (kv_start + offs_n)[:, None] * stride_dkt + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DV + h * stride_dvh + (kv_start + offs_n)[:, None] * stride_dvt + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=col_ok[:, None])

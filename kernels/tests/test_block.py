@@ -1,0 +1,186 @@
+"""Triton BlockAttention vs the plain-PyTorch reference, RoPE on and off, fwd and dq/dk/dv.
+
+CPU: Triton's interpreter (TRITON_INTERPRET=1, set by Bazel) at tiny sizes; block sizes 16
+(a whole tile) and 5 (a padded tile), lengths 0, 1, block - 1, block, block + 1 and a
+partial last block. GPU (skipped without CUDA): real sizes, block 64, D 64/128.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+
+from gem_kernels import block_attention
+from gem_kernels._block import apply_rope_reference, rope_tables
+
+CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+needs_triton = pytest.mark.skipif(
+    not (CUDA or INTERPRET), reason="Triton needs CUDA or TRITON_INTERPRET=1 (set by Bazel)"
+)
+DEVICE = "cuda" if CUDA else "cpu"
+
+TOL = {
+    torch.float32: {"out": (2e-5, 1e-4), "grad": (5e-5, 1e-4)},
+    torch.bfloat16: {"out": (2e-2, 2e-2), "grad": (5e-2, 5e-2)},
+    torch.float16: {"out": (4e-3, 4e-3), "grad": (1e-2, 1e-2)},
+}
+
+
+def _offsets(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int64, device=DEVICE)
+
+
+def _check(
+    lengths: list[int],
+    *,
+    block_size: int,
+    rope: bool,
+    h: int = 1,
+    d: int = 32,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> None:
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    off = _offsets(lengths)
+    max_len = max(lengths, default=0)
+
+    def rnd() -> torch.Tensor:
+        return torch.randn(sum(lengths), h, d, generator=g, device=DEVICE).to(dtype).requires_grad_()
+
+    q, k, v = rnd(), rnd(), rnd()
+    tables = rope_tables(max(max_len, 1), d, device=DEVICE) if rope else None
+    out = block_attention(q, k, v, off, max_len, block_size=block_size, rope=tables, backend="triton")
+    dout = torch.randn(out.shape, generator=g, device=DEVICE).to(dtype)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = block_attention(q32, k32, v32, off, max_len, block_size=block_size, rope=tables, backend="reference")
+    ref_grads = torch.autograd.grad(ref, (q32, k32, v32), dout.float())
+    assert out.dtype == dtype and out.shape == q.shape
+    atol, rtol = TOL[dtype]["out"]
+    torch.testing.assert_close(out.float(), ref, atol=atol, rtol=rtol)
+    atol, rtol = TOL[dtype]["grad"]
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert torch.isfinite(got).all(), name
+        torch.testing.assert_close(got.float(), want, atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}")
+
+
+@needs_triton
+@pytest.mark.parametrize("rope", [False, True])
+def test_edges_whole_tile(rope: bool) -> None:
+    _check([0, 1, 15, 16, 17, 40], block_size=16, rope=rope, h=2)
+
+
+@needs_triton
+@pytest.mark.parametrize("rope", [False, True])
+def test_block_smaller_than_tile(rope: bool) -> None:
+    _check([4, 5, 6, 13, 0], block_size=5, rope=rope)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_with_rope(dtype: torch.dtype) -> None:
+    _check([17, 1, 33], block_size=16, rope=True, dtype=dtype, d=64)
+
+
+@needs_triton
+def test_empty_batch_and_empty_tokens() -> None:
+    for lengths in ([], [0, 0]):
+        off = _offsets(lengths)
+        x = torch.randn(0, 2, 32, device=DEVICE, requires_grad=True)
+        out = block_attention(x, x, x, off, 0, backend="triton")
+        assert out.shape == (0, 2, 32)
+
+
+def test_reference_is_blockwise_softmax() -> None:
+    # The definition, written out: blocks cut from each sequence's start, softmax inside.
+    g = torch.Generator().manual_seed(2)
+    lengths, bs, d = [7, 3], 4, 8
+    q, k, v = (torch.randn(10, 1, d, generator=g) for _ in range(3))
+    out = block_attention(q, k, v, torch.tensor([0, 7, 10]), 7, block_size=bs, backend="reference")
+    for lo, hi in ((0, 4), (4, 7), (7, 10)):  # sample 0: [0,4) [4,7); sample 1: [7,10)
+        p = torch.softmax(q[lo:hi, 0] @ k[lo:hi, 0].T / math.sqrt(d), -1)
+        torch.testing.assert_close(out[lo:hi, 0], p @ v[lo:hi, 0])
+
+
+def test_rope_positions_restart_per_sequence() -> None:
+    # With rope, sample 1 must see positions 0.. again: equal to running it alone.
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(9, 2, 8, generator=g) for _ in range(3))
+    tables = rope_tables(16, 8)
+    both = block_attention(q, k, v, torch.tensor([0, 5, 9]), 5, block_size=4, rope=tables, backend="reference")
+    alone = block_attention(q[5:], k[5:], v[5:], torch.tensor([0, 4]), 4, block_size=4, rope=tables, backend="reference")
+    torch.testing.assert_close(both[5:], alone)
+    # And rope is the rotate-half rotation (norm-preserving, identity at position 0).
+    r = apply_rope_reference(q[:5], *tables)
+    torch.testing.assert_close(r.norm(dim=-1), q[:5].norm(dim=-1))
+    torch.testing.assert_close(r[0], q[0])
+
+
+@needs_triton
+def test_opcheck_custom_op() -> None:
+    off = _offsets([3, 0, 5])
+    q, k, v = (torch.randn(8, 1, 32, device=DEVICE, requires_grad=True) for _ in range(3))
+    cos, sin = rope_tables(5, 32, device=DEVICE)
+    torch.library.opcheck(
+        torch.ops.gem_kernels.block_attention_fwd.default,
+        (q, k, v, off, 5, 4, cos, sin, 0.3),
+        test_utils=("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"),
+    )
+
+
+@needs_triton
+def test_torch_compile_fullgraph() -> None:
+    off = _offsets([3, 4])
+    q = torch.randn(7, 1, 32, device=DEVICE, requires_grad=True)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return block_attention(x, x, x, off, 4, block_size=2, backend="triton").sum()
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    (g1,) = torch.autograd.grad(compiled(q), (q,))
+    (g2,) = torch.autograd.grad(f(q), (q,))
+    torch.testing.assert_close(g1, g2)
+
+
+# --- bad inputs ------------------------------------------------------------------------------
+
+
+def test_bad_inputs() -> None:
+    x = torch.randn(5, 2, 32)
+    off = torch.tensor([0, 2, 5])
+    cos, sin = rope_tables(3, 32)
+    with pytest.raises(ValueError, match="block_size=0 must be"):
+        block_attention(x, x, x, off, 3, block_size=0)
+    with pytest.raises(ValueError, match="backend='gpu' must be one of"):
+        block_attention(x, x, x, off, 3, backend="gpu")
+    with pytest.raises(ValueError, match="max_len=2 is smaller"):
+        block_attention(x, x, x, off, 2)
+    with pytest.raises(ValueError, match="must be equal"):
+        block_attention(x, x[:4], x, off, 3)
+    with pytest.raises(TypeError, match="offsets.dtype"):
+        block_attention(x, x, x, off.int(), 3)
+    with pytest.raises(ValueError, match=r"rope\[0\] \(cos\).shape=\(3, 32\) must be \[P, D/2\]"):
+        block_attention(x, x, x, off, 3, rope=(torch.ones(3, 32), torch.ones(3, 32)))
+    with pytest.raises(ValueError, match=r"rope\[0\] \(cos\).shape=\(2, 16\)"):
+        block_attention(x, x, x, off, 3, rope=(cos[:2], sin[:2]))
+    with pytest.raises(TypeError, match="rope must be None or a"):
+        block_attention(x, x, x, off, 3, rope=cos)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="block_size=200 must be <= 128"):
+        block_attention(x, x, x, off, 3, block_size=200, backend="triton")
+    with pytest.raises(ValueError, match="head dim D"):
+        y = torch.randn(5, 2, 16)
+        block_attention(y, y, y, off, 3, backend="triton")
+
+
+# --- GPU, real sizes -------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU-size test")
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("rope", [False, True])
+def test_gpu_real_sizes(d: int, rope: bool) -> None:
+    g = torch.Generator().manual_seed(d)
+    lengths = torch.randint(0, 3000, (12,), generator=g).tolist() + [0, 1, 63, 64, 65]
+    _check(lengths, block_size=64, rope=rope, h=4, d=d, dtype=torch.bfloat16)

@@ -1,0 +1,305 @@
+"""Triton GDPA vs the plain-PyTorch reference: every activation, forward and dq/dk/dv.
+
+CPU: Triton's interpreter (TRITON_INTERPRET=1, set by Bazel) at tiny sizes with 16x16 tiles,
+so lengths 0, 1, 15, 16, 17, 33 hit the tile edges. GPU (skipped without CUDA): real sizes
+and the heuristic tiles.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gem_kernels import generalized_dot_product_attention as gdpa
+from gem_kernels import jagged_flash_attention
+from gem_kernels._gdpa import ACTIVATION_NAMES, ACTIVATIONS, gdpa_tiles
+from gem_kernels._jagged import visible_mask
+
+CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+needs_triton = pytest.mark.skipif(
+    not (CUDA or INTERPRET), reason="Triton needs CUDA or TRITON_INTERPRET=1 (set by Bazel)"
+)
+DEVICE = "cuda" if CUDA else "cpu"
+
+# Tolerances vs the fp32 reference on the same (rounded) inputs: (atol, rtol). Elementwise
+# activations have no row normalisation, so outputs scale with sum |act| / divisor ~ O(1).
+TOL = {
+    torch.float32: {"out": (2e-5, 1e-4), "grad": (5e-5, 1e-4)},
+    torch.bfloat16: {"out": (3e-2, 3e-2), "grad": (6e-2, 6e-2)},
+    torch.float16: {"out": (5e-3, 5e-3), "grad": (1e-2, 1e-2)},
+}
+
+
+def _offsets(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int64, device=DEVICE)
+
+
+def _check(
+    lq: list[int],
+    lk: list[int],
+    *,
+    activation: str = "silu",
+    h: int = 1,
+    d: int = 16,
+    dtype: torch.dtype = torch.float32,
+    causal: bool = False,
+    window: int | None = None,
+    divisor: float | None = None,
+    seed: int = 0,
+) -> None:
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    qo, ko = _offsets(lq), _offsets(lk)
+    mq, mk = max(lq, default=0), max(lk, default=0)
+
+    def rnd(t: int) -> torch.Tensor:
+        return torch.randn(t, h, d, generator=g, device=DEVICE).to(dtype).requires_grad_()
+
+    q, k, v = rnd(sum(lq)), rnd(sum(lk)), rnd(sum(lk))
+    kw = dict(activation=activation, causal=causal, window=window, divisor=divisor)
+    out = gdpa(q, k, v, qo, ko, mq, mk, backend="triton", **kw)  # type: ignore[arg-type]
+    dout = torch.randn(out.shape, generator=g, device=DEVICE).to(dtype)
+    grads = torch.autograd.grad(out, (q, k, v), dout, allow_unused=True)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = gdpa(q32, k32, v32, qo, ko, mq, mk, backend="reference", **kw)  # type: ignore[arg-type]
+    ref_grads = torch.autograd.grad(ref, (q32, k32, v32), dout.float(), allow_unused=True)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert torch.isfinite(out).all()
+    atol, rtol = TOL[dtype]["out"]
+    torch.testing.assert_close(out.float(), ref, atol=atol, rtol=rtol)
+    atol, rtol = TOL[dtype]["grad"]
+    for name, got, want, x in zip(("dq", "dk", "dv"), grads, ref_grads, (q, k, v)):
+        got = torch.zeros_like(x) if got is None else got
+        want = torch.zeros_like(x, dtype=torch.float32) if want is None else want
+        assert torch.isfinite(got).all(), name
+        torch.testing.assert_close(got.float(), want, atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}")
+
+
+EDGE = [17, 0, 1, 16, 15, 33]
+VARIANTS = {
+    "full": dict(causal=False, window=None),
+    "causal": dict(causal=True, window=None),
+    "causal_window": dict(causal=True, window=5),
+    "band": dict(causal=False, window=3),
+}
+
+
+@needs_triton
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+def test_every_activation_self_attention_edges(activation: str) -> None:
+    _check(EDGE, EDGE, activation=activation, causal=True, h=2)
+
+
+@needs_triton
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_visibility_variants(variant: str) -> None:
+    _check(EDGE, EDGE, activation="gelu", **VARIANTS[variant])  # type: ignore[arg-type]
+
+
+@needs_triton
+@pytest.mark.parametrize("activation", ["silu", "relu2"])
+def test_unequal_lengths_bottom_right(activation: str) -> None:
+    _check(EDGE, [17, 3, 0, 16, 15, 33][::-1], activation=activation, causal=True, window=6)
+
+
+@needs_triton
+@pytest.mark.parametrize("causal", [False, True])
+def test_cross_long_q_short_kv(causal: bool) -> None:
+    # The personalized-FFN shape: long jagged queries over 0..9 keys per sample.
+    _check([40, 3, 0, 17, 1], [4, 8, 2, 0, 9], activation="silu", causal=causal, divisor=7.0)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision(dtype: torch.dtype) -> None:
+    _check([17, 1, 16], [17, 1, 16], activation="silu", dtype=dtype, d=32)
+
+
+@needs_triton
+def test_all_empty_kv_gives_zeros_and_zero_grads() -> None:
+    qo, ko = _offsets([3, 2]), _offsets([0, 0])
+    q = torch.randn(5, 2, 16, device=DEVICE, requires_grad=True)
+    k = torch.randn(0, 2, 16, device=DEVICE, requires_grad=True)
+    v = torch.randn(0, 2, 16, device=DEVICE, requires_grad=True)
+    for backend in ("triton", "reference"):
+        out = gdpa(q, k, v, qo, ko, 3, 0, activation="sigmoid", backend=backend)
+        assert torch.count_nonzero(out) == 0 and torch.isfinite(out).all()
+        (dq,) = torch.autograd.grad(out.sum(), (q,), allow_unused=True)
+        assert dq is None or torch.count_nonzero(dq) == 0
+
+
+@needs_triton
+def test_empty_batch() -> None:
+    off = _offsets([])
+    x = torch.randn(0, 2, 16, device=DEVICE, requires_grad=True)
+    out = gdpa(x, x, x, off, off, 0, 0, causal=True, backend="triton")
+    assert out.shape == (0, 2, 16)
+
+
+def test_divisor_and_scale_follow_the_formula() -> None:
+    # One sample, written out by hand: out_i = sum_j act(scale q_i.k_j) v_j / divisor.
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(n, 1, 8, generator=g) for n in (3, 4, 4))
+    off_q, off_k = torch.tensor([0, 3]), torch.tensor([0, 4])
+    out = gdpa(q, k, v, off_q, off_k, 3, 4, activation="silu", scale=0.5, divisor=2.0, backend="reference")
+    s = 0.5 * q[:, 0] @ k[:, 0].T
+    want = torch.nn.functional.silu(s) @ v[:, 0] / 2.0
+    torch.testing.assert_close(out[:, 0], want)
+    # Default divisor = max_kv_len, default scale = 1/sqrt(D).
+    out = gdpa(q, k, v, off_q, off_k, 3, 10, activation="identity", backend="reference")
+    torch.testing.assert_close(out[:, 0], (q[:, 0] @ k[:, 0].T / math.sqrt(8)) @ v[:, 0] / 10.0)
+
+
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_table_derivatives_match_autograd(name: str) -> None:
+    x = torch.randn(257, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 3
+    x = x[x.abs() > 1e-3].requires_grad_()  # relu's kink
+    (auto,) = torch.autograd.grad(ACTIVATIONS[name].fn(x).sum(), (x,))
+    torch.testing.assert_close(ACTIVATIONS[name].grad(x.detach()), auto)
+
+
+def test_gelu_is_the_tanh_approximation() -> None:
+    x = torch.linspace(-6, 6, 101)
+    torch.testing.assert_close(ACTIVATIONS["gelu"].fn(x), torch.nn.functional.gelu(x, approximate="tanh"))
+
+
+@pytest.mark.parametrize("backend", ["reference"] + (["triton"] if (CUDA or INTERPRET) else []))
+def test_softmax_is_jagged_flash_attention(backend: str) -> None:
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    lq, lk = [5, 0, 9], [7, 3, 9]
+    qo, ko = _offsets(lq), _offsets(lk)
+    q, k, v = (torch.randn(n, 2, 16, generator=g, device=DEVICE) for n in (14, 19, 19))
+    out = gdpa(q, k, v, qo, ko, 9, 9, activation="softmax", divisor=123.0, causal=True, backend=backend)
+    want = jagged_flash_attention(q, k, v, qo, ko, 9, 9, causal=True, backend=backend)
+    torch.testing.assert_close(out, want)
+    # And independently of JFA: a per-sample masked softmax.
+    rows = []
+    for b in range(3):
+        qb, kb, vb = q[qo[b] : qo[b + 1], 0], k[ko[b] : ko[b + 1], 0], v[ko[b] : ko[b + 1], 0]
+        m = visible_mask(lq[b], lk[b], causal=True, window=None, device=DEVICE)
+        s = (qb @ kb.T / 4.0).masked_fill(~m, -math.inf)
+        rows.append(torch.nan_to_num(torch.softmax(s, -1)) @ vb)
+    torch.testing.assert_close(out[:, 0], torch.cat(rows), atol=1e-5, rtol=1e-4)
+
+
+@needs_triton
+@settings(max_examples=4, deadline=None)
+@given(
+    lengths=st.lists(st.tuples(st.integers(0, 20), st.integers(0, 20)), min_size=1, max_size=3),
+    activation=st.sampled_from(list(ACTIVATIONS)),
+    causal=st.booleans(),
+    window=st.one_of(st.none(), st.integers(1, 8)),
+    seed=st.integers(0, 2**16),
+)
+def test_hypothesis(
+    lengths: list[tuple[int, int]], activation: str, causal: bool, window: int | None, seed: int
+) -> None:
+    _check([a for a, _ in lengths], [b for _, b in lengths], activation=activation, causal=causal,
+           window=window, seed=seed)
+
+
+@needs_triton
+def test_opcheck_custom_op() -> None:
+    qo, ko = _offsets([3, 0, 5]), _offsets([4, 2, 5])
+    q = torch.randn(8, 1, 16, device=DEVICE, requires_grad=True)
+    k = torch.randn(11, 1, 16, device=DEVICE, requires_grad=True)
+    v = torch.randn(11, 1, 16, device=DEVICE, requires_grad=True)
+    torch.library.opcheck(
+        torch.ops.gem_kernels.gdpa_fwd.default,
+        (q, k, v, qo, ko, 5, 5, "silu", 0.25, 5.0, True, None),
+        test_utils=("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"),
+    )
+
+
+@needs_triton
+def test_torch_compile_fullgraph() -> None:
+    qo = _offsets([3, 4])
+    q = torch.randn(7, 1, 16, device=DEVICE, requires_grad=True)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return gdpa(x, x, x, qo, qo, 4, 4, activation="gelu", causal=True, backend="triton").sum()
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    (g1,) = torch.autograd.grad(compiled(q), (q,))
+    (g2,) = torch.autograd.grad(f(q), (q,))
+    torch.testing.assert_close(g1, g2)
+
+
+def test_tiles_short_kv_is_one_tile() -> None:
+    if INTERPRET:
+        pytest.skip("interpreter forces 16x16 tiles")  # only the GPU heuristic is tested here
+    for kv in (4, 16, 33, 64):
+        assert gdpa_tiles(kv, 128).block_n >= kv
+
+
+# --- bad inputs ------------------------------------------------------------------------------
+
+
+def _args() -> tuple[torch.Tensor, ...]:
+    x = torch.randn(5, 2, 16)
+    return x, x, x, torch.tensor([0, 2, 5]), torch.tensor([0, 2, 5])
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(activation="tanh"), ValueError, "activation='tanh' must be one of"),
+        (dict(divisor=0.0), ValueError, "divisor=0.0 must be"),
+        (dict(divisor=float("nan")), ValueError, "divisor=nan must be"),
+        (dict(window=0), ValueError, "window=0 must be"),
+        (dict(scale=float("inf")), ValueError, "scale=inf must be"),
+        (dict(backend="cuda"), ValueError, "backend='cuda' must be one of"),
+    ],
+)
+def test_bad_keywords(kwargs: dict[str, object], exc: type[Exception], match: str) -> None:
+    with pytest.raises(exc, match=match):
+        gdpa(*_args(), 3, 3, **kwargs)  # type: ignore[arg-type, call-arg]
+
+
+def test_bad_tensors() -> None:
+    q, k, v, qo, ko = _args()
+    with pytest.raises(TypeError, match="q_offsets.dtype"):
+        gdpa(q, k, v, qo.int(), ko, 3, 3)
+    with pytest.raises(ValueError, match="max_q_len=2 is smaller"):
+        gdpa(q, k, v, qo, ko, 2, 3)
+    with pytest.raises(ValueError, match=r"k.shape=\(5, 2, 16\) and v.shape=\(4, 2, 16\)"):
+        gdpa(q, k, v[:4], qo, ko, 3, 3)
+    with pytest.raises(ValueError, match="must share"):
+        gdpa(q, k[:, :1], v[:, :1], qo, ko, 3, 3)
+    with pytest.raises(ValueError, match=r"q.shape=\(5, 2\) must be \[T, H, D\]"):
+        gdpa(q[:, :, 0], k, v, qo, ko, 3, 3)
+    with pytest.raises(TypeError, match="q.dtype=torch.int64"):
+        gdpa(q.long(), k, v, qo, ko, 3, 3)
+    with pytest.raises(ValueError, match="q_offsets\\[-1\\]=5 must equal"):
+        gdpa(q[:4], k, v, qo, ko, 3, 3)
+    with pytest.raises(ValueError, match="head dim D"):
+        x = torch.randn(5, 2, 12)
+        gdpa(x, x, x, qo, ko, 3, 3, backend="triton")
+
+
+def test_activation_names_listed() -> None:
+    assert set(ACTIVATION_NAMES) == {"softmax", "silu", "gelu", "relu", "relu2", "sigmoid", "identity"}
+
+
+# --- GPU, real sizes -------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU-size test")
+@pytest.mark.parametrize("activation", ["silu", "gelu", "relu2"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_gpu_real_sizes(activation: str, variant: str) -> None:
+    g = torch.Generator().manual_seed(7)
+    lq = torch.randint(0, 1200, (10,), generator=g).tolist() + [0, 1, 127, 128, 129]
+    _check(lq, lq, activation=activation, h=4, d=128, dtype=torch.bfloat16, **VARIANTS[variant])  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU-size test")
+@pytest.mark.parametrize("kv", [4, 16, 64])
+def test_gpu_cross_short_kv(kv: int) -> None:
+    g = torch.Generator().manual_seed(kv)
+    lq = torch.randint(0, 1500, (12,), generator=g).tolist() + [0, 1, 129]
+    lk = torch.randint(0, kv + 1, (len(lq),), generator=g).tolist()
+    _check(lq, lk, activation="silu", h=4, d=128, dtype=torch.bfloat16)
