@@ -58,7 +58,7 @@ def token_budget_batches(lengths: Sequence[int] | np.ndarray, max_tokens: int) -
 
 
 def shuffle_base_batches(costs: Sequence[float] | np.ndarray, world_size: int, *,
-                         max_swaps: int | None = None) -> list[list[int]]:
+                         max_swaps: int | None = None, tol: float = 1e-3) -> list[list[int]]:
     """Assigns sub-batches to ranks so that every rank's total cost is close to the mean.
 
     1. Sort sub-batches by cost, heaviest first, and deal them out in rounds of
@@ -77,6 +77,7 @@ def shuffle_base_batches(costs: Sequence[float] | np.ndarray, world_size: int, *
         costs: [n] cost of each sub-batch; n must be a multiple of world_size.
         world_size: number of ranks.
         max_swaps: cap on refinement swaps (default 4 * n); 0 gives plain dealing.
+        tol: stop refining once max rank cost <= (1 + tol) * mean.
 
     Returns:
         For each rank, the sub-batch indices it takes, in increasing order.
@@ -98,8 +99,11 @@ def shuffle_base_batches(costs: Sequence[float] | np.ndarray, world_size: int, *
             taken[rank].append(item)
             load[rank] += c[item]
     budget = 4 * c.size if max_swaps is None else max_swaps
+    target = (1.0 + tol) * load.mean()
     while budget > 0 and world_size > 1:
         hi = int(np.argmax(load))
+        if load[hi] <= target:
+            break
         if not _swap_from(c, taken, load, hi):
             break
         budget -= 1

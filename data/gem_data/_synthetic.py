@@ -16,6 +16,7 @@ dense and domain inputs and attention over recent events can learn all of it.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 
@@ -29,6 +30,7 @@ _RECENT_TYPES = 16
 _RECENT_ITEMS = 8
 _ITEM_FEATURE = 1_000_003  # feature slot of the sequence item ids in the effect hash
 _T0 = 1_700_000_000
+_PAGE = 256  # blocks whose lengths are drawn together
 
 
 def _splitmix(x: np.ndarray) -> np.ndarray:
@@ -101,6 +103,7 @@ class SyntheticSource:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self._p = _Planted(cfg)
+        self._page = functools.lru_cache(maxsize=16)(self._length_page)  # thread-safe cache
 
     def __len__(self) -> int:
         if self.num_blocks is None:
@@ -111,13 +114,20 @@ class SyntheticSource:
         if b < 0 or (self.num_blocks is not None and b >= self.num_blocks):
             raise IndexError(f"block {b} out of range [0, {self.num_blocks})")
 
-    def lengths(self, b: int) -> np.ndarray:
-        """[block_size] int64 sequence lengths of block b (cheap: no contents generated)."""
-        self._check(b)
+    def _length_page(self, page: int) -> np.ndarray:
+        # lengths of _PAGE blocks at once: a planner asks for thousands of blocks per step
         cfg = self.cfg
-        rng = np.random.default_rng([cfg.seed, b, 0])
-        raw = rng.lognormal(self._p.mu, cfg.seq_len_sigma, self.block_size)
-        return np.clip(np.rint(raw), cfg.seq_len_min, cfg.seq_len_cap).astype(np.int64)
+        rng = np.random.default_rng([cfg.seed, page, 0])
+        raw = rng.lognormal(self._p.mu, cfg.seq_len_sigma, (_PAGE, self.block_size))
+        out: np.ndarray = np.clip(np.rint(raw), cfg.seq_len_min, cfg.seq_len_cap).astype(np.int64)
+        out.flags.writeable = False
+        return out
+
+    def lengths(self, b: int) -> np.ndarray:
+        """[block_size] int64 sequence lengths of block b (cheap: no contents generated; read-only)."""
+        self._check(b)
+        out: np.ndarray = self._page(b // _PAGE)[b % _PAGE]
+        return out
 
     def read(self, b: int) -> HostBatch:
         """Block b as numpy arrays."""

@@ -102,7 +102,7 @@ def test_parquet_loader_and_worker_errors(tmp_path: Path) -> None:
     raw[200:260] = bytes(60)
     f.write_bytes(bytes(raw))
     with pytest.raises(DataError, match="part-00001.parquet"):
-        list(JaggedLoader(src, blocks_per_batch=2, balance=False))
+        list(JaggedLoader(src, blocks_per_batch=2, balance=False, sparse_kind="native"))
 
 
 def test_bad_args() -> None:
