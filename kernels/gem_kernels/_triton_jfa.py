@@ -135,9 +135,29 @@ def _visible(rows, cols, shift, lk, WINDOW, CAUSAL: tl.constexpr, HAS_WINDOW: tl
 
 
 @triton.jit
+def _visible_t(rows, cols, shift, lk, WINDOW, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """`_visible` transposed: key cols [BN] x query rows [BM] (the dK/dV kernel's layout)."""
+    ipos = rows[None, :] + shift
+    j = cols[:, None]
+    mask = j < lk
+    if CAUSAL:
+        mask = mask & (j <= ipos)
+    if HAS_WINDOW:
+        if CAUSAL:
+            mask = mask & (j > ipos - WINDOW)
+        else:
+            mask = mask & (ipos - j < WINDOW) & (j - ipos < WINDOW)
+    return mask
+
+
+@triton.jit
 def _kv_bounds(m_start, lk, shift, WINDOW, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
-    """kv tiles [lo, hi) that query rows [m_start, m_start + BLOCK_M) may see."""
+    """kv tiles that query rows [m_start, m_start + BLOCK_M) may see, as lo <= f_lo <= f_hi <= hi.
+
+    [lo, hi) holds every visible key (lo a multiple of BLOCK_N); tiles in [f_lo, f_hi) are
+    visible to every row of the block and skip the element mask; the edges are masked.
+    """
     lo = 0
     hi = lk
     if CAUSAL:
@@ -147,7 +167,53 @@ def _kv_bounds(m_start, lk, shift, WINDOW, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
         if not CAUSAL:
             hi = tl.minimum(hi, m_start + BLOCK_M - 1 + shift + WINDOW)
     lo = (lo // BLOCK_N) * BLOCK_N
-    return lo, hi
+    hi = tl.maximum(hi, lo)
+    # Full tiles: n + BLOCK_N <= lk, and every row's rule holds for every column of the tile.
+    f_lo = lo
+    f_hi = lk
+    if CAUSAL:
+        f_hi = tl.minimum(f_hi, m_start + shift + 1)
+    if HAS_WINDOW:
+        f_lo = tl.maximum(f_lo, m_start + BLOCK_M + shift - WINDOW)
+        if not CAUSAL:
+            f_hi = tl.minimum(f_hi, m_start + shift + WINDOW)
+    f_lo = ((f_lo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    f_hi = (tl.maximum(f_hi, 0) // BLOCK_N) * BLOCK_N
+    f_lo = tl.minimum(f_lo, hi)
+    f_hi = tl.maximum(tl.minimum(f_hi, hi), f_lo)
+    return lo, f_lo, f_hi, hi
+
+
+@triton.jit
+def _fwd_tile(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+              stride_kt, stride_vt, shift, lk, scale_log2, WINDOW,
+              CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, MASKED: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """One kv tile of the online softmax (Dao, FlashAttention-2, Alg. 1)."""
+    cols = start_n + offs_n
+    if MASKED:
+        kT = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None],
+                     mask=(cols < lk)[None, :], other=0.0)
+        v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :],
+                    mask=(cols < lk)[:, None], other=0.0)
+    else:
+        kT = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None])
+        v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :])
+    qk = _mma(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_PREC, UPCAST) * scale_log2
+    if MASKED:
+        mask = _visible(offs_m, cols, shift, lk, WINDOW, CAUSAL, HAS_WINDOW)
+        qk = tl.where(mask, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = m_new
+    p = tl.exp2(qk - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = _mma(p.to(v.dtype), v, acc, DOT_PREC, UPCAST)
+    return acc, l_i, m_new
 
 
 @triton.jit
@@ -181,26 +247,21 @@ def _jfa_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    lo, hi = _kv_bounds(m_start, lk, shift, WINDOW, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW)
+    lo, f_lo, f_hi, hi = _kv_bounds(m_start, lk, shift, WINDOW, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW)
     k_base = K + kv_start * stride_kt + h * stride_kh
     v_base = V + kv_start * stride_vt + h * stride_vh
-    for start_n in range(lo, hi, BLOCK_N):
-        cols = start_n + offs_n
-        kT = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None],
-                     mask=(cols < lk)[None, :], other=0.0)
-        qk = _mma(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_PREC, UPCAST) * scale_log2
-        mask = _visible(offs_m, cols, shift, lk, WINDOW, CAUSAL, HAS_WINDOW)
-        qk = tl.where(mask, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(qk - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :],
-                    mask=(cols < lk)[:, None], other=0.0)
-        acc = _mma(p.to(v.dtype), v, acc, DOT_PREC, UPCAST)
-        m_i = m_new
+    for start_n in range(lo, f_lo, BLOCK_N):
+        acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+                                  stride_kt, stride_vt, shift, lk, scale_log2, WINDOW,
+                                  CAUSAL, HAS_WINDOW, True, BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
+    for start_n in range(f_lo, f_hi, BLOCK_N):
+        acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+                                  stride_kt, stride_vt, shift, lk, scale_log2, WINDOW,
+                                  CAUSAL, HAS_WINDOW, False, BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
+    for start_n in range(f_hi, hi, BLOCK_N):
+        acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+                                  stride_kt, stride_vt, shift, lk, scale_log2, WINDOW,
+                                  CAUSAL, HAS_WINDOW, True, BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -209,6 +270,35 @@ def _jfa_fwd_kernel(
     tl.store(O + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
              out.to(O.dtype.element_ty), mask=m_valid[:, None])
     tl.store(LSE + (q_start + offs_m) * H + h, lse2, mask=m_valid)
+
+
+@triton.jit
+def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_m, offs_n, offs_d,
+               stride_qt, stride_dot, H, shift, lq, lk, scale_log2, WINDOW,
+               CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, MASKED: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """dV += Pᵀ dO and dK += dSᵀ Q for one q block (FlashAttention-2 backward, transposed)."""
+    rows = start_m + offs_m
+    if MASKED:
+        r_valid = rows < lq
+        qT = tl.load(q_base + rows[None, :] * stride_qt + offs_d[:, None], mask=r_valid[None, :], other=0.0)
+        lse2 = tl.load(lse_base + rows * H, mask=r_valid, other=float("inf"))
+        do = tl.load(do_base + rows[:, None] * stride_dot + offs_d[None, :], mask=r_valid[:, None], other=0.0)
+        delta = tl.load(delta_base + rows * H, mask=r_valid, other=0.0)
+    else:
+        qT = tl.load(q_base + rows[None, :] * stride_qt + offs_d[:, None])
+        lse2 = tl.load(lse_base + rows * H)
+        do = tl.load(do_base + rows[:, None] * stride_dot + offs_d[None, :])
+        delta = tl.load(delta_base + rows * H)
+    kq = _mma(k, qT, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT_PREC, UPCAST) * scale_log2
+    pT = tl.exp2(kq - lse2[None, :])
+    if MASKED:
+        pT = tl.where(_visible_t(rows, offs_n, shift, lk, WINDOW, CAUSAL, HAS_WINDOW), pT, 0.0)
+    dv = _mma(pT.to(do.dtype), do, dv, DOT_PREC, UPCAST)
+    dpT = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT_PREC, UPCAST)
+    dsT = pT * (dpT - delta[None, :])
+    dk = _mma(dsT.to(qT.dtype), tl.trans(qT), dk, DOT_PREC, UPCAST)
+    return dk, dv
 
 
 @triton.jit
@@ -244,41 +334,72 @@ def _jfa_bwd_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
 
-    # Query rows that may see keys [n_start, n_start + BLOCK_N).
+    # Query blocks that may see keys [n_start, n_start + BLOCK_N): [lo, hi); blocks in
+    # [f_lo, f_hi) are all-valid rows that see every key of the tile (no element mask).
     lo = 0
     hi = lq
+    f_lo = 0
+    f_hi = lq
     if CAUSAL:
         lo = tl.maximum(lo, n_start - shift)
+        f_lo = tl.maximum(f_lo, n_start + BLOCK_N - 1 - shift)
     if HAS_WINDOW:
         hi = tl.minimum(hi, n_start + BLOCK_N - 1 - shift + WINDOW)
+        f_hi = tl.minimum(f_hi, n_start - shift + WINDOW)
         if not CAUSAL:
             lo = tl.maximum(lo, n_start - shift - WINDOW + 1)
+            f_lo = tl.maximum(f_lo, n_start + BLOCK_N - shift - WINDOW)
     lo = (lo // BLOCK_M) * BLOCK_M
+    hi = tl.maximum(hi, lo)
+    f_lo = tl.maximum(f_lo, lo)
+    f_lo = tl.minimum(((f_lo + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, hi)
+    f_hi = (tl.maximum(f_hi, 0) // BLOCK_M) * BLOCK_M
+    f_hi = tl.maximum(tl.minimum(f_hi, hi), f_lo)
     q_base = Q + q_start * stride_qt + h * stride_qh
     do_base = DO + q_start * stride_dot + h * stride_doh
-    for start_m in range(lo, hi, BLOCK_M):
-        rows = start_m + offs_m
-        r_valid = rows < lq
-        qT = tl.load(q_base + rows[None, :] * stride_qt + offs_d[:, None],
-                     mask=r_valid[None, :], other=0.0)
-        lse2 = tl.load(LSE + (q_start + rows) * H + h, mask=r_valid, other=float("inf"))
-        kq = _mma(k, qT, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT_PREC, UPCAST) * scale_log2  # [BN, BM]
-        # _visible takes (query rows, key cols); transpose its [BM, BN] mask.
-        mask = tl.trans(_visible(rows, offs_n, shift, lk, WINDOW, CAUSAL, HAS_WINDOW))
-        pT = tl.where(mask, tl.exp2(kq - lse2[None, :]), 0.0)
-        do = tl.load(do_base + rows[:, None] * stride_dot + offs_d[None, :],
-                     mask=r_valid[:, None], other=0.0)
-        dv = _mma(pT.to(do.dtype), do, dv, DOT_PREC, UPCAST)
-        delta = tl.load(DELTA + (q_start + rows) * H + h, mask=r_valid, other=0.0)
-        dpT = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT_PREC, UPCAST)
-        dsT = pT * (dpT - delta[None, :])
-        dk = _mma(dsT.to(qT.dtype), tl.trans(qT), dk, DOT_PREC, UPCAST)
+    lse_base = LSE + q_start * H + h
+    delta_base = DELTA + q_start * H + h
+    for start_m in range(lo, f_lo, BLOCK_M):
+        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_m, offs_n,
+                            offs_d, stride_qt, stride_dot, H, shift, lq, lk, scale_log2, WINDOW,
+                            CAUSAL, HAS_WINDOW, True, BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
+    for start_m in range(f_lo, f_hi, BLOCK_M):
+        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_m, offs_n,
+                            offs_d, stride_qt, stride_dot, H, shift, lq, lk, scale_log2, WINDOW,
+                            CAUSAL, HAS_WINDOW, False, BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
+    for start_m in range(f_hi, hi, BLOCK_M):
+        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_m, offs_n,
+                            offs_d, stride_qt, stride_dot, H, shift, lq, lk, scale_log2, WINDOW,
+                            CAUSAL, HAS_WINDOW, True, BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
 
     dk = dk * scale
     tl.store(DK + (kv_start + offs_n)[:, None] * stride_dkt + h * stride_dkh + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=n_valid[:, None])
     tl.store(DV + (kv_start + offs_n)[:, None] * stride_dvt + h * stride_dvh + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=n_valid[:, None])
+
+
+@triton.jit
+def _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+             stride_kt, stride_vt, shift, lk, scale_log2, WINDOW,
+             CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, MASKED: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """dQ += dS K for one kv tile (FlashAttention-2 backward)."""
+    cols = start_n + offs_n
+    if MASKED:
+        c_valid = (cols < lk)[None, :]
+        kT = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None], mask=c_valid, other=0.0)
+        vT = tl.load(v_base + cols[None, :] * stride_vt + offs_d[:, None], mask=c_valid, other=0.0)
+    else:
+        kT = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None])
+        vT = tl.load(v_base + cols[None, :] * stride_vt + offs_d[:, None])
+    qk = _mma(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_PREC, UPCAST) * scale_log2
+    p = tl.exp2(qk - lse2[:, None])
+    if MASKED:
+        p = tl.where(_visible(offs_m, cols, shift, lk, WINDOW, CAUSAL, HAS_WINDOW), p, 0.0)
+    dp = _mma(do, vT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_PREC, UPCAST)
+    ds = p * (dp - delta[:, None])
+    return _mma(ds.to(kT.dtype), tl.trans(kT), dq, DOT_PREC, UPCAST)
 
 
 @triton.jit
@@ -314,20 +435,21 @@ def _jfa_bwd_dq_kernel(
     lse2 = tl.load(LSE + (q_start + offs_m) * H + h, mask=m_valid, other=float("inf"))
     delta = tl.load(DELTA + (q_start + offs_m) * H + h, mask=m_valid, other=0.0)
     dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    lo, hi = _kv_bounds(m_start, lk, shift, WINDOW, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW)
+    lo, f_lo, f_hi, hi = _kv_bounds(m_start, lk, shift, WINDOW, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW)
     k_base = K + kv_start * stride_kt + h * stride_kh
     v_base = V + kv_start * stride_vt + h * stride_vh
-    for start_n in range(lo, hi, BLOCK_N):
-        cols = start_n + offs_n
-        c_valid = (cols < lk)[None, :]
-        kT = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None], mask=c_valid, other=0.0)
-        vT = tl.load(v_base + cols[None, :] * stride_vt + offs_d[:, None], mask=c_valid, other=0.0)
-        qk = _mma(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_PREC, UPCAST) * scale_log2
-        mask = _visible(offs_m, cols, shift, lk, WINDOW, CAUSAL, HAS_WINDOW)
-        p = tl.where(mask, tl.exp2(qk - lse2[:, None]), 0.0)
-        dp = _mma(do, vT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_PREC, UPCAST)
-        ds = p * (dp - delta[:, None])
-        dq = _mma(ds.to(kT.dtype), tl.trans(kT), dq, DOT_PREC, UPCAST)
+    for start_n in range(lo, f_lo, BLOCK_N):
+        dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+                      stride_kt, stride_vt, shift, lk, scale_log2, WINDOW,
+                      CAUSAL, HAS_WINDOW, True, BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
+    for start_n in range(f_lo, f_hi, BLOCK_N):
+        dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+                      stride_kt, stride_vt, shift, lk, scale_log2, WINDOW,
+                      CAUSAL, HAS_WINDOW, False, BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
+    for start_n in range(f_hi, hi, BLOCK_N):
+        dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+                      stride_kt, stride_vt, shift, lk, scale_log2, WINDOW,
+                      CAUSAL, HAS_WINDOW, True, BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
 
     dq = dq * scale
     tl.store(DQ + (q_start + offs_m)[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :],

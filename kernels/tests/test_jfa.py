@@ -100,6 +100,14 @@ def test_unequal_lengths_bottom_right(variant: str) -> None:
 
 
 @needs_triton
+@pytest.mark.parametrize("causal,window", [(True, 20), (False, 18)])
+def test_wide_window_full_tiles(causal: bool, window: int) -> None:
+    # Windows wider than a tile: interior tiles take the unmasked path, edges the masked one.
+    with force_config(TINY):
+        _check([50, 33], [50, 40], causal=causal, window=window)
+
+
+@needs_triton
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_causal(dtype: torch.dtype) -> None:
     with force_config(TINY):
@@ -143,7 +151,7 @@ def test_empty_batch() -> None:
 @given(
     lengths=st.lists(st.tuples(st.integers(0, 20), st.integers(0, 20)), min_size=1, max_size=3),
     causal=st.booleans(),
-    window=st.one_of(st.none(), st.integers(1, 8)),
+    window=st.one_of(st.none(), st.integers(1, 24)),
     seed=st.integers(0, 2**16),
 )
 def test_hypothesis(lengths: list[tuple[int, int]], causal: bool, window: int | None, seed: int) -> None:

@@ -1,0 +1,161 @@
+"""Shared bench helpers for the jagged attention ops: batches, FLOP counts, timing, output.
+
+Used by `bench/attention.py` (JFA) and `bench/gdpa.py`. Timing follows DESIGN.md §5: warm
+up, CUDA events, median. Useful FLOPs count only unpadded, visible work: 4·Σ visible (q, k)
+pairs·D·H forward and 2.5× that backward (issue 3).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from gem_kernels._jagged import visible_mask
+
+
+def lognormal_lengths(
+    n: int, *, mean: float, cap: int, sigma: float = 0.85, seed: int = 0, min_len: int = 1
+) -> list[int]:
+    """`n` log-normal lengths with the given mean (before capping at `cap`), fixed seed."""
+    g = torch.Generator().manual_seed(seed)
+    mu = math.log(mean) - sigma**2 / 2
+    x = torch.randn(n, generator=g, dtype=torch.float64) * sigma + mu
+    return [int(min(cap, max(min_len, round(math.exp(float(v)))))) for v in x]
+
+
+def uniform_lengths(n: int, lo: int, hi: int, *, seed: int = 0) -> list[int]:
+    """`n` lengths uniform in [lo, hi], fixed seed."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+
+
+def offsets_from_lengths(lengths: Sequence[int], device: torch.device | str) -> torch.Tensor:
+    """int64 `[B+1]` offsets."""
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    if lengths:
+        out[1:] = torch.tensor(list(lengths), dtype=torch.int64).cumsum(0)
+    return out.to(device)
+
+
+def random_jagged(
+    lengths: Sequence[int],
+    heads: int,
+    dim: int,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    seed: int = 0,
+) -> torch.Tensor:
+    """Random `[sum(lengths), H, D]` values (standard normal)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(sum(lengths), heads, dim, generator=g, device=device).to(dtype)
+
+
+def visible_pairs(
+    len_q: Sequence[int], len_kv: Sequence[int], *, causal: bool = False, window: int | None = None
+) -> int:
+    """Σ over samples of visible (query, key) pairs under the shared visibility rule."""
+    total = 0
+    for lq, lk in zip(len_q, len_kv):
+        if lq == 0 or lk == 0:
+            continue
+        if not causal and window is None:
+            total += lq * lk
+            continue
+        # Closed form per row: keys [lo, hi) with the same rule as _jagged.visible_mask.
+        ipos = torch.arange(lq, dtype=torch.int64) + (lk - lq)
+        lo = torch.zeros_like(ipos)
+        hi = torch.full_like(ipos, lk)
+        if causal:
+            hi = torch.minimum(hi, ipos + 1)
+        if window is not None:
+            lo = torch.maximum(lo, ipos - window + 1)
+            if not causal:
+                hi = torch.minimum(hi, ipos + window)
+        total += int((hi - lo).clamp(min=0).sum())
+    return total
+
+
+def check_visible_pairs_small() -> None:
+    """Self-check of `visible_pairs` against the mask rule (cheap; run by the benches)."""
+    for causal, window in ((True, None), (True, 5), (False, 3)):
+        want = sum(
+            int(visible_mask(a, b, causal=causal, window=window).sum())
+            for a, b in ((7, 9), (9, 7), (1, 4), (0, 3))
+        )
+        got = visible_pairs([7, 9, 1, 0], [9, 7, 4, 3], causal=causal, window=window)
+        assert got == want, (causal, window, got, want)
+
+
+def attention_flops(pairs: int, heads: int, dim: int) -> tuple[float, float]:
+    """(forward, forward+backward) useful FLOPs: 4·pairs·D·H and 3.5× that."""
+    fwd = 4.0 * pairs * dim * heads
+    return fwd, fwd * 3.5
+
+
+def bench_ms(fn: Callable[[], object], *, warmup: int = 3, iters: int = 10) -> float:
+    """Median wall time of `fn` in ms (CUDA events on the GPU, perf_counter on the CPU)."""
+    for _ in range(warmup):
+        fn()
+    cuda = torch.cuda.is_available()
+    times: list[float] = []
+    if cuda:
+        torch.cuda.synchronize()
+        for _ in range(iters):
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    else:
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def env_info() -> dict[str, str]:
+    """GPU name (or 'cpu'), torch and triton versions, python."""
+    info = {
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:  # pragma: no cover - triton is a dependency
+        info["triton"] = "missing"
+    return info
+
+
+def print_table(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> None:
+    """Plain fixed-width table."""
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(columns, widths)))
+
+
+def _fmt(x: object) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.4g}" if abs(x) < 1e4 else f"{x:.0f}"
+    return str(x)
+
+
+def emit_json(payload: dict[str, object]) -> None:
+    """The final one-line JSON."""
+    print(json.dumps(payload, sort_keys=True, default=str))
