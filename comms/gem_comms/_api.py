@@ -1,0 +1,276 @@
+"""The public collectives: `torch.distributed` signatures plus `backend=` and `timeout=`.
+
+Which backend moves the bytes:
+
+| collective              | copy_engine                       | why                                   |
+|-------------------------|-----------------------------------|---------------------------------------|
+| all_gather_into_tensor  | DMA copies only                   | pure data movement                    |
+| all_to_all_single       | DMA copies only                   | pure data movement                    |
+| reduce_scatter_tensor   | DMA copies + one local reduction  | a sum needs arithmetic: SMs do it     |
+
+`auto` never picks copy_engine for reduce-scatter across ranks: NCCL fuses the reduction into
+its ring and moves 1/world of the bytes per step, the copy-engine variant gathers all world
+shards (world x the bytes into a temporary) and then runs an SM reduction kernel, so it only
+pays off when SM time is scarcer than memory and bandwidth. It is offered, labelled, for that.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+from gem_comms import _peer
+from gem_comms._handle import CommHandle
+from gem_comms._validate import check_all_to_all, check_backend, check_gather, check_pair, check_scatter
+
+Backend = Literal["auto", "copy_engine", "nccl", "gloo"]
+
+_REDUCTIONS = {
+    "sum": lambda t: t.sum(0),
+    "avg": lambda t: t.mean(0),
+    "max": lambda t: t.amax(0),
+    "min": lambda t: t.amin(0),
+    "product": lambda t: t.prod(0),
+}
+
+
+def _op_name(op: object) -> str:
+    for name, ref in (
+        ("sum", dist.ReduceOp.SUM),
+        ("avg", dist.ReduceOp.AVG),
+        ("max", dist.ReduceOp.MAX),
+        ("min", dist.ReduceOp.MIN),
+        ("product", dist.ReduceOp.PRODUCT),
+    ):
+        if op == ref:
+            return name
+    raise ValueError(f"{op=} is not supported; use ReduceOp.SUM, AVG, MAX, MIN or PRODUCT")
+
+
+def _device(t: torch.Tensor) -> torch.device:
+    if t.device.type == "cuda" and t.device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return t.device
+
+
+def resolve_backend(
+    tensor: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    backend: Backend = "auto",
+    *,
+    reduction: bool = False,
+    timeout: float | None = None,
+) -> str:
+    """The backend a collective on `tensor` over `group` will use.
+
+    `auto`: no process group (a world of one) -> copy_engine; CPU tensors -> gloo; CUDA
+    tensors -> copy_engine when every rank of the group is on this host and all their GPUs
+    have peer access, else nccl. Reductions (`reduction=True`) on more than one rank -> nccl.
+    The decision is collective for CUDA tensors on first use (all ranks must call it) and
+    identical on every rank.
+
+    Raises:
+        ValueError: unknown backend, or a backend that cannot serve `tensor`'s device.
+    """
+    b = check_backend(backend)
+    dev = _device(tensor)
+    no_group = group is None and not dist.is_initialized()
+    if b == "gloo" and dev.type != "cpu":
+        raise ValueError(f"backend='gloo' needs CPU tensors, got device {dev}")
+    if b == "nccl" and dev.type != "cuda":
+        raise ValueError(f"backend='nccl' needs CUDA tensors, got device {dev}")
+    if b == "copy_engine" and dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"backend='copy_engine' needs CUDA (or CPU, host shared memory) tensors, got {dev}")
+    if b in ("gloo", "nccl") and no_group:
+        raise ValueError(f"{backend=} needs an initialized process group (torch.distributed.init_process_group)")
+    if b != "auto":
+        if b == "copy_engine" and dev.type == "cuda":
+            pg = _peer.get_peer_group(group, dev, timeout or _peer.DEFAULT_TIMEOUT_S)
+            if not (pg.one_host and pg.peer_access):
+                raise ValueError(
+                    "backend='copy_engine' needs all ranks on one host with GPU peer access; "
+                    f"hosts={sorted(set(pg.hosts))}, peer_access={pg.peer_access}"
+                )
+        return b
+    if no_group:
+        return "copy_engine"
+    if dev.type == "cpu":
+        return "gloo"
+    if reduction and dist.get_world_size(group) > 1:
+        return "nccl"
+    pg = _peer.get_peer_group(group, dev, timeout or _peer.DEFAULT_TIMEOUT_S)
+    return "copy_engine" if pg.one_host and pg.peer_access else "nccl"
+
+
+def _wrap(work: dist.Work | None, backend: str, async_op: bool) -> CommHandle | None:
+    if not async_op:
+        return None
+    return CommHandle(backend, work=work)
+
+
+def _finish(handle: CommHandle, async_op: bool) -> CommHandle | None:
+    if async_op:
+        return handle
+    handle.wait()
+    return None
+
+
+def _torch_call(name: str, *args: object, **kwargs: object) -> dist.Work | None:
+    # torch 2.13 marks the *_tensor names deprecated in favour of *_single; 2.11 lacks those.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning, message=".*deprecated.*")
+        out: dist.Work | None = getattr(dist, name)(*args, **kwargs)
+        return out
+
+
+def all_gather_into_tensor(
+    output_tensor: torch.Tensor,
+    input_tensor: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+    *,
+    backend: Backend = "auto",
+    timeout: float | None = None,
+) -> CommHandle | None:
+    """Gathers every rank's `input_tensor` into `output_tensor` (rank order along dim 0).
+
+    Args:
+        output_tensor: `[world * n, ...]` (or any shape of world * input.numel() elements).
+        input_tensor: `[n, ...]`, same dtype and device.
+        group: process group; None = default group (or a world of one if none is initialized).
+        async_op: return a `CommHandle` instead of waiting.
+        backend: "auto" | "copy_engine" | "nccl" | "gloo" (see `resolve_backend`).
+        timeout: seconds the copy-engine host exchange waits for peers before TimeoutError.
+
+    Returns:
+        A `CommHandle` if `async_op`, else None (the output is ready on the current stream).
+    """
+    check_pair(output_tensor, input_tensor)
+    rank, world = _peer.world_of(group)
+    check_gather(output_tensor, input_tensor, world)
+    b = resolve_backend(input_tensor, group, backend, timeout=timeout)
+    if b != "copy_engine":
+        work = _torch_call("all_gather_into_tensor", output_tensor, input_tensor, group=group, async_op=async_op)
+        return _wrap(work, b, async_op)
+    n = input_tensor.numel() * input_tensor.element_size()
+    plan = _peer.Plan(
+        op="all_gather_into_tensor",
+        dtype=str(input_tensor.dtype),
+        row_bytes=1,
+        send_rows=[n] * world,
+        recv_rows=[n] * world,
+        send_names=("input_tensor.numel()", "output_tensor.numel() / world_size"),
+        send_whole_input=True,
+    )
+    pg = _peer.get_peer_group(group, _device(input_tensor), timeout or _peer.DEFAULT_TIMEOUT_S)
+    return _finish(pg.run(output_tensor, input_tensor, plan), async_op)
+
+
+def all_to_all_single(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+    *,
+    backend: Backend = "auto",
+    timeout: float | None = None,
+) -> CommHandle | None:
+    """Splits `input` by rows (dim 0) to the ranks and concatenates what they send in `output`.
+
+    Args:
+        output: `[sum(output_split_sizes), ...]`; slice q holds the rows rank q sent here.
+        input: `[sum(input_split_sizes), ...]`; slice p goes to rank p.
+        output_split_sizes: rows received from each rank (None = equal split).
+        input_split_sizes: rows sent to each rank (None = equal split). Zero parts are fine.
+        group, async_op, backend, timeout: as in `all_gather_into_tensor`.
+
+    Rank p's `input_split_sizes[q]` must equal rank q's `output_split_sizes[p]`; the
+    copy-engine backend checks this across ranks before moving anything.
+    """
+    check_pair(output, input)
+    rank, world = _peer.world_of(group)
+    outs, ins = check_all_to_all(output, input, output_split_sizes, input_split_sizes, world)
+    b = resolve_backend(input, group, backend, timeout=timeout)
+    if b != "copy_engine":
+        work = _torch_call(
+            "all_to_all_single", output, input, outs, ins, group=group, async_op=async_op
+        )
+        return _wrap(work, b, async_op)
+    row = 1
+    for d in input.shape[1:]:
+        row *= d
+    plan = _peer.Plan(
+        op="all_to_all_single",
+        dtype=str(input.dtype),
+        row_bytes=row * input.element_size(),
+        send_rows=ins,
+        recv_rows=outs,
+        send_names=("input_split_sizes", "output_split_sizes"),
+    )
+    pg = _peer.get_peer_group(group, _device(input), timeout or _peer.DEFAULT_TIMEOUT_S)
+    return _finish(pg.run(output, input, plan), async_op)
+
+
+def reduce_scatter_tensor(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+    *,
+    backend: Backend = "auto",
+    timeout: float | None = None,
+) -> CommHandle | None:
+    """Reduces `input` across ranks and leaves this rank's slice in `output`.
+
+    Args:
+        output: `[n, ...]`.
+        input: `[world * n, ...]` (world * output.numel() elements); slice r goes to rank r.
+        op: ReduceOp.SUM | AVG | MAX | MIN | PRODUCT.
+        group, async_op, timeout: as in `all_gather_into_tensor`.
+        backend: "auto" (NCCL on CUDA, gloo on CPU; see the module note) | "nccl" | "gloo" |
+            "copy_engine" — copy engines gather the world shards of this rank's slice into a
+            `[world, n]` temporary, then **an SM kernel** reduces them (not SM-free).
+    """
+    check_pair(output, input)
+    rank, world = _peer.world_of(group)
+    check_scatter(output, input, world)
+    name = _op_name(op)
+    b = resolve_backend(input, group, backend, reduction=True, timeout=timeout)
+    if b != "copy_engine":
+        work = _torch_call("reduce_scatter_tensor", output, input, op=op, group=group, async_op=async_op)
+        return _wrap(work, b, async_op)
+    if name == "avg" and not input.dtype.is_floating_point:
+        raise ValueError(f"op=AVG needs a floating dtype, got {input.dtype=}")
+    n = output.numel()
+    stacked = torch.empty((world, n), dtype=input.dtype, device=input.device)
+    plan = _peer.Plan(
+        op="reduce_scatter_tensor",
+        dtype=str(input.dtype),
+        row_bytes=n * input.element_size(),
+        send_rows=[1] * world,
+        recv_rows=[1] * world,
+        send_names=("input.numel() / world_size", "output.numel()"),
+    )
+    out_flat = output.view(-1)
+
+    def reduce() -> None:  # runs on the side stream, after the copies: an SM kernel
+        out_flat.copy_(_REDUCTIONS[name](stacked))
+
+    pg = _peer.get_peer_group(group, _device(input), timeout or _peer.DEFAULT_TIMEOUT_S)
+    return _finish(pg.run(stacked, input, plan, epilogue=reduce, keep=(output,)), async_op)
+
+
+def release_buffers(group: dist.ProcessGroup | None = None) -> None:
+    """Frees this rank's copy-engine staging buffers and events for `group`.
+
+    Call on every rank (collective by convention, not by communication); the next
+    copy-engine call rebuilds them with fresh store keys. Use it after a TimeoutError.
+    """
+    _peer.release(group)
