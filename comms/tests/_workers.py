@@ -262,8 +262,15 @@ def world_main(rank: int, world: int, path: str, device: str) -> None:
     check_prefetcher(rank, world, device, backends)
     if world == 2:
         check_timeouts(rank, world, device)
+    if device == "cpu":
+        _close(rank, world, device)
     if device != "cpu":
         assert gc.resolve_backend(torch.empty(1, device=device)) == "copy_engine"
+
+
+def _close(rank: int, world: int, device: str) -> None:
+    gc.release_buffers()  # drop peer mappings before any producer exits
+    dist.barrier()
 
 
 def check_large(rank: int, world: int, device: str) -> None:
@@ -300,3 +307,4 @@ def gpu_main(rank: int, world: int, path: str, device: str) -> None:
     torch.cuda.set_device(torch.device(device))
     world_main(rank, world, path, device)
     check_large(rank, world, device)
+    _close(rank, world, device)
