@@ -110,9 +110,13 @@ def _find_tile(tile_offsets, pid, B, LOG_B: tl.constexpr):
 
 @triton.jit
 def _visible(offs_i, offs_j, shift, window, lo, hi, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
-    """Visibility of key j to query i (the JFA rule) restricted to keys [lo, hi)."""
-    ip = offs_i[:, None] + shift
-    j = offs_j[None, :]
+    """Visibility [BM, BN] of key j to query i (the JFA rule) restricted to keys [lo, hi)."""
+    return _vis(offs_i[:, None] + shift, offs_j[None, :], window, lo, hi, CAUSAL, HAS_WINDOW)
+
+
+@triton.jit
+def _vis(ip, j, window, lo, hi, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """The rule on broadcast operands: ip = query position on the key axis, j = key."""
     m = (j >= lo) & (j < hi)
     if CAUSAL:
         m = m & (j <= ip)
@@ -323,8 +327,9 @@ def _dkdv_inner(dk, dv, k, v, Q, DO, q_start, stride_qt, stride_dot, offs_n, off
         pt = pt * inv_div
         dst = dpt * g * inv_div
         if MASKED:
-            vis = _visible(offs_m, offs_n, shift, window, 0, 2147483647, CAUSAL, HAS_WINDOW) & ld[:, None]
-            vis = tl.trans(vis)
+            # [BN, BM] directly (no transpose of a bool tile); rows outside [r_lo, r_hi) off.
+            vis = _vis(offs_m[None, :] + shift, offs_n[:, None], window, 0, 2147483647, CAUSAL, HAS_WINDOW)
+            vis = vis & ld[None, :]
             pt = tl.where(vis, pt, 0.0)
             dst = tl.where(vis, dst, 0.0)
         dv += _dot(pt.to(do.dtype), do, PREC)
