@@ -305,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         ["case", "method", "fwd_ms", "fwdbwd_ms", "fwd_tflops", "fwdbwd_tflops", "fwd_gbs", "fwdbwd_gbs",
          "fwd_roof_pct", "fwdbwd_roof_pct", "err_out", "err_dq", "err_dk", "err_dv", "note"],
     )
-    worst = max((float(r.get(e) or 0.0) for r in rows for e in ("err_out", "err_dq", "err_dk", "err_dv")), default=0.0)
+    errs = [r[e] for r in rows for e in ("err_out", "err_dq", "err_dk", "err_dv") if e in r]
+    worst = max((float(e) for e in errs if isinstance(e, float)), default=0.0)
     ok = worst < 3e-2
     print(f"correctness vs fp32 reference: worst relative error {worst:.2e} -> {'OK' if ok else 'FAIL'}")
     emit_json({"bench": "gdpa", "quick": args.quick, "cuda": cuda, "correct": ok, "worst_rel_err": worst,
