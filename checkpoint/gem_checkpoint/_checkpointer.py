@@ -198,6 +198,13 @@ class Checkpointer:
         self._join()
         self._raise_error()
 
+    @property
+    def pending(self) -> int | None:
+        """The step being written in the background, or None."""
+        if self._thread is not None and self._thread.is_alive():
+            return self._inflight
+        return None
+
     def latest(self) -> int | None:
         """The newest committed step (marker present, file sizes match), or None."""
         steps = _fs.committed_steps(self.root)
@@ -217,7 +224,8 @@ class Checkpointer:
         """
         check_state(state)
         self._join()  # a pending error stays for the next save()/wait()
-        committed = _fs.committed_steps(self.root)
+        # Every rank must pick the same step: rank 0's view of the directory decides.
+        committed: list[int] = self._all_gather(_fs.committed_steps(self.root))[0]
         if step is not None:
             if step not in committed:
                 raise FileNotFoundError(f"step={step} has no committed checkpoint in {self.root} (committed: {committed})")
@@ -438,8 +446,13 @@ def _cause(failure: object) -> str:
 def _unwrap(err: BaseException, rank: int) -> BaseException:
     """DCP wraps every rank's failure in one CheckpointException; keep the real cause."""
     if isinstance(err, CheckpointException) and err.failures:
-        failure = err.failures.get(rank, next(iter(err.failures.values())))
+        src = rank if rank in err.failures else min(err.failures)
+        failure = err.failures[src]
         exc = failure[0] if isinstance(failure, tuple) and failure else failure
         if isinstance(exc, BaseException):
-            return exc
+            if src == rank:
+                return exc
+            other = CheckpointWriteError(f"rank {src} failed: {exc!r}")
+            other.__cause__ = exc
+            return other
     return err

@@ -174,7 +174,7 @@ def clean_stale(root: Path, keep: set[str]) -> list[str]:
     for entry in root.iterdir():
         if entry.name in keep or not entry.is_dir():
             continue
-        stale = _TMP_RE.match(entry.name) is not None or entry.name.endswith(".old")
+        stale = _TMP_RE.match(entry.name) is not None
         if not stale and _STEP_RE.match(entry.name) is not None:
             stale = read_marker(entry) is None
         if stale:

@@ -94,7 +94,13 @@ def dist_main(conn: Connection, mode: str, directory: str, seed: int, rank: int,
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
-    ckpt = Checkpointer(directory)
+    armed = [False]
+
+    def hook(stage: str) -> None:  # a disk-full on rank 1 only
+        if armed[0] and stage == "write" and rank == 1:
+            raise OSError(28, "No space left on device (rank 1 test hook)")
+
+    ckpt = Checkpointer(directory, fault_hook=hook)
     if mode == "dist_save":
         torch.manual_seed(1000 + rank)
         state = dist_state(seed, world, mesh, zeros=False)
@@ -102,7 +108,15 @@ def dist_main(conn: Connection, mode: str, directory: str, seed: int, rank: int,
         ckpt.wait()
         expect_rand = torch.rand(4)  # what this rank's RNG gives next
         torch.save(expect_rand, os.path.join(directory, f"rand_rank{rank}.pt"))
-        conn.send({"rank": rank, "latest": ckpt.latest()})
+        armed[0] = True
+        ckpt.save(6, state)
+        try:
+            ckpt.wait()
+            error = None
+        except CheckpointWriteError as e:
+            error = str(e)
+        conn.send({"rank": rank, "latest": ckpt.latest(), "error": error,
+                   "entries": sorted(e for e in os.listdir(directory) if e.startswith("step_"))})
     else:
         state = dist_state(seed, world, mesh, zeros=True)
         ref = dist_state(seed, world, mesh, zeros=False)

@@ -28,7 +28,10 @@ def _world(mode: str, root: Path, seed: int, world: int) -> list[Any]:
 def test_save_on_2_load_on_3_and_1(tmp_path: Path) -> None:
     seed = random.randrange(1 << 30)
     saved = _world("dist_save", tmp_path, seed, 2)
-    assert [r["latest"] for r in saved] == [5, 5]
+    # Step 6 failed on rank 1 only: both ranks report it, nothing of it is on disk.
+    assert [r["latest"] for r in saved] == [5, 5] and all(r["entries"] == ["step_5"] for r in saved)
+    assert all("No space left on device" in r["error"] for r in saved), saved
+    assert "rank 1 test hook" in saved[1]["error"] and "rank 1 failed" in saved[0]["error"]
     folder = tmp_path / "step_5"
     manifest = json.loads((folder / "COMMIT.json").read_text())
     assert manifest["world_size"] == 2 and manifest["step"] == 5
