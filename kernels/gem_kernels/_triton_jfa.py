@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 _LOG2E = 1.4426950408889634
+_NO_SPLIT = 1 << 30  # one split covering any kv length
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,6 +57,10 @@ class JfaConfig:
     fwd: JfaTiles
     dkdv: JfaTiles
     dq: JfaTiles
+    # Split-kv ("flash decoding") for few queries over long keys: each (q block, head) is
+    # cut into kv chunks of `kv_split` keys run by separate programs, then combined by
+    # log-sum-exp. 0 = off. A multiple of fwd.block_n and dq.block_n.
+    kv_split: int = 0
 
 
 _FORCED: list[JfaConfig] = []
@@ -76,38 +81,38 @@ def _pow2_clamp(n: int, lo: int, hi: int) -> int:
 
 
 def pick_config(max_q_len: int, max_kv_len: int, d: int, dtype: torch.dtype) -> JfaConfig:
-    """Heuristic tiles per shape (issue 3's three shapes).
+    """Heuristic tiles per shape (issue 3's three shapes), from the H200 sweep in BENCHMARKS.md.
 
-    - long self-attention: 128×64 forward tiles, 8 warps at D=128.
+    - long self-attention: forward 128×128 tiles, 8 warps; backward dK/dV 32×64 (q×kv) and
+      dQ 64×32, 4 warps, 3 stages (the fastest measured at D=128).
     - cross (long q, short kv): BLOCK_N shrinks to the kv length (>=16) so no tile is mostly
       padding; BLOCK_M stays large.
-    - pooling (few q, long kv): BLOCK_M shrinks to the q length (>=16), BLOCK_N grows to 128.
+    - pooling (few q, long kv): BLOCK_M shrinks to the q length (>=16) and long kv is split
+      into 512-key chunks run in parallel (split-kv), combined by log-sum-exp.
     """
     if _FORCED:
         return _FORCED[-1]
-    big = 64 if d > 64 else 128
-    if dtype == torch.float32:
-        big = 32 if d > 64 else 64
-    bm = _pow2_clamp(max_q_len, 16, 128 if dtype != torch.float32 else 64)
-    bn = _pow2_clamp(max_kv_len, 16, big if bm >= 64 else 128)
-    warps = 8 if (bm >= 128 and d >= 128) else 4
-    stages = 3 if d <= 128 else 2
-    fwd = JfaTiles(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
+    lowp = dtype != torch.float32
+    bm = _pow2_clamp(max_q_len, 16, 128 if lowp else 64)
+    bn = _pow2_clamp(max_kv_len, 16, (128 if d <= 128 else 64) if lowp else (32 if d > 64 else 64))
+    warps = 8 if (bm >= 128 and bn >= 128) or (bm >= 128 and d >= 128) else 4
+    fwd = JfaTiles(block_m=bm, block_n=bn, num_warps=warps, num_stages=3 if d <= 128 else 2)
     # Backward: dK/dV holds two [BLOCK_N, D] fp32 accumulators, dQ one [BLOCK_M, D].
-    bwd_small = 32 if (d >= 128 or dtype == torch.float32) else 64
+    small = 32 if (d >= 128 or not lowp) else 64
     dkdv = JfaTiles(
-        block_m=_pow2_clamp(max_q_len, 16, bwd_small),
-        block_n=_pow2_clamp(max_kv_len, 16, 128 if dtype != torch.float32 else 64),
-        num_warps=8 if d >= 128 else 4,
-        num_stages=2,
+        block_m=_pow2_clamp(max_q_len, 16, small),
+        block_n=_pow2_clamp(max_kv_len, 16, 64),
+        num_warps=4,
+        num_stages=3 if d <= 128 else 2,
     )
     dq = JfaTiles(
-        block_m=_pow2_clamp(max_q_len, 16, 128 if dtype != torch.float32 else 64),
-        block_n=_pow2_clamp(max_kv_len, 16, bwd_small),
-        num_warps=8 if d >= 128 else 4,
-        num_stages=2,
+        block_m=_pow2_clamp(max_q_len, 16, 64),
+        block_n=_pow2_clamp(max_kv_len, 16, small),
+        num_warps=4,
+        num_stages=3 if d <= 128 else 2,
     )
-    return JfaConfig(fwd=fwd, dkdv=dkdv, dq=dq)
+    kv_split = 512 if (max_q_len <= 64 and max_kv_len >= 1024) else 0
+    return JfaConfig(fwd=fwd, dkdv=dkdv, dq=dq, kv_split=kv_split)
 
 
 @triton.jit
@@ -185,6 +190,16 @@ def _kv_bounds(m_start, lk, shift, WINDOW, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
 
 
 @triton.jit
+def _split_bounds(lo, f_lo, f_hi, hi, s_lo, SPLIT):
+    """Clamps the kv tile ranges to this program's split [s_lo, s_lo + SPLIT)."""
+    lo = tl.maximum(lo, s_lo)
+    hi = tl.maximum(tl.minimum(hi, s_lo + SPLIT), lo)
+    f_lo = tl.minimum(tl.maximum(f_lo, lo), hi)
+    f_hi = tl.maximum(tl.minimum(f_hi, hi), f_lo)
+    return lo, f_lo, f_hi, hi
+
+
+@triton.jit
 def _fwd_tile(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
               stride_kt, stride_vt, shift, lk, scale_log2, WINDOW,
               CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, MASKED: tl.constexpr,
@@ -220,6 +235,7 @@ def _fwd_tile(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
 def _jfa_fwd_kernel(
     Q, K, V, O, LSE, QO, KO,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_os, stride_ls, SPLIT,
     H, scale_log2, WINDOW,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
@@ -248,6 +264,7 @@ def _jfa_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     lo, f_lo, f_hi, hi = _kv_bounds(m_start, lk, shift, WINDOW, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW)
+    lo, f_lo, f_hi, hi = _split_bounds(lo, f_lo, f_hi, hi, tl.program_id(2) * SPLIT, SPLIT)
     k_base = K + kv_start * stride_kt + h * stride_kh
     v_base = V + kv_start * stride_vt + h * stride_vh
     for start_n in range(lo, f_lo, BLOCK_N):
@@ -267,6 +284,8 @@ def _jfa_fwd_kernel(
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
     lse2 = tl.where(empty, float("inf"), m_i + tl.log2(l_safe))
+    O += tl.program_id(2) * stride_os
+    LSE += tl.program_id(2) * stride_ls
     tl.store(O + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
              out.to(O.dtype.element_ty), mask=m_valid[:, None])
     tl.store(LSE + (q_start + offs_m) * H + h, lse2, mask=m_valid)
@@ -406,7 +425,7 @@ def _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, of
 def _jfa_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, QO, KO,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-    stride_dqt, stride_dqh,
+    stride_dqt, stride_dqh, stride_dqs, SPLIT,
     H, scale, scale_log2, WINDOW,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
@@ -436,6 +455,7 @@ def _jfa_bwd_dq_kernel(
     delta = tl.load(DELTA + (q_start + offs_m) * H + h, mask=m_valid, other=0.0)
     dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     lo, f_lo, f_hi, hi = _kv_bounds(m_start, lk, shift, WINDOW, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW)
+    lo, f_lo, f_hi, hi = _split_bounds(lo, f_lo, f_hi, hi, tl.program_id(2) * SPLIT, SPLIT)
     k_base = K + kv_start * stride_kt + h * stride_kh
     v_base = V + kv_start * stride_vt + h * stride_vh
     for start_n in range(lo, f_lo, BLOCK_N):
@@ -452,6 +472,7 @@ def _jfa_bwd_dq_kernel(
                       CAUSAL, HAS_WINDOW, True, BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
 
     dq = dq * scale
+    DQ += tl.program_id(2) * stride_dqs
     tl.store(DQ + (q_start + offs_m)[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=m_valid[:, None])
 
@@ -484,23 +505,48 @@ def jfa_forward(
     """Forward. Returns out `[Tq, H, D]` and lse2 `[Tq, H]` fp32 (log2 domain, +inf = empty)."""
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     tq, h, d = q.shape
-    out = torch.zeros_like(q)
-    lse = torch.full((tq, h), math.inf, dtype=torch.float32, device=q.device)
     b = q_offsets.numel() - 1
     if tq == 0 or b == 0 or max_q_len == 0 or h == 0:
-        return out, lse
-    cfg = pick_config(max_q_len, max_kv_len, d, q.dtype).fwd
-    grid = (b * h, triton.cdiv(max_q_len, cfg.block_m))
+        return torch.zeros_like(q), torch.full((tq, h), math.inf, dtype=torch.float32, device=q.device)
+    cfg = pick_config(max_q_len, max_kv_len, d, q.dtype)
+    t = cfg.fwd
+    splits = triton.cdiv(max_kv_len, cfg.kv_split) if cfg.kv_split else 1
+    # Every row of [0, Tq) belongs to a sequence (offsets contract), so the kernel writes all
+    # of out/lse: no memset. With split-kv, partial results go to an fp32 workspace.
+    if splits > 1:
+        out_ws = torch.empty((splits, tq, h, d), dtype=torch.float32, device=q.device)
+        lse_ws = torch.empty((splits, tq, h), dtype=torch.float32, device=q.device)
+    else:
+        out_ws = torch.empty_like(q).unsqueeze(0)
+        lse_ws = torch.empty((1, tq, h), dtype=torch.float32, device=q.device)
+    grid = (b * h, triton.cdiv(max_q_len, t.block_m), splits)
     _jfa_fwd_kernel[grid](
-        q, k, v, out, lse, q_offsets, kv_offsets,
+        q, k, v, out_ws, lse_ws, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1),
+        out_ws.stride(1), out_ws.stride(2), out_ws.stride(0), lse_ws.stride(0),
+        cfg.kv_split if splits > 1 else _NO_SPLIT,
         h, scale * _LOG2E, window if window is not None else 0,
         CAUSAL=causal, HAS_WINDOW=window is not None, D=d,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q),
+        num_warps=t.num_warps, num_stages=t.num_stages,
     )
-    return out, lse
+    if splits == 1:
+        return out_ws[0], lse_ws[0]
+    return _combine_splits(out_ws, lse_ws, q.dtype)
+
+
+def _combine_splits(
+    out_ws: torch.Tensor, lse_ws: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merges split-kv partials `[S, Tq, H, D]` + lse2 `[S, Tq, H]` by log-sum-exp (base 2)."""
+    lse = torch.where(torch.isposinf(lse_ws), -math.inf, lse_ws)  # empty split: weight 0
+    m = lse.amax(0)
+    m_safe = torch.where(torch.isinf(m), 0.0, m)
+    w = torch.exp2(lse - m_safe)
+    denom = w.sum(0)
+    out = (w.unsqueeze(-1) * out_ws).sum(0) / torch.where(denom == 0, 1.0, denom).unsqueeze(-1)
+    lse2 = torch.where(denom == 0, math.inf, m_safe + torch.log2(torch.where(denom == 0, 1.0, denom)))
+    return out.to(dtype), lse2
 
 
 def jfa_backward(
@@ -521,15 +567,20 @@ def jfa_backward(
     """Backward. Returns dq, dk, dv (zeros for rows of empty or invisible sequences)."""
     dout, q, k, v = (_last_dim_contiguous(t) for t in (dout, q, k, v))
     tq, h, d = q.shape
-    dq = torch.zeros_like(q)
-    dk = torch.zeros_like(k)
-    dv = torch.zeros_like(v)
     b = q_offsets.numel() - 1
     if tq == 0 or k.shape[0] == 0 or b == 0 or h == 0 or max_q_len == 0 or max_kv_len == 0:
-        return dq, dk, dv
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    # The kernels write every row (offsets contract): no memset.
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
     # FA2 preprocess: delta_i = sum_d dO_id · O_id (fp32).
     delta = (dout.float() * out.float()).sum(-1).contiguous()
     cfg = pick_config(max_q_len, max_kv_len, d, q.dtype)
+    splits = triton.cdiv(max_kv_len, cfg.kv_split) if cfg.kv_split else 1
+    if splits > 1:
+        dq_ws = torch.empty((splits, tq, h, d), dtype=torch.float32, device=q.device)
+    else:
+        dq_ws = torch.empty_like(q).unsqueeze(0)
     common = dict(
         CAUSAL=causal, HAS_WINDOW=window is not None, D=d, DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q)
     )
@@ -542,12 +593,14 @@ def jfa_backward(
         BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n,
         num_warps=cfg.dkdv.num_warps, num_stages=cfg.dkdv.num_stages, **common,
     )
-    _jfa_bwd_dq_kernel[(b * h, triton.cdiv(max_q_len, cfg.dq.block_m))](
-        q, k, v, dout, lse, delta, dq, q_offsets, kv_offsets,
+    _jfa_bwd_dq_kernel[(b * h, triton.cdiv(max_q_len, cfg.dq.block_m), splits)](
+        q, k, v, dout, lse, delta, dq_ws, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
+        dout.stride(0), dout.stride(1), dq_ws.stride(1), dq_ws.stride(2), dq_ws.stride(0),
+        cfg.kv_split if splits > 1 else _NO_SPLIT,
         h, scale, scale * _LOG2E, win,
         BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n,
         num_warps=cfg.dq.num_warps, num_stages=cfg.dq.num_stages, **common,
     )
+    dq = dq_ws[0] if splits == 1 else dq_ws.sum(0).to(q.dtype)
     return dq, dk, dv

@@ -5,6 +5,7 @@ CPU: Triton's interpreter (TRITON_INTERPRET=1) at tiny sizes with 16×16 tiles, 
 heuristic tiles.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -22,11 +23,12 @@ needs_triton = pytest.mark.skipif(
 )
 DEVICE = "cuda" if CUDA else "cpu"
 
-# Tolerances vs the fp32 reference run on the same (rounded) inputs: (atol, rtol).
+# Tolerances vs the fp32 reference on the same (rounded) inputs: out (atol, rtol);
+# grad (max error relative to max(1, max |ref grad|), unused).
 TOL = {
-    torch.float32: {"out": (2e-5, 1e-4), "grad": (5e-5, 1e-4)},
-    torch.bfloat16: {"out": (2e-2, 2e-2), "grad": (5e-2, 5e-2)},
-    torch.float16: {"out": (4e-3, 4e-3), "grad": (1e-2, 1e-2)},
+    torch.float32: {"out": (2e-5, 1e-4), "grad": (5e-5, 0.0)},
+    torch.bfloat16: {"out": (2e-2, 2e-2), "grad": (2e-2, 0.0)},
+    torch.float16: {"out": (4e-3, 4e-3), "grad": (4e-3, 0.0)},
 }
 TINY = JfaConfig(
     fwd=JfaTiles(block_m=16, block_n=16),
@@ -68,10 +70,13 @@ def _check(
     assert out.dtype == dtype and out.shape == q.shape
     atol, rtol = TOL[dtype]["out"]
     torch.testing.assert_close(out.float(), ref, atol=atol, rtol=rtol)
-    atol, rtol = TOL[dtype]["grad"]
+    # Gradients sum over up to thousands of terms: compare relative to the largest entry.
+    tol = TOL[dtype]["grad"][0]
     for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads):
         assert torch.isfinite(got).all(), name
-        torch.testing.assert_close(got.float(), want, atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}")
+        if want.numel():
+            err = float((got.float() - want).abs().max()) / max(1.0, float(want.abs().max()))
+            assert err <= tol, f"{name}: max error {err:.3g} (relative to max |ref|) > {tol}"
 
 
 EDGE_Q = [17, 0, 1, 16, 15, 33]
@@ -127,6 +132,15 @@ def test_pooling_few_q_long_kv() -> None:
 
 
 @needs_triton
+@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (True, 20)])
+def test_split_kv_pooling(causal: bool, window: int | None) -> None:
+    # Split-kv: 32-key chunks combined by log-sum-exp; fwd and dq go through the workspace.
+    split = dataclasses.replace(TINY, kv_split=32)
+    with force_config(split):
+        _check([2, 1, 0, 5], [70, 0, 33, 31], causal=causal, window=window)
+
+
+@needs_triton
 def test_all_empty_kv_gives_zeros_and_zero_grads() -> None:
     qo, ko = _offsets([3, 2]), _offsets([0, 0])
     q = torch.randn(5, 2, 16, device=DEVICE, requires_grad=True)
@@ -165,7 +179,8 @@ def test_pick_config_per_shape() -> None:
     pool = pick_config(8, 4500, 128, torch.bfloat16)
     assert self_attn.fwd.block_m == 128 and self_attn.fwd.block_n >= 64
     assert cross.fwd.block_n == 16 and cross.fwd.block_m == 128
-    assert pool.fwd.block_m == 16 and pool.fwd.block_n == 128
+    assert pool.fwd.block_m == 16 and pool.fwd.block_n == 128 and pool.kv_split > 0
+    assert self_attn.kv_split == 0 and cross.kv_split == 0
 
 
 @needs_triton

@@ -123,6 +123,28 @@ def bench_ms(fn: Callable[[], object], *, warmup: int = 3, iters: int = 10) -> f
     return statistics.median(times)
 
 
+def bench_graph_ms(fn: Callable[[], object], *, iters: int = 10) -> float | None:
+    """Median ms of `fn` replayed as a CUDA graph: device time without Python launch overhead.
+
+    None on the CPU or when `fn` cannot be captured.
+    """
+    if not torch.cuda.is_available():
+        return None
+    try:
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return bench_ms(graph.replay, warmup=2, iters=iters)
+    except Exception:  # noqa: BLE001 - a capture failure only drops this figure
+        return None
+
+
 def env_info() -> dict[str, str]:
     """GPU name (or 'cpu'), torch and triton versions, python."""
     info = {

@@ -28,6 +28,7 @@ from gem_kernels import jagged_flash_attention, pad_jagged
 from gem_kernels._triton_jfa import JfaConfig, JfaTiles, force_config, pick_config
 from gem_kernels.bench._common import (
     attention_flops,
+    bench_graph_ms,
     bench_ms,
     check_visible_pairs_small,
     emit_json,
@@ -93,6 +94,8 @@ def run_case(case: Case, *, device: str, dtype: torch.dtype, quick: bool, triton
     kw = dict(causal=case.causal, window=case.window)
     pairs = visible_pairs(case.len_q, case.len_kv, causal=case.causal, window=case.window)
     f_fwd, f_all = attention_flops(pairs, case.heads, case.dim)
+    # Compulsory forward traffic: read q, k, v once, write out (+ fp32 lse).
+    fwd_bytes = (2 * q.numel() + k.numel() + v.numel()) * q.element_size() + q.shape[0] * case.heads * 4
     iters = 2 if not cuda else (5 if quick else 15)
     rows: list[dict[str, object]] = []
 
@@ -131,7 +134,10 @@ def run_case(case: Case, *, device: str, dtype: torch.dtype, quick: bool, triton
         cfg = pick_config(mq, mk, case.dim, dtype)
         note = f"fwd {cfg.fwd.block_m}x{cfg.fwd.block_n}/w{cfg.fwd.num_warps}" if backend == "triton" else ""
         warm = 3 if cuda else 1
+        graph_ms = bench_graph_ms(fwd, iters=iters) if backend == "triton" else None
         row(f"ours-{backend}", bench_ms(fwd, warmup=warm, iters=iters), bench_ms(fwd_bwd, warmup=warm, iters=iters), note,
+            fwd_graph_ms=graph_ms, fwd_graph_tflops=tflops(f_fwd, graph_ms),
+            fwd_graph_gbs=None if graph_ms is None else fwd_bytes / (graph_ms * 1e-3) / 1e9,
             correct=ok, err_out=errs[0], err_dq=errs[1], err_dk=errs[2], err_dv=errs[3])
 
     if cuda:
@@ -189,13 +195,14 @@ def _torch_baselines(
     return []
 
 
-SWEEP_FWD = [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4), (64, 128, 4, 3)]
+SWEEP_FWD = [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 3), (128, 128, 4, 3)]
 SWEEP_BWD = [  # (dkdv bm, bn, warps, stages), (dq bm, bn, warps, stages)
-    ((32, 128, 8, 2), (128, 32, 8, 2)),
-    ((64, 64, 4, 2), (64, 64, 4, 2)),
-    ((64, 128, 8, 2), (128, 64, 8, 2)),
     ((32, 64, 4, 3), (64, 32, 4, 3)),
-    ((64, 128, 8, 3), (128, 64, 8, 3)),
+    ((32, 64, 4, 4), (64, 32, 4, 4)),
+    ((64, 64, 4, 3), (64, 64, 4, 3)),
+    ((32, 128, 4, 3), (128, 32, 4, 3)),
+    ((32, 64, 8, 3), (64, 32, 8, 3)),
+    ((64, 64, 8, 3), (64, 64, 8, 3)),
 ]
 
 
@@ -225,7 +232,7 @@ def sweep(case: Case, dtype: torch.dtype) -> list[dict[str, object]]:
                          "tflops": f_fwd / (ms * 1e-3) / 1e12, "err_vs_default": err})
         except Exception as e:  # noqa: BLE001
             rows.append({"case": case.name, "kernel": "fwd", "tiles": str(fw), "note": f"failed: {type(e).__name__}"})
-    for dkdv, dq in SWEEP_BWD:
+    for dkdv, dq in SWEEP_BWD if case.name == "self" else []:
         cfg = JfaConfig(fwd=base.fwd, dkdv=JfaTiles(block_m=dkdv[0], block_n=dkdv[1], num_warps=dkdv[2], num_stages=dkdv[3]),
                         dq=JfaTiles(block_m=dq[0], block_n=dq[1], num_warps=dq[2], num_stages=dq[3]))
 
@@ -246,7 +253,7 @@ def sweep(case: Case, dtype: torch.dtype) -> list[dict[str, object]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer cases and iterations")
-    p.add_argument("--sweep", action="store_true", help="also sweep tile configs on the self case (GPU)")
+    p.add_argument("--sweep", action="store_true", help="also sweep tile configs on the self and dense cases (GPU)")
     p.add_argument("--cases", default="", help="comma-separated subset of case names")
     args = p.parse_args(argv)
     check_visible_pairs_small()
@@ -273,20 +280,21 @@ def main(argv: list[str] | None = None) -> int:
         rows.extend(run_case(case, device=device, dtype=dtype, quick=args.quick, triton_ok=triton_ok))
         if cuda:
             torch.cuda.empty_cache()
-    cols = ["case", "method", "fwd_ms", "fwd_tflops", "fwdbwd_ms", "fwdbwd_tflops", "correct",
+    cols = ["case", "method", "fwd_ms", "fwd_tflops", "fwdbwd_ms", "fwdbwd_tflops", "fwd_graph_ms",
+            "fwd_graph_tflops", "fwd_graph_gbs", "correct",
             "err_out", "err_dq", "err_dk", "err_dv", "note"]
     print()
     print_table(rows, cols)
     sweep_rows: list[dict[str, object]] = []
     if args.sweep and cuda:
         for case in cases:
-            if case.name == "self":
+            if case.name in ("self", "dense"):
                 sweep_rows.extend(sweep(case, dtype))
         print()
         print_table(sweep_rows, ["case", "kernel", "tiles", "ms", "tflops", "err_vs_default", "note"])
     correct = all(bool(r["correct"]) for r in rows if "correct" in r)
     summary = {
-        f"{r['case']}/{r['method']}": {"fwd_tflops": r["fwd_tflops"], "fwdbwd_tflops": r["fwdbwd_tflops"]}
+        f"{r['case']}/{r['method']}": {k: r.get(k) for k in ("fwd_tflops", "fwdbwd_tflops", "fwd_graph_tflops", "fwd_graph_gbs")}
         for r in rows
     }
     emit_json({"bench": "attention", "device": "cuda" if cuda else "cpu", **env, "all_correct": correct,
