@@ -230,16 +230,12 @@ class PeerGroup:
             self._peer_w, self._peer_d = peer_w, peer_d
 
     def close(self) -> None:
+        # The last step's key stays in the store (one small key per rank and generation):
+        # a peer may not have read it yet, and deleting it could strand that peer.
         if self.side is not None:
             self.side.synchronize()
         self.local, self.peers = None, []
-        if self.store is not None:
-            for k in self._old_keys:
-                try:
-                    self.store.delete_key(k)
-                except RuntimeError:
-                    pass
-            self._old_keys = []
+        self._old_keys = []
 
     # ---- the collective ----------------------------------------------------------------------
     def _agree(self, plan: Plan) -> int:
