@@ -88,10 +88,49 @@ def jagged_flash_attention(
         )
     if q.shape[2] not in TRITON_HEAD_DIMS:
         raise ValueError(f"q.shape[2]={q.shape[2]} (head dim D) must be one of {TRITON_HEAD_DIMS} for backend='triton'")
-    out, _ = torch.ops.gem_kernels.jfa_fwd(
-        q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, bool(causal), window, float(scale)
-    )
-    return out  # type: ignore[no-any-return]
+    args = (q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, bool(causal), window, float(scale))
+    if torch.compiler.is_compiling():
+        out, _ = torch.ops.gem_kernels.jfa_fwd(*args)
+        return out  # type: ignore[no-any-return]
+    # Eager: the same kernels without the custom-op dispatch (tens of µs per call).
+    from gem_kernels._triton_jfa import jfa_forward
+
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _JfaFunction.apply(*args)  # type: ignore[no-untyped-call,no-any-return]
+    return jfa_forward(*args)[0]
+
+
+class _JfaFunction(torch.autograd.Function):
+    """Eager autograd for the Triton path (the custom op's `register_autograd` twin)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_offsets: torch.Tensor,
+        kv_offsets: torch.Tensor,
+        max_q_len: int,
+        max_kv_len: int,
+        causal: bool,
+        window: int | None,
+        scale: float,
+    ) -> torch.Tensor:
+        from gem_kernels._triton_jfa import jfa_forward
+
+        out, lse = jfa_forward(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
+        ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
+        ctx.meta = (max_q_len, max_kv_len, causal, window, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        from gem_kernels._triton_jfa import jfa_backward
+
+        q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
+        dq, dk, dv = jfa_backward(dout.contiguous(), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.meta)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 # --- torch.library registration of the Triton path -------------------------------------------

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Iterator
@@ -81,6 +82,14 @@ def _pow2_clamp(n: int, lo: int, hi: int) -> int:
 
 
 def pick_config(max_q_len: int, max_kv_len: int, d: int, dtype: torch.dtype) -> JfaConfig:
+    """The forced config (see `force_config`) or the heuristic one."""
+    if _FORCED:
+        return _FORCED[-1]
+    return _heuristic_config(max_q_len, max_kv_len, d, dtype)
+
+
+@functools.lru_cache(maxsize=1024)
+def _heuristic_config(max_q_len: int, max_kv_len: int, d: int, dtype: torch.dtype) -> JfaConfig:
     """Heuristic tiles per shape (issue 3's three shapes), from the H200 sweep in BENCHMARKS.md.
 
     - long self-attention: forward 128×128 tiles, 8 warps; backward dK/dV 32×64 (q×kv) and
@@ -90,8 +99,6 @@ def pick_config(max_q_len: int, max_kv_len: int, d: int, dtype: torch.dtype) -> 
     - pooling (few q, long kv): BLOCK_M shrinks to the q length (>=16) and long kv is split
       into 512-key chunks run in parallel (split-kv), combined by log-sum-exp.
     """
-    if _FORCED:
-        return _FORCED[-1]
     lowp = dtype != torch.float32
     bm = _pow2_clamp(max_q_len, 16, 128 if lowp else 64)
     bn = _pow2_clamp(max_kv_len, 16, (128 if d <= 128 else 64) if lowp else (32 if d > 64 else 64))
