@@ -18,10 +18,10 @@ def _eq(a: Batch, b: Batch) -> None:
 def test_deterministic_under_seed_and_block_order() -> None:
     cfg = presets.tiny(seed=7)
     s1, s2 = SyntheticSource(cfg, block_size=16), SyntheticSource(cfg, block_size=16)
-    b3 = s1.batch(3)
-    s2.batch(0)
-    _eq(b3, s2.batch(3))  # independent of what was generated before
-    other = SyntheticSource(presets.tiny(seed=8), block_size=16).batch(3)
+    b3 = s1.batch(3, "native")
+    s2.batch(0, "native")
+    _eq(b3, s2.batch(3, "native"))  # independent of what was generated before
+    other = SyntheticSource(presets.tiny(seed=8), block_size=16).batch(3, "native")
     assert not torch.equal(other.event_ids[:10], b3.event_ids[:10]) or other.num_tokens != b3.num_tokens
 
 
@@ -81,7 +81,7 @@ def test_heavy_tailed_lengths_and_zipf() -> None:
 
 def test_planted_labels_match_probs_and_bayes_metrics() -> None:
     s = SyntheticSource(presets.tiny(), block_size=512)
-    bs = [s.batch(i) for i in range(6)]
+    bs = [s.batch(i, "native") for i in range(6)]
     P = torch.cat([b.probs for b in bs if b.probs is not None])
     Y = torch.cat([b.labels for b in bs])
     # labels are Bernoulli(probs): calibration within sampling noise
