@@ -62,9 +62,22 @@ def _row(t: torch.Tensor, elem_dtype: torch.dtype, cfg: MXLinearConfig, be: str)
 
 
 class _MXLinearFn(torch.autograd.Function):
+    # Autocast is switched off inside: the emulation's fp32 matmuls must stay fp32, and the
+    # operands are quantized from whatever dtype they arrive in.
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 cfg: MXLinearConfig) -> torch.Tensor:
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return _MXLinearFn._forward(ctx, x, weight, bias, cfg)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        with torch.autocast(device_type=dy.device.type, enabled=False):
+            return _MXLinearFn._backward(ctx, dy)
+
+    @staticmethod
+    def _forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 cfg: MXLinearConfig) -> torch.Tensor:
         be = resolve_backend(cfg.backend, x)
         K = x.shape[-1]
         x2 = x.reshape(-1, K)
@@ -91,9 +104,9 @@ class _MXLinearFn(torch.autograd.Function):
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         cfg: MXLinearConfig = ctx.cfg
-        be: str = ctx.be
+        be: Backend = ctx.be
         (x2,) = ctx.saved_tensors
         dy2 = dy.reshape(-1, dy.shape[-1])
         if dy2.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -110,7 +123,7 @@ class _MXLinearFn(torch.autograd.Function):
                 dx = mx_mm(dyq, ctx.wq_t, out_dtype=torch.bfloat16, backend=be).reshape(ctx.x_shape)
             if quant_dw:
                 assert dyq_t is not None
-                dw = mx_mm(dyq_t, ctx.xq_t, out_dtype=torch.float32, backend=be).to(ctx.w_dtype)
+                dw = mx_mm(dyq_t, ctx.xq_t, out_dtype=ctx.w_dtype, backend=be)
         if need_dw and cfg.wgrad_bf16:
             dw = (dy2.to(torch.bfloat16).t() @ x2.to(torch.bfloat16)).to(ctx.w_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
@@ -151,7 +164,7 @@ class MXFP8Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"{x.shape=} must end in in_features={self.in_features}")
-        out: torch.Tensor = _MXLinearFn.apply(x, self.weight, self.bias, self.config)
+        out: torch.Tensor = _MXLinearFn.apply(x, self.weight, self.bias, self.config)  # type: ignore[no-untyped-call]
         return out
 
     def extra_repr(self) -> str:

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def,misc"
 """Triton MXFP8 GEMM for Hopper: C[M, N] = A[M, K] . B[N, K]^T with per-32 E8M0 scales.
 
 Hopper has no block-scaled MMA, so every 32-wide K slice is one FP8 tensor-core dot (a single
@@ -33,7 +34,7 @@ def _mx_gemm_kernel(
     M, N, K,
     sam, sak, sbn, sbk, sasm, sask, sbsn, sbsk, scm, scn,
     BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr, GROUP_M: tl.constexpr,
-    A_E5M2: tl.constexpr, B_E5M2: tl.constexpr, HAS_BIAS: tl.constexpr,
+    A_E5M2: tl.constexpr, B_E5M2: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
@@ -52,12 +53,18 @@ def _mx_gemm_kernel(
     for k0 in range(0, K, 32 * SUB):
         for j in tl.static_range(SUB):
             kk = k0 + j * 32 + rk
-            kmask = kk < K
-            a = tl.load(a_ptr + rm[:, None] * sam + kk[None, :] * sak, mask=mmask[:, None] & kmask[None, :], other=0)
-            b = tl.load(b_ptr + kk[:, None] * sbk + rn[None, :] * sbn, mask=kmask[:, None] & nmask[None, :], other=0)
             kb = (k0 + j * 32) // 32
-            sa = tl.load(as_ptr + rm * sasm + kb * sask, mask=mmask & (k0 + j * 32 < K), other=127)
-            sb = tl.load(bs_ptr + rn * sbsn + kb * sbsk, mask=nmask & (k0 + j * 32 < K), other=127)
+            if EVEN_K:
+                a = tl.load(a_ptr + rm[:, None] * sam + kk[None, :] * sak, mask=mmask[:, None], other=0)
+                b = tl.load(b_ptr + kk[:, None] * sbk + rn[None, :] * sbn, mask=nmask[None, :], other=0)
+                sa = tl.load(as_ptr + rm * sasm + kb * sask, mask=mmask, other=127)
+                sb = tl.load(bs_ptr + rn * sbsn + kb * sbsk, mask=nmask, other=127)
+            else:
+                kmask = kk < K
+                a = tl.load(a_ptr + rm[:, None] * sam + kk[None, :] * sak, mask=mmask[:, None] & kmask[None, :], other=0)
+                b = tl.load(b_ptr + kk[:, None] * sbk + rn[None, :] * sbn, mask=kmask[:, None] & nmask[None, :], other=0)
+                sa = tl.load(as_ptr + rm * sasm + kb * sask, mask=mmask & (k0 + j * 32 < K), other=127)
+                sb = tl.load(bs_ptr + rn * sbsn + kb * sbsk, mask=nmask & (k0 + j * 32 < K), other=127)
             if A_E5M2:
                 a = a.to(tl.float8e5, bitcast=True)
             else:
@@ -85,6 +92,8 @@ _GPU_CONFIGS = [
 ]
 _tuned: dict[tuple[int, int, int, bool, bool], tuple[int, int, int, int, int]] = {}
 TUNE = {"enabled": True}
+# (M, N, K) -> [(config, ms)] of the last tuning, for the bench to print.
+TUNE_LOG: dict[tuple[int, int, int], list[tuple[tuple[int, int, int, int, int], float]]] = {}
 
 
 def _launch(a: MXTensor, b: MXTensor, out: torch.Tensor, bias: torch.Tensor | None,
@@ -102,7 +111,7 @@ def _launch(a: MXTensor, b: MXTensor, out: torch.Tensor, bias: torch.Tensor | No
         out.stride(0), out.stride(1),
         BM=BM, BN=BN, SUB=SUB, GROUP_M=8,
         A_E5M2=a.elem_dtype == torch.float8_e5m2, B_E5M2=b.elem_dtype == torch.float8_e5m2,
-        HAS_BIAS=bias is not None, num_warps=warps, num_stages=stages,
+        HAS_BIAS=bias is not None, EVEN_K=K % (32 * SUB) == 0, num_warps=warps, num_stages=stages,
     )
 
 
@@ -127,6 +136,7 @@ def mx_gemm_triton(a: MXTensor, b: MXTensor, out_dtype: torch.dtype, bias: torch
                     ms = triton.testing.do_bench(lambda: _launch(a, b, out, bias, cfg), warmup=5, rep=20)
                 except Exception:  # noqa: BLE001 - a config that does not fit (smem/regs) is skipped
                     continue
+                TUNE_LOG.setdefault((M, N, K), []).append((cfg, ms))
                 if best is None or ms < best[0]:
                     best = (ms, cfg)
             _tuned[key] = best[1] if best is not None else _GPU_CONFIGS[0]

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def,misc"
 """Triton MX quantization: one read of a 2-D tile, row-blocked and/or column-blocked output.
 
 Rounding is done with integer bit operations on the fp32 pattern (no fp8 conversion
