@@ -173,7 +173,7 @@ def pad_jagged(values: torch.Tensor, offsets: torch.Tensor, max_len: int) -> tor
     idx = (offsets[:-1].unsqueeze(1) + pos.unsqueeze(0)).clamp(max=max(values.shape[0] - 1, 0))
     out = values.new_zeros((b, max_len, *values.shape[1:]))
     if values.shape[0] == 0:
-        return out
+        return out + values.sum() * 0  # keeps autograd's graph to `values`
     gathered = values[idx.reshape(-1)].reshape(b, max_len, *values.shape[1:])
     shape = (b, max_len) + (1,) * (values.dim() - 1)
     return torch.where(valid.reshape(shape), gathered, out)

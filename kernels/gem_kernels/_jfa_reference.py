@@ -1,8 +1,13 @@
 """Plain-PyTorch Jagged Flash Attention: the specification the Triton kernel is tested against.
 
-One sequence at a time, fp32 math, the visibility rule of `_jagged.visible_mask`. A query
-that sees no key outputs 0 and gets zero gradient (no NaN): its scores are replaced by 0
-before the softmax and its probabilities multiplied by 0. Autograd is torch's own.
+`jfa_reference`: one sequence at a time, fp32 math, the visibility rule of
+`_jagged.visible_mask`. A query that sees no key outputs 0 and gets zero gradient (no NaN):
+its scores are replaced by 0 before the softmax and its probabilities multiplied by 0.
+
+`jfa_padded`: the same function batched — pad at the edges to `[B, H, L, D]`, one masked
+softmax, unpad. No host sync and O(T) autograd (slicing per sequence makes every slice's
+backward write a full-size gradient), so it is what `backend="reference"` runs when the
+padded scores fit (`PADDED_LIMIT`); tests hold it to the per-sequence specification.
 """
 
 from __future__ import annotations
@@ -11,7 +16,10 @@ import math
 
 import torch
 
-from gem_kernels._jagged import visible_mask
+from gem_kernels._jagged import pad_jagged, unpad_jagged, visible_mask
+
+# Largest B·H·max_q_len·max_kv_len for the padded path (fp32 scores: 4 bytes each).
+PADDED_LIMIT = 1 << 27
 
 
 def jfa_reference(
@@ -50,3 +58,40 @@ def jfa_reference(
         # No queries at all (Tq == 0): an empty output still wired to q, k, v for autograd.
         return q.new_zeros(q.shape[0], q.shape[1], v.shape[2]) + 0.0 * (q.sum() + k.sum() + v.sum())
     return torch.cat(outs, dim=0)
+
+
+def jfa_padded(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    *,
+    causal: bool,
+    window: int | None,
+    scale: float,
+) -> torch.Tensor:
+    """Batched reference JFA on padded tensors; same contract as `jfa_reference`."""
+    qp = pad_jagged(q, q_offsets, max_q_len).float().transpose(1, 2)  # [B, H, Lq, D]
+    kp = pad_jagged(k, kv_offsets, max_kv_len).float().transpose(1, 2)
+    vp = pad_jagged(v, kv_offsets, max_kv_len).float().transpose(1, 2)
+    len_q = (q_offsets[1:] - q_offsets[:-1]).view(-1, 1, 1)
+    len_kv = (kv_offsets[1:] - kv_offsets[:-1]).view(-1, 1, 1)
+    i = torch.arange(max_q_len, device=q.device).view(1, -1, 1)
+    j = torch.arange(max_kv_len, device=q.device).view(1, 1, -1)
+    ipos = i + (len_kv - len_q)  # bottom-right alignment, per sample
+    mask = (i < len_q) & (j < len_kv)
+    if causal:
+        mask &= j <= ipos
+    if window is not None:
+        mask &= (j > ipos - window) if causal else ((ipos - j).abs() < window)
+    mask = mask.unsqueeze(1)  # [B, 1, Lq, Lkv]
+    any_visible = mask.any(dim=-1, keepdim=True)
+    s = torch.matmul(qp, kp.transpose(-1, -2)) * scale
+    s = s.masked_fill(~mask, -math.inf)
+    s = torch.where(any_visible, s, torch.zeros_like(s))
+    p = torch.softmax(s, dim=-1) * any_visible
+    out = torch.matmul(p, vp).transpose(1, 2)  # [B, Lq, H, D]
+    return unpad_jagged(out, q_offsets, total=q.shape[0]).to(q.dtype)
