@@ -6,6 +6,8 @@ moves per rank, which mesh dimension it runs on, whether its group crosses hosts
 bandwidth-bound time estimate. Ring collectives over a group of n ranks move, per rank:
 all-gather / reduce-scatter ``(n-1)/n * full``, all-reduce ``2 (n-1)/n * full``; an
 all-to-all sends ``(n-1)/n`` of its input, of which the off-host share goes over the network.
+Time is an alpha-beta estimate: bytes over the slowest link the group uses, plus a fixed
+latency per ring step / all-to-all peer.
 
 Collectives counted (per step):
 * ``fsdp_allgather``  dense params, "shard" dim: forward, and again in backward when
@@ -28,6 +30,9 @@ NVLINK_BYTES_PER_S = 450e9
 """Per-GPU, per-direction NVLink 4 bandwidth of an H100/H200 HGX host (900 GB/s bidir.)."""
 NETWORK_BYTES_PER_S = 50e9
 """Per-GPU inter-host bandwidth: one 400 Gb/s NIC per GPU (RoCE / InfiniBand NDR)."""
+STEP_LATENCY_S = 5e-6
+"""alpha of the alpha-beta model: per ring step, or per peer of an all-to-all. It is what makes
+a 4096-way all-to-all slow even when its bytes are small (the case for 2-D sparse)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -103,10 +108,12 @@ def _item(dims: ParallelDims, name: str, mesh: str, dim: str, ranks: list[int], 
         off = full * off_share
         on = moved - off
         seconds = max(on / NVLINK_BYTES_PER_S, off / NETWORK_BYTES_PER_S)
+        seconds += (n - 1) * STEP_LATENCY_S
     else:
         # a ring is as fast as its slowest link
         off = moved if crosses else 0.0
         seconds = moved / (NETWORK_BYTES_PER_S if crosses else NVLINK_BYTES_PER_S)
+        seconds += (2 if kind == "ar" else 1) * (n - 1) * STEP_LATENCY_S
     return CommItem(name=name, mesh=mesh, dim=dim, group_size=n, bytes_per_rank=moved,
                     offhost_bytes_per_rank=off, crosses_hosts=crosses, seconds=seconds)
 
@@ -157,7 +164,7 @@ def comm_table(rows: list[tuple[str, ParallelDims, list[CommItem]]]) -> str:
     names = ["fsdp_allgather", "fsdp_reducescatter", "hsdp_allreduce", "emb_a2a_fwd",
              "emb_a2a_bwd", "sparse_sync"]
     short = ["fsdp_AG", "fsdp_RS", "hsdp_AR", "a2a_fwd", "a2a_bwd", "sp_sync"]
-    head = (f"{'preset':<14}{'hosts x gpus':>13}{'dense RxS':>11}{'sparse MPxR':>12}"
+    head = (f"{'config':<14}{'hosts x gpus':>13}{'dense RxS':>11}{'sparse MPxR':>12}"
             + "".join(f"{s:>10}" for s in short) + f"{'offhost GB':>11}{'est_ms':>9}")
     lines = [head, "-" * len(head)]
     for label, d, items in rows:
@@ -175,5 +182,6 @@ def comm_table(rows: list[tuple[str, ParallelDims, list[CommItem]]]) -> str:
                      + "".join(cells) + f"{off:>11.3f}{ms:>9.1f}")
     lines.append("GB per rank per step; * = group crosses hosts; est_ms at "
                  f"{NVLINK_BYTES_PER_S / 1e9:.0f} GB/s NVLink, {NETWORK_BYTES_PER_S / 1e9:.0f} "
-                 "GB/s network per GPU, no overlap.")
+                 f"GB/s network per GPU, {STEP_LATENCY_S * 1e6:g} us per ring step / a2a peer, "
+                 "no overlap.")
     return "\n".join(lines)
