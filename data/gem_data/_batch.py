@@ -102,18 +102,33 @@ class SparseFeatures:
         return f"SparseFeatures(keys={self._keys}, B={self.stride()}, N={self._values.numel()})"
 
 
+_KJT: list[Any] = []  # [KeyedJaggedTensor class or None] once tried
+
+
+def _kjt_class() -> Any:
+    if not _KJT:
+        try:
+            from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+        except Exception:  # absent or broken (e.g. fbgemm mismatch): fall back to SparseFeatures
+            _KJT.append(None)
+        else:
+            _KJT.append(KeyedJaggedTensor)
+    return _KJT[0]
+
+
 def make_sparse(keys: list[str], values: Tensor, lengths: Tensor, kind: str = "auto") -> Any:
-    """A `KeyedJaggedTensor` (kind "kjt", or "auto" when torchrec imports) else `SparseFeatures`."""
+    """A `KeyedJaggedTensor` (kind "kjt", or "auto" when torchrec imports) else `SparseFeatures`.
+
+    torchrec is imported lazily, on the first "auto"/"kjt" call.
+    """
     if kind not in ("auto", "kjt", "native"):
         raise ValueError(f"sparse kind={kind!r} must be 'auto', 'kjt' or 'native'")
     if kind != "native":
-        try:
-            from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-        except ImportError:
-            if kind == "kjt":
-                raise
-        else:
-            return KeyedJaggedTensor(keys=keys, values=values, lengths=lengths)
+        kjt = _kjt_class()
+        if kjt is not None:
+            return kjt(keys=keys, values=values, lengths=lengths)
+        if kind == "kjt":
+            raise ImportError("sparse_kind='kjt' needs torchrec (pip install torchrec), which did not import")
     return SparseFeatures(keys, values, lengths)
 
 

@@ -24,8 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
+
+try:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+except ImportError:  # synthetic data and the loader work without pyarrow
+    pa = pq = None
 
 from gem_data._batch import Batch
 from gem_data._host import HostBatch, offsets_of
@@ -41,6 +45,11 @@ class DataError(ValueError):
         self.path, self.column, self.reason = str(path), column, reason
         where = f"column {column!r}" if column else "file"
         super().__init__(f"{self.path}: {where}: {reason}")
+
+
+def _need_pyarrow() -> None:
+    if pa is None:
+        raise ImportError("gem_data's Parquet support needs pyarrow>=15 (pip install pyarrow)")
 
 
 def _sparse_col(name: str) -> str:
@@ -127,6 +136,7 @@ def write_parquet(batches: Iterable[Batch | HostBatch], out_dir: str | os.PathLi
     Returns:
         The paths written, in order.
     """
+    _need_pyarrow()
     if samples_per_shard < 1 or rows_per_group < 1:
         raise ValueError(f"{samples_per_shard=} and {rows_per_group=} must be >= 1")
     out = Path(out_dir)
@@ -203,6 +213,7 @@ class ParquetSource:
 
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
                  on_error: str = "raise") -> None:
+        _need_pyarrow()
         if on_error not in ("raise", "skip"):
             raise ValueError(f"{on_error=} must be 'raise' or 'skip'")
         if isinstance(paths, (str, os.PathLike)):

@@ -59,6 +59,14 @@ def zipf_ids(rng: np.random.Generator, vocab: int, alpha: float, n: int) -> np.n
     return out
 
 
+def _recent(offs: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of the last k[i] events of each sequence i, and their sequence index."""
+    total = int(k.sum())
+    seq = np.repeat(np.arange(k.size), k)
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(k) - k, k)
+    return offs[1:][seq] - k[seq] + within, seq
+
+
 class _Planted:
     """The planted label-function parameters, drawn once from the config seed."""
 
@@ -156,17 +164,20 @@ class SyntheticSource:
         domain = rng.integers(0, cfg.num_domains, n).astype(np.int64)
         # planted logits
         logit = p.bias[None, :] + dense.astype(np.float64) @ p.w + p.dom[domain]
-        is0 = np.r_[0, np.cumsum(event_types == 0)]
+        # sequence statistics over the most recent events only (gathered, not the whole history)
         k_t = np.minimum(lengths, _RECENT_TYPES)
-        frac0 = np.where(k_t > 0, (is0[offs[1:]] - is0[offs[1:] - k_t]) / np.maximum(k_t, 1), 2.0 / 7.0)
+        pos_t, seq_t = _recent(offs, k_t)
+        n0 = np.bincount(seq_t, weights=(event_types[pos_t] == 0), minlength=n)
+        frac0 = np.where(k_t > 0, n0 / np.maximum(k_t, 1), 2.0 / 7.0)
         logit += p.a[None, :] * (frac0 - 2.0 / 7.0)[:, None]
         z_len = (np.log1p(lengths) - p.loglen_mean) / p.loglen_std
         logit += p.h[None, :] * z_len[:, None]
         k_i = np.minimum(lengths, _RECENT_ITEMS)
+        pos_i, seq_i = _recent(offs, k_i)
+        recent_ids = event_ids[pos_i]
         for t in range(cfg.num_tasks):
-            eff = np.r_[0.0, np.cumsum(id_effect(event_ids, _ITEM_FEATURE, t, cfg.seed))]
-            recent = np.where(k_i > 0, (eff[offs[1:]] - eff[offs[1:] - k_i]) / np.maximum(k_i, 1), 0.0)
-            logit[:, t] += p.g[t] * recent
+            eff = np.bincount(seq_i, weights=id_effect(recent_ids, _ITEM_FEATURE, t, cfg.seed), minlength=n)
+            logit[:, t] += p.g[t] * eff / np.maximum(k_i, 1)
             for k in range(K):
                 so = offsets_of(sparse_lengths[k])
                 e = np.r_[0.0, np.cumsum(id_effect(sparse_values[k], k, t, cfg.seed))]
