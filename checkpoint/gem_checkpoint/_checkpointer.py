@@ -153,7 +153,7 @@ class Checkpointer:
         self._inflight: int | None = None
         self._error: tuple[int, BaseException] | None = None
         self.last_stall_s = 0.0
-        """Seconds the last save() blocked the caller."""
+        """Seconds the last save() blocked the caller (incl. waiting for the previous write)."""
         self.last_write_s = 0.0
         """Seconds the last completed write took (dcp.save + checksums + commit)."""
         self.last_bytes = 0
@@ -177,8 +177,8 @@ class Checkpointer:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step={step!r} must be an int >= 0")
         check_state(state)
-        self._finish_previous(step)
         t0 = time.perf_counter()
+        self._finish_previous(step)
         plain = to_plain(state)
         if not self.async_save:
             self._write(step, plain)
