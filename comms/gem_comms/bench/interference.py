@@ -216,25 +216,26 @@ def build_transfers(cfg: BenchConfig, dev: torch.device) -> list[Transfer]:
 
 
 def calibrate(t: Transfer, window_ms: float) -> None:
-    """Times ops alone; picks how many per stream cover 1.5x the matmul window."""
+    """Times ops alone (all of t's streams at once, as in a window) and picks how many per
+    stream cover 1.5x the matmul window."""
     for s, op in zip(t.streams, t.ops):
         with torch.cuda.stream(s):
             op()
     torch.cuda.synchronize()
-    k = 3
-    e0, e1 = _event(), _event()
-    ms = []
+    k = 4
+    marks = []
     for s, op in zip(t.streams, t.ops):
+        e0, e1 = _event(), _event()
         with torch.cuda.stream(s):
             e0.record(s)
             for _ in range(k):
                 op()
             e1.record(s)
-        torch.cuda.synchronize()
-        ms.append(_elapsed(e0, e1) / k)
-    op_ms = max(ms)
-    t.alone_gbs = t.bytes_per_op / (min(ms) * 1e-3) / 1e9
-    t.count = min(5000, math.ceil(1.5 * window_ms / op_ms) + 2)
+        marks.append((e0, e1))
+    torch.cuda.synchronize()
+    ms = [_elapsed(e0, e1) / k for e0, e1 in marks]
+    t.alone_gbs = sum(t.bytes_per_op / (m * 1e-3) / 1e9 for m in ms)
+    t.count = min(5000, math.ceil(1.5 * window_ms / max(ms)) + 2)
 
 
 def window(cfg: BenchConfig, mm: Callable[[], None], mm_stream: torch.cuda.Stream, t: Transfer | None) -> tuple[float, bool]:
@@ -280,6 +281,28 @@ def window(cfg: BenchConfig, mm: Callable[[], None], mm_stream: torch.cuda.Strea
     return mm_ms, gate_ok
 
 
+def _small_call_us(dev: torch.device, calls: int = 300) -> dict[str, float]:
+    """Host cost per call of a tiny world-of-one all-gather vs a plain copy (launch overhead)."""
+    x = torch.randn(1024, device=dev)
+    out = torch.empty_like(x)
+    res = {}
+    for name, fn in (
+        ("torch_copy", lambda: out.copy_(x)),
+        ("gem_comms_copy_engine", lambda: gc.all_gather_into_tensor(out, x, backend="copy_engine")),
+    ):
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        res[name] = round((time.perf_counter() - t0) / calls * 1e6, 2)
+        if not torch.equal(out, x):
+            raise RuntimeError(f"{name}: world-of-one all_gather result differs from its input")
+    return res
+
+
 def run_gpu(cfg: BenchConfig, quick: bool) -> dict[str, object]:
     dev = torch.device("cuda", torch.cuda.current_device())
     g = torch.Generator(device=dev).manual_seed(0)
@@ -299,9 +322,12 @@ def run_gpu(cfg: BenchConfig, quick: bool) -> dict[str, object]:
     ref = a[:64].float() @ b.float()
     mm_ok = bool(torch.allclose(c[:64].float(), ref, rtol=2e-2, atol=2e-2 * float(ref.abs().max())))
     window_ms, _ = window(cfg, mm, mm_stream, None)
+    print(f"matmul window ~{window_ms:.1f} ms; allocating transfer buffers ...", flush=True)
     transfers = build_transfers(cfg, dev)
     for t in transfers:
         calibrate(t, window_ms)
+        print(f"  {t.name}: {t.alone_gbs:.1f} GB/s alone, {t.count} ops/stream/window", flush=True)
+    small_us = _small_call_us(dev)
     alone: list[float] = []
     gates: list[bool] = []
     under: dict[str, list[float]] = {t.name: [] for t in transfers}
@@ -350,6 +376,10 @@ def run_gpu(cfg: BenchConfig, quick: bool) -> dict[str, object]:
     for r in rows:
         if r["note"]:
             print(f"  {r['scenario']}: {r['note']}")
+    print(
+        f"4 KiB world-of-one all_gather: gem_comms copy_engine {small_us['gem_comms_copy_engine']:.1f} us/call, "
+        f"torch copy_ {small_us['torch_copy']:.1f} us/call (host time, sync at end)"
+    )
     print("GB/s: bytes copied per second (inside the matmul window for 'during'), summed over both directions for (a)/(b).")
     ce = rows[0]["slowdown_pct"]
     all_ok = mm_ok and all(r["data_ok"] and r["covered_window"] for r in rows)
@@ -375,6 +405,7 @@ def run_gpu(cfg: BenchConfig, quick: bool) -> dict[str, object]:
         "target_copy_engine_le_3pct": bool(isinstance(ce, float) and ce <= 3.0),
         "sm_path_mapped_host": not str(rows[1]["note"]).startswith("FALLBACK"),
         "gate_ok": all(gates),
+        "small_all_gather_world1_us": small_us,
         "all_checks_ok": bool(all_ok),
     }
 
