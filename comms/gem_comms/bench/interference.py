@@ -423,7 +423,7 @@ def run_cpu(quick: bool) -> dict[str, object]:
         return time.perf_counter() - t0
 
     timed()  # warm-up (thread pool, first-touch)
-    alone = statistics.median(timed() for _ in range(3))
+    alone = min(timed() for _ in range(5))
     src = torch.randn(1 << 20)
     dst = torch.empty_like(src)
     stop = threading.Event()
@@ -437,7 +437,7 @@ def run_cpu(quick: bool) -> dict[str, object]:
     th = threading.Thread(target=mover)
     t0 = time.perf_counter()
     th.start()
-    beside = statistics.median(timed() for _ in range(3))
+    beside = min(timed() for _ in range(5))
     stop.set()
     th.join()
     gbs = copied[0] / (time.perf_counter() - t0) / 1e9
