@@ -74,6 +74,8 @@ class JaggedLoader:
         device: where batches are returned (None = CPU). On CUDA: pinned memory and async copy.
         sparse_kind: "auto" (KeyedJaggedTensor if torchrec imports), "kjt" or "native".
 
+    Iterating (again) continues from the current position; `close()` stops the threads.
+
     Example:
         loader = JaggedLoader(SyntheticSource(cfg, block_size=8), blocks_per_batch=4,
                               rank=rank, world_size=world, device="cuda")

@@ -158,7 +158,14 @@ def write_parquet(batches: Iterable[Batch | HostBatch], out_dir: str | os.PathLi
         try:
             pq.write_table(table, tmp, row_group_size=rows_per_group, compression=compression,
                            write_page_checksum=True, write_statistics=False)
-            os.link(tmp, path)  # atomic and fails if `path` appeared meanwhile (no overwrite)
+            try:
+                os.link(tmp, path)  # atomic and fails if `path` appeared meanwhile (no overwrite)
+            except FileExistsError:
+                raise FileExistsError(f"{path} appeared while writing; write_parquet never overwrites") from None
+            except OSError:  # a file system without hard links: rename (atomic, checked just before)
+                if path.exists():
+                    raise FileExistsError(f"{path} exists; write_parquet never overwrites") from None
+                os.rename(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
         written.append(path)

@@ -153,3 +153,12 @@ def test_bad_args(tmp_path: Path) -> None:
         write_parquet([], tmp_path, tasks=CFG.tasks, samples_per_shard=0)
     with pytest.raises(ValueError, match="labels"):
         write_parquet(_blocks(1), tmp_path / "x", tasks=("only_one",))
+
+
+def test_round_trip_from_torch_batches(tmp_path: Path) -> None:
+    src = SyntheticSource(CFG, block_size=9)
+    batches = [src.batch(i, "native") for i in range(3)]
+    write_parquet(batches, tmp_path, tasks=CFG.tasks, samples_per_shard=10, rows_per_group=4)
+    back = ParquetSource(tmp_path)
+    got = HostBatch.concat([h for h in (back.read(u) for u in range(back.num_blocks)) if h is not None])
+    _assert_same(HostBatch.concat([src.read(i) for i in range(3)]), got)
