@@ -62,6 +62,10 @@ class JfaConfig:
     # cut into kv chunks of `kv_split` keys run by separate programs, then combined by
     # log-sum-exp. 0 = off. A multiple of fwd.block_n and dq.block_n.
     kv_split: int = 0
+    # Launch only real tiles, heaviest sample first (see `_schedule`): True = always,
+    # False = never (the plain (B·H, max blocks) grid with early exits), None = when the
+    # plain grid would be mostly empty programs (long-tailed lengths).
+    tile_list: bool | None = None
 
 
 _FORCED: list[JfaConfig] = []
@@ -163,6 +167,42 @@ def _visible_t(rows, cols, shift, lk, WINDOW, CAUSAL: tl.constexpr, HAS_WINDOW: 
 
 
 @triton.jit
+def _schedule(OFF, CUM, ORDER, H, B, BLOCK: tl.constexpr, TILE_LIST: tl.constexpr, LOG2B: tl.constexpr):
+    """(sample b, head h, block start, ok) of this program; `OFF` are the tiled side's offsets.
+
+    Grid mode: axis 0 = B·H, axis 1 = blocks of the longest sequence in reverse (programs
+    past a sequence's end exit). Tile-list mode: axis 0 = H × (an upper bound on the real
+    tiles, cdiv(T, BLOCK) + B); `CUM` is the inclusive cumsum of per-sample tile counts in
+    the order `ORDER` (heaviest sample first), found by binary search; no empty programs
+    beyond the bound's slack, and the heaviest work starts first.
+    """
+    pid = tl.program_id(0)
+    h = pid % H
+    if TILE_LIST:
+        t = pid // H
+        lo = 0
+        hi = B
+        for _ in tl.static_range(LOG2B):
+            mid = (lo + hi) // 2
+            c = tl.load(CUM + tl.minimum(mid, B - 1))
+            right = (c <= t) & (mid < hi)
+            lo = tl.where(right, mid + 1, lo)
+            hi = tl.where(right, hi, mid)
+        ok = lo < B
+        idx = tl.minimum(lo, B - 1)
+        prev = tl.load(CUM + idx - 1, mask=idx > 0, other=0)
+        n_blocks = tl.load(CUM + idx) - prev
+        b = tl.load(ORDER + idx)
+        blk = n_blocks - 1 - (t - prev)  # heavy (late, for causal) blocks first
+    else:
+        b = pid // H
+        blk = tl.num_programs(1) - 1 - tl.program_id(1)
+        length = tl.load(OFF + b + 1) - tl.load(OFF + b)
+        ok = blk * BLOCK < length
+    return b, h, blk * BLOCK, ok
+
+
+@triton.jit
 def _kv_bounds(m_start, lk, shift, WINDOW, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
     """kv tiles that query rows [m_start, m_start + BLOCK_M) may see, as lo <= f_lo <= f_hi <= hi.
@@ -242,20 +282,17 @@ def _fwd_tile(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
 def _jfa_fwd_kernel(
     Q, K, V, O, LSE, QO, KO,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    stride_os, stride_ls, SPLIT,
+    stride_os, stride_ls, SPLIT, CUM, ORDER, B,
     H, scale_log2, WINDOW,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+    TILE_LIST: tl.constexpr, LOG2B: tl.constexpr,
 ):
-    pid_bh = tl.program_id(0)
-    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
+    b, h, m_start, ok = _schedule(QO, CUM, ORDER, H, B, BLOCK_M, TILE_LIST, LOG2B)
+    if not ok:
+        return
     q_start = tl.load(QO + b)
     lq = tl.load(QO + b + 1) - q_start
-    m_start = pid_m * BLOCK_M
-    if m_start >= lq:
-        return
     kv_start = tl.load(KO + b)
     lk = tl.load(KO + b + 1) - kv_start
     shift = lk - lq
@@ -332,19 +369,16 @@ def _jfa_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, QO, KO,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-    H, scale, scale_log2, WINDOW,
+    CUM, ORDER, B, H, scale, scale_log2, WINDOW,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+    TILE_LIST: tl.constexpr, LOG2B: tl.constexpr,
 ):
-    pid_bh = tl.program_id(0)
-    pid_n = tl.num_programs(1) - 1 - tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
+    b, h, n_start, ok = _schedule(KO, CUM, ORDER, H, B, BLOCK_N, TILE_LIST, LOG2B)
+    if not ok:
+        return
     kv_start = tl.load(KO + b)
     lk = tl.load(KO + b + 1) - kv_start
-    n_start = pid_n * BLOCK_N
-    if n_start >= lk:
-        return
     q_start = tl.load(QO + b)
     lq = tl.load(QO + b + 1) - q_start
     shift = lk - lq
@@ -432,20 +466,17 @@ def _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, of
 def _jfa_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, QO, KO,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-    stride_dqt, stride_dqh, stride_dqs, SPLIT,
+    stride_dqt, stride_dqh, stride_dqs, SPLIT, CUM, ORDER, B,
     H, scale, scale_log2, WINDOW,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+    TILE_LIST: tl.constexpr, LOG2B: tl.constexpr,
 ):
-    pid_bh = tl.program_id(0)
-    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
+    b, h, m_start, ok = _schedule(QO, CUM, ORDER, H, B, BLOCK_M, TILE_LIST, LOG2B)
+    if not ok:
+        return
     q_start = tl.load(QO + b)
     lq = tl.load(QO + b + 1) - q_start
-    m_start = pid_m * BLOCK_M
-    if m_start >= lq:
-        return
     kv_start = tl.load(KO + b)
     lk = tl.load(KO + b + 1) - kv_start
     shift = lk - lq
@@ -497,6 +528,27 @@ def _dot_prec(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _schedule_args(
+    offsets: torch.Tensor, other_offsets: torch.Tensor, rows: int, max_len: int, block: int, h: int,
+    tile_list: bool | None,
+) -> tuple[tuple[int, int], dict[str, object]]:
+    """Grid (axes 0 and 1) and the schedule kernel args for tiling `offsets`' side by `block`.
+
+    The tile list pays a few tiny device ops (lengths, argsort, cumsum; no host sync) and is
+    used only when the plain grid would launch mostly empty programs (long-tailed lengths).
+    """
+    b = offsets.numel() - 1
+    grid_tiles = b * triton.cdiv(max_len, block)
+    list_tiles = triton.cdiv(rows, block) + b
+    if tile_list or (tile_list is None and grid_tiles > 2 * list_tiles):
+        lengths = offsets[1:] - offsets[:-1]
+        work = other_offsets[1:] - other_offsets[:-1]  # work per tile ∝ the other side's length
+        order = torch.argsort(work, descending=True, stable=True)
+        cum = ((lengths[order] + block - 1) // block).cumsum(0)
+        return (h * list_tiles, 1), dict(CUM=cum, ORDER=order, B=b, TILE_LIST=True, LOG2B=max(1, b.bit_length()))
+    return (b * h, triton.cdiv(max_len, block)), dict(CUM=offsets, ORDER=offsets, B=b, TILE_LIST=False, LOG2B=1)
+
+
 def jfa_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -526,15 +578,16 @@ def jfa_forward(
     else:
         out_ws = torch.empty_like(q).unsqueeze(0)
         lse_ws = torch.empty((1, tq, h), dtype=torch.float32, device=q.device)
-    grid = (b * h, triton.cdiv(max_q_len, t.block_m), splits)
-    _jfa_fwd_kernel[grid](
+    (g0, g1), sched = _schedule_args(q_offsets, kv_offsets, tq, max_q_len, t.block_m, h, cfg.tile_list)
+    _jfa_fwd_kernel[(g0, g1, splits)](
         q, k, v, out_ws, lse_ws, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out_ws.stride(1), out_ws.stride(2), out_ws.stride(0), lse_ws.stride(0),
-        cfg.kv_split if splits > 1 else _NO_SPLIT,
+        cfg.kv_split if splits > 1 else _NO_SPLIT, sched["CUM"], sched["ORDER"], sched["B"],
         h, scale * _LOG2E, window if window is not None else 0,
         CAUSAL=causal, HAS_WINDOW=window is not None, D=d,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q),
+        TILE_LIST=sched["TILE_LIST"], LOG2B=sched["LOG2B"],
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     if splits == 1:
@@ -592,20 +645,24 @@ def jfa_backward(
         CAUSAL=causal, HAS_WINDOW=window is not None, D=d, DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q)
     )
     win = window if window is not None else 0
-    _jfa_bwd_dkdv_kernel[(b * h, triton.cdiv(max_kv_len, cfg.dkdv.block_n))](
+    grid_kv, sched_kv = _schedule_args(kv_offsets, q_offsets, k.shape[0], max_kv_len, cfg.dkdv.block_n, h, cfg.tile_list)
+    _jfa_bwd_dkdv_kernel[grid_kv](
         q, k, v, dout, lse, delta, dk, dv, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        h, scale, scale * _LOG2E, win,
+        sched_kv["CUM"], sched_kv["ORDER"], sched_kv["B"], h, scale, scale * _LOG2E, win,
+        TILE_LIST=sched_kv["TILE_LIST"], LOG2B=sched_kv["LOG2B"],
         BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n,
         num_warps=cfg.dkdv.num_warps, num_stages=cfg.dkdv.num_stages, **common,
     )
-    _jfa_bwd_dq_kernel[(b * h, triton.cdiv(max_q_len, cfg.dq.block_m), splits)](
+    (g0, g1), sched_q = _schedule_args(q_offsets, kv_offsets, tq, max_q_len, cfg.dq.block_m, h, cfg.tile_list)
+    _jfa_bwd_dq_kernel[(g0, g1, splits)](
         q, k, v, dout, lse, delta, dq_ws, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dq_ws.stride(1), dq_ws.stride(2), dq_ws.stride(0),
-        cfg.kv_split if splits > 1 else _NO_SPLIT,
+        cfg.kv_split if splits > 1 else _NO_SPLIT, sched_q["CUM"], sched_q["ORDER"], sched_q["B"],
         h, scale, scale * _LOG2E, win,
+        TILE_LIST=sched_q["TILE_LIST"], LOG2B=sched_q["LOG2B"],
         BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n,
         num_warps=cfg.dq.num_warps, num_stages=cfg.dq.num_stages, **common,
     )

@@ -105,6 +105,16 @@ def test_unequal_lengths_bottom_right(variant: str) -> None:
 
 
 @needs_triton
+@pytest.mark.parametrize("tile_list", [True, False])
+@pytest.mark.parametrize("variant", ["full", "causal_window"])
+def test_tile_list_and_grid_schedules(tile_list: bool, variant: str) -> None:
+    # Both launch schedules (tile list: binary search over per-sample tile counts, heaviest
+    # first; plain grid with early exits) on the same long-tailed batch.
+    with force_config(dataclasses.replace(TINY, tile_list=tile_list)):
+        _check([40, 0, 3, 17, 1, 16], [33, 5, 0, 17, 40, 16], **VARIANTS[variant])  # type: ignore[arg-type]
+
+
+@needs_triton
 @pytest.mark.parametrize("causal,window", [(True, 20), (False, 18)])
 def test_wide_window_full_tiles(causal: bool, window: int) -> None:
     # Windows wider than a tile: interior tiles take the unmasked path, edges the masked one.

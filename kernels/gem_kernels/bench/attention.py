@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from gem_kernels import jagged_flash_attention, pad_jagged
-from gem_kernels._triton_jfa import JfaConfig, JfaTiles, force_config, pick_config
+from gem_kernels._triton_jfa import JfaTiles, force_config, pick_config
 from gem_kernels.bench._common import (
     attention_flops,
     bench_graph_ms,
@@ -206,13 +206,13 @@ SWEEP_BWD = [  # (dkdv bm, bn, warps, stages), (dq bm, bn, warps, stages)
 ]
 
 
-def sweep(case: Case, dtype: torch.dtype) -> list[dict[str, object]]:
+def sweep(case: Case, dtype: torch.dtype, device: str = "cuda") -> list[dict[str, object]]:
     """Tile sweep on one case (GPU): forward configs, then backward configs."""
-    q = random_jagged(case.len_q, case.heads, case.dim, dtype=dtype, device="cuda", seed=1)
-    k = random_jagged(case.len_kv, case.heads, case.dim, dtype=dtype, device="cuda", seed=2)
-    v = random_jagged(case.len_kv, case.heads, case.dim, dtype=dtype, device="cuda", seed=3)
-    dout = random_jagged(case.len_q, case.heads, case.dim, dtype=dtype, device="cuda", seed=4)
-    qo, ko = offsets_from_lengths(case.len_q, "cuda"), offsets_from_lengths(case.len_kv, "cuda")
+    q = random_jagged(case.len_q, case.heads, case.dim, dtype=dtype, device=device, seed=1)
+    k = random_jagged(case.len_kv, case.heads, case.dim, dtype=dtype, device=device, seed=2)
+    v = random_jagged(case.len_kv, case.heads, case.dim, dtype=dtype, device=device, seed=3)
+    dout = random_jagged(case.len_q, case.heads, case.dim, dtype=dtype, device=device, seed=4)
+    qo, ko = offsets_from_lengths(case.len_q, device), offsets_from_lengths(case.len_kv, device)
     mq, mk = max(case.len_q), max(case.len_kv)
     kw = dict(causal=case.causal, window=case.window)
     pairs = visible_pairs(case.len_q, case.len_kv, causal=case.causal, window=case.window)
@@ -232,9 +232,29 @@ def sweep(case: Case, dtype: torch.dtype) -> list[dict[str, object]]:
                          "tflops": f_fwd / (ms * 1e-3) / 1e12, "err_vs_default": err})
         except Exception as e:  # noqa: BLE001
             rows.append({"case": case.name, "kernel": "fwd", "tiles": str(fw), "note": f"failed: {type(e).__name__}"})
+    # Launch schedule: tile list (default where lengths are long-tailed) vs the plain grid.
+    for tile_list in (True, False):
+        cfg = dataclasses.replace(base, tile_list=tile_list)
+
+        def fb_sched() -> object:
+            o = jagged_flash_attention(qg, kg, vg, qo, ko, mq, mk, backend="triton", **kw)  # type: ignore[arg-type]
+            return torch.autograd.grad(o, (qg, kg, vg), dout)
+
+        try:
+            with force_config(cfg):
+                out = jagged_flash_attention(q, k, v, qo, ko, mq, mk, backend="triton", **kw)  # type: ignore[arg-type]
+                err = _rel_err(out, ref.float())
+                ms = bench_ms(lambda: jagged_flash_attention(q, k, v, qo, ko, mq, mk, backend="triton", **kw), iters=10)  # type: ignore[arg-type]
+                ms_all = bench_ms(fb_sched, iters=10)
+            rows.append({"case": case.name, "kernel": "fwd", "tiles": f"default, tile_list={tile_list}", "ms": ms,
+                         "tflops": f_fwd / (ms * 1e-3) / 1e12, "err_vs_default": err})
+            rows.append({"case": case.name, "kernel": "fwd+bwd", "tiles": f"default, tile_list={tile_list}", "ms": ms_all,
+                         "tflops": f_all / (ms_all * 1e-3) / 1e12})
+        except Exception as e:  # noqa: BLE001
+            rows.append({"case": case.name, "kernel": "sched", "tiles": f"tile_list={tile_list}", "note": f"failed: {type(e).__name__}"})
     for dkdv, dq in SWEEP_BWD if case.name == "self" else []:
-        cfg = JfaConfig(fwd=base.fwd, dkdv=JfaTiles(block_m=dkdv[0], block_n=dkdv[1], num_warps=dkdv[2], num_stages=dkdv[3]),
-                        dq=JfaTiles(block_m=dq[0], block_n=dq[1], num_warps=dq[2], num_stages=dq[3]))
+        cfg = dataclasses.replace(base, dkdv=JfaTiles(block_m=dkdv[0], block_n=dkdv[1], num_warps=dkdv[2], num_stages=dkdv[3]),
+                                  dq=JfaTiles(block_m=dq[0], block_n=dq[1], num_warps=dq[2], num_stages=dq[3]))
 
         def fb() -> object:
             o = jagged_flash_attention(qg, kg, vg, qo, ko, mq, mk, backend="triton", **kw)  # type: ignore[arg-type]
