@@ -162,30 +162,46 @@ def block_attention(
     if block_size > TRITON_MAX_BLOCK:
         raise ValueError(f"block_size={block_size} must be <= {TRITON_MAX_BLOCK} for backend='triton'")
     cos, sin = rope if rope is not None else (None, None)
-    out: torch.Tensor = torch.ops.gem_kernels.block_attention_fwd(
-        q, k, v, offsets, max_len, block_size, cos, sin, float(scale)
-    )
-    return out
+    args = (q, k, v, offsets, max_len, block_size, cos, sin, float(scale))
+    if torch.compiler.is_compiling():
+        out: torch.Tensor = torch.ops.gem_kernels.block_attention_fwd(*args)
+        return out
+    # Eager: a plain autograd.Function over the same launchers (the custom op's Python
+    # dispatch costs more host time than this memory-bound kernel takes on the GPU).
+    return _BlockFunction.apply(*args)  # type: ignore[no-any-return, no-untyped-call]
+
+
+class _BlockFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, *args: Any) -> torch.Tensor:
+        q, k, v, offsets, max_len, block_size, cos, sin, scale = args
+        ctx.save_for_backward(q, k, v, offsets, cos, sin)
+        ctx.meta = (max_len, block_size, scale)
+        return block_forward_triton(*args)
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, offsets, cos, sin = ctx.saved_tensors
+        max_len, block_size, scale = ctx.meta
+        dq, dk, dv = block_backward_triton(dout, q, k, v, offsets, max_len, block_size, cos, sin, scale)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 # --- Triton launchers ------------------------------------------------------------------------
 
 
-def _launch_common(
-    q: torch.Tensor, offsets: torch.Tensor, max_len: int, block_size: int
-) -> tuple[torch.Tensor, tuple[int, int], dict[str, Any]]:
-    from gem_kernels._gdpa import _log_b, _prec, _tile_offsets
+def _launch_common(q: torch.Tensor, offsets: torch.Tensor, max_len: int, block_size: int) -> tuple[tuple[int, int], dict[str, Any]]:
+    from gem_kernels._gdpa import _block_b, _prec
 
     t, h, d = q.shape
     b = offsets.numel() - 1
-    tiles = _tile_offsets(offsets, block_size)
     grid = (min(t // block_size + b, b * max(1, -(-max_len // block_size))), h)
     bsp = max(16, 1 << (block_size - 1).bit_length())
     meta: dict[str, Any] = dict(
-        D=d, BS=block_size, BSP=bsp, LOG_B=_log_b(b), PREC=_prec(q.dtype),
+        D=d, BS=block_size, BSP=bsp, BLOCK_B=_block_b(b), PREC=_prec(q.dtype),
         num_warps=4 if bsp * d <= 64 * 128 else 8, num_stages=1,
     )
-    return tiles, grid, meta
+    return grid, meta
 
 
 def block_forward_triton(
@@ -200,12 +216,12 @@ def block_forward_triton(
     b = offsets.numel() - 1
     if q.shape[0] == 0 or b == 0:
         return out
-    tiles, grid, meta = _launch_common(q, offsets, max_len, block_size)
+    grid, meta = _launch_common(q, offsets, max_len, block_size)
     rope = cos is not None and sin is not None
     cos_t = cos.contiguous() if cos is not None else q
     sin_t = sin.contiguous() if sin is not None else q
     _block_fwd_kernel[grid](
-        q, k, v, out, cos_t, sin_t, offsets, tiles,
+        q, k, v, out, cos_t, sin_t, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), cos_t.stride(0) if rope else 0, scale, b, ROPE=rope, **meta,
     )
@@ -224,12 +240,12 @@ def block_backward_triton(
     b = offsets.numel() - 1
     if q.shape[0] == 0 or b == 0:
         return dq, dk, dv
-    tiles, grid, meta = _launch_common(q, offsets, max_len, block_size)
+    grid, meta = _launch_common(q, offsets, max_len, block_size)
     rope = cos is not None and sin is not None
     cos_t = cos.contiguous() if cos is not None else q
     sin_t = sin.contiguous() if sin is not None else q
     _block_bwd_kernel[grid](
-        q, k, v, dout, dq, dk, dv, cos_t, sin_t, offsets, tiles,
+        q, k, v, dout, dq, dk, dv, cos_t, sin_t, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1), dk.stride(0), dk.stride(1),
         dv.stride(0), dv.stride(1), cos_t.stride(0) if rope else 0, scale, b, ROPE=rope, **meta,

@@ -20,10 +20,11 @@ The tests iterate over `ACTIVATIONS`, so a new entry is tested against the refer
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -31,6 +32,8 @@ import torch
 from gem_kernels._jagged import check_jagged, check_offsets, visible_mask
 
 _BACKENDS = ("auto", "triton", "reference")
+# Tests set this to force the two-kernel dK/dV path for short kv too (both paths are tested).
+_FORCE_SPLIT_BWD = False
 TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 _Fn = Callable[[torch.Tensor], torch.Tensor]
@@ -98,17 +101,39 @@ class GdpaTiles:
     num_stages: int = 3
 
 
-def gdpa_tiles(max_kv_len: int, head_dim: int, *, backward: bool = False) -> GdpaTiles:
-    """Tiles for one call. Short kv (<= 64, the cross-attention/personalized-FFN shape): the
-    whole kv of a sample in one tile (block_n = next pow2 >= 16) and the grid over q tiles."""
+_TILE_OVERRIDE: dict[str, GdpaTiles] = {}
+
+
+@contextlib.contextmanager
+def force_tiles(**tiles: GdpaTiles) -> Iterator[None]:
+    """Overrides the heuristic tiles inside the block (keys "fwd", "dq", "dkdv"); for sweeps."""
+    old = dict(_TILE_OVERRIDE)
+    _TILE_OVERRIDE.update(tiles)
+    try:
+        yield
+    finally:
+        _TILE_OVERRIDE.clear()
+        _TILE_OVERRIDE.update(old)
+
+
+def gdpa_tiles(max_kv_len: int, head_dim: int, *, kind: str = "fwd") -> GdpaTiles:
+    """Tiles for one kernel ("fwd", "dq" or "dkdv") of one call.
+
+    Short kv (<= 64, the cross-attention / personalized-FFN shape): the whole kv of a sample
+    in one tile (block_n = next pow2 >= 16), the grid over q tiles, and dK/dV fused into the
+    dQ kernel (see `gdpa_backward_triton`).
+    """
+    if kind in _TILE_OVERRIDE:
+        return _TILE_OVERRIDE[kind]
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return GdpaTiles(block_m=16, block_n=16, num_warps=4, num_stages=1)
     if max_kv_len <= 64:
         bn = max(16, 1 << max(0, (max_kv_len - 1).bit_length()))
-        return GdpaTiles(block_m=128 if not backward else 64, block_n=bn, num_warps=4, num_stages=2)
-    if backward:
-        return GdpaTiles(block_m=64, block_n=64 if head_dim > 64 else 128, num_warps=4 if head_dim <= 64 else 8, num_stages=2)
-    return GdpaTiles(block_m=128, block_n=64 if head_dim > 64 else 128, num_warps=8 if head_dim > 64 else 4, num_stages=3)
+        return GdpaTiles(block_m=128, block_n=bn, num_warps=8 if kind != "fwd" else 4, num_stages=2)
+    big = head_dim > 64
+    if kind == "fwd":
+        return GdpaTiles(block_m=128, block_n=64 if big else 128, num_warps=8 if big else 4, num_stages=3)
+    return GdpaTiles(block_m=64, block_n=64 if big else 128, num_warps=8 if big else 4, num_stages=2)
 
 
 def gdpa_reference(
@@ -238,25 +263,38 @@ def generalized_dot_product_attention(
         raise ValueError(
             f"q.shape[2]={q.shape[2]} (head dim D) must be one of {TRITON_HEAD_DIMS} for backend='triton'"
         )
-    out: torch.Tensor = torch.ops.gem_kernels.gdpa_fwd(
-        q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, activation,
-        float(scale), float(divisor), bool(causal), window,
-    )
-    return out
+    args = (q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, activation,
+            float(scale), float(divisor), bool(causal), window)
+    if torch.compiler.is_compiling():
+        out: torch.Tensor = torch.ops.gem_kernels.gdpa_fwd(*args)
+        return out
+    # Eager: a plain autograd.Function over the same launchers. The custom op's Python
+    # dispatch + autograd wrapper costs ~0.1-0.3 ms of host time per call, as much as the
+    # kernel itself on a whole jagged batch (measured on the H200, see BENCHMARKS.md).
+    return _GdpaFunction.apply(*args)  # type: ignore[no-any-return, no-untyped-call]
+
+
+class _GdpaFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, *args: Any) -> torch.Tensor:
+        q, k, v, q_offsets, kv_offsets, *meta = args
+        ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
+        ctx.meta = tuple(meta)
+        return gdpa_forward_triton(*args)
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, q_offsets, kv_offsets = ctx.saved_tensors
+        dq, dk, dv = gdpa_backward_triton(dout, q, k, v, q_offsets, kv_offsets, *ctx.meta)
+        return (dq, dk, dv) + (None,) * 9
 
 
 # --- Triton launchers ------------------------------------------------------------------------
 
 
-def _tile_offsets(offsets: torch.Tensor, block: int) -> torch.Tensor:
-    """Cumulative per-sample tile counts `[B+1]` (on the device, no sync)."""
-    lengths = offsets[1:] - offsets[:-1]
-    counts = torch.div(lengths + (block - 1), block, rounding_mode="floor")
-    return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
-
-
-def _log_b(b: int) -> int:
-    return max(1, (max(b, 1)).bit_length())
+def _block_b(b: int) -> int:
+    """Width of the in-kernel per-sample scan (`_triton_gdpa._locate`)."""
+    return max(16, 1 << max(0, b - 1).bit_length())
 
 
 def _prec(dtype: torch.dtype) -> str:
@@ -281,14 +319,13 @@ def gdpa_forward_triton(
     if tq == 0 or b == 0:
         return out.zero_()
     t = gdpa_tiles(max_kv_len, d)
-    tiles = _tile_offsets(q_offsets, t.block_m)
     grid = (min(tq // t.block_m + b, b * max(1, -(-max_q_len // t.block_m))), h)
     _gdpa_fwd_kernel[grid](
-        q, k, v, out, q_offsets, kv_offsets, tiles,
+        q, k, v, out, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
         scale, 1.0 / divisor, window or 0, b,
-        D=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n, LOG_B=_log_b(b), ACT=activation,
+        D=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_B=_block_b(b), ACT=activation,
         CAUSAL=causal, HAS_WINDOW=window is not None, PREC=_prec(q.dtype),
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
@@ -310,26 +347,37 @@ def gdpa_backward_triton(
     b = q_offsets.numel() - 1
     if b == 0 or tq == 0 or tkv == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    t = gdpa_tiles(max_kv_len, d, backward=True)
     common = dict(
-        D=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n, LOG_B=_log_b(b), ACT=activation, CAUSAL=causal,
-        HAS_WINDOW=window is not None, PREC=_prec(q.dtype), num_warps=t.num_warps, num_stages=t.num_stages,
+        D=d, BLOCK_B=_block_b(b), ACT=activation, CAUSAL=causal, HAS_WINDOW=window is not None,
+        PREC=_prec(q.dtype),
     )
-    q_tiles = _tile_offsets(q_offsets, t.block_m)
+    t = gdpa_tiles(max_kv_len, d, kind="dq")
     grid_q = (min(tq // t.block_m + b, b * max(1, -(-max_q_len // t.block_m))), h)
+    # Short kv (the whole kv of every sample in one tile): dK/dV come from the dQ kernel's q
+    # tiles through fp32 atomics (see _triton_gdpa._dq_inner), one kernel instead of two.
+    fused = max_kv_len <= t.block_n and not _FORCE_SPLIT_BWD
+    if fused:  # two separate buffers: returned outputs of a custom op must not alias
+        dka = torch.zeros((tkv, h, d), dtype=torch.float32, device=q.device)
+        dva = torch.zeros((tkv, h, d), dtype=torch.float32, device=q.device)
+    else:
+        dka = dva = dq  # unused by the kernel
     _gdpa_bwd_dq_kernel[grid_q](
-        q, k, v, dout, dq, q_offsets, kv_offsets, q_tiles,
+        q, k, v, dout, dq, dka, dva, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
-        scale, 1.0 / divisor, window or 0, b, **common,
+        dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1), dka.stride(0), dka.stride(1),
+        scale, 1.0 / divisor, window or 0, b, FUSED_KV=fused, **common,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
     )
-    kv_tiles = _tile_offsets(kv_offsets, t.block_n)
+    if fused:
+        return dq, dka.to(k.dtype), dva.to(v.dtype)
+    t = gdpa_tiles(max_kv_len, d, kind="dkdv")
     grid_kv = (min(tkv // t.block_n + b, b * max(1, -(-max_kv_len // t.block_n))), h)
     _gdpa_bwd_dkdv_kernel[grid_kv](
-        q, k, v, dout, dk, dv, q_offsets, kv_offsets, kv_tiles,
+        q, k, v, dout, dk, dv, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         scale, 1.0 / divisor, window or 0, b, **common,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
     )
     return dq, dk, dv
 

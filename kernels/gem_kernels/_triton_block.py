@@ -9,8 +9,8 @@ q and k (no saved log-sum-exp, no O read: `rowsum(P * dP)` replaces `rowsum(dO *
 rotates dq/dk back in registers, so rotated q/k never touch memory in either direction.
 
 The op is memory-bound (4 * block_size * D * 2 bytes per 2 * block_size^2 * D * 2 FLOPs), so
-the grid enumerates only real blocks of the jagged batch (`tile_offsets`, the cumulative
-per-sample block counts, binary-searched by each program), with no padding programs.
+the grid enumerates only real blocks of the jagged batch (each program finds its sample from
+the offsets, `_triton_gdpa._locate`), with no padding programs and no helper kernels.
 
 RoPE convention ("rotate half", GPT-NeoX / Llama): with x = [x1, x2] split at D/2,
 rot(x) = [x1 cos - x2 sin, x2 cos + x1 sin], `cos`/`sin` of shape [positions, D/2].
@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gem_kernels._triton_gdpa import _dot, _find_tile
+from gem_kernels._triton_gdpa import _dot, _locate
 
 
 @triton.jit
@@ -38,9 +38,7 @@ def _rope(x1, x2, c, s):
 
 
 @triton.jit
-def _block_setup(offsets, tile_offsets, pid, B, LOG_B: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr):
-    b = _find_tile(tile_offsets, pid, B, LOG_B)
-    blk = pid - tl.load(tile_offsets + b)
+def _block_setup(offsets, b, blk, BS: tl.constexpr, BSP: tl.constexpr):
     start = tl.load(offsets + b)
     length = (tl.load(offsets + b + 1) - start).to(tl.int32)
     r = tl.arange(0, BSP)
@@ -50,16 +48,17 @@ def _block_setup(offsets, tile_offsets, pid, B, LOG_B: tl.constexpr, BS: tl.cons
 
 
 @triton.jit
-def _block_fwd_kernel(Q, K, V, O, COS, SIN, offsets, tile_offsets,
+def _block_fwd_kernel(Q, K, V, O, COS, SIN, offsets,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                       stride_c, scale, B,
-                      D: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, LOG_B: tl.constexpr,
+                      D: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, BLOCK_B: tl.constexpr,
                       ROPE: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
-    if pid >= tl.load(tile_offsets + B):
+    b, blk, total = _locate(offsets, pid, B, BS, BLOCK_B)
+    if pid >= total:
         return
-    start, pos, ok = _block_setup(offsets, tile_offsets, pid, B, LOG_B, BS, BSP)
+    start, pos, ok = _block_setup(offsets, b, blk, BS, BSP)
     rows = start + pos
     HALF: tl.constexpr = D // 2
     oh = tl.arange(0, HALF)
@@ -88,17 +87,18 @@ def _block_fwd_kernel(Q, K, V, O, COS, SIN, offsets, tile_offsets,
 
 
 @triton.jit
-def _block_bwd_kernel(Q, K, V, DO, DQ, DK, DV, COS, SIN, offsets, tile_offsets,
+def _block_bwd_kernel(Q, K, V, DO, DQ, DK, DV, COS, SIN, offsets,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                       stride_dqt, stride_dqh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
                       stride_c, scale, B,
-                      D: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, LOG_B: tl.constexpr,
+                      D: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, BLOCK_B: tl.constexpr,
                       ROPE: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
-    if pid >= tl.load(tile_offsets + B):
+    b, blk, total = _locate(offsets, pid, B, BS, BLOCK_B)
+    if pid >= total:
         return
-    start, pos, ok = _block_setup(offsets, tile_offsets, pid, B, LOG_B, BS, BSP)
+    start, pos, ok = _block_setup(offsets, b, blk, BS, BSP)
     rows = start + pos
     HALF: tl.constexpr = D // 2
     oh = tl.arange(0, HALF)

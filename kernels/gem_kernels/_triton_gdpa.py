@@ -10,10 +10,10 @@ no running max / rescale and the backward needs no `rowsum(dO * O)` correction t
     dQ = scale * dS K,   dK = scale * dS^T Q
 
 Grid: one program per (q tile, head) for the forward and dQ, one per (kv tile, head) for
-dK/dV. Tiles are enumerated over the *jagged* batch (`tile_offsets` = cumsum of per-sample
-tile counts, computed on the device; the grid size is the host-known upper bound
-`T // BLOCK + B`), so no program is wasted on padding and no host sync is needed. Each
-program finds its sample by a binary search over `tile_offsets`.
+dK/dV. Tiles are enumerated over the *jagged* batch (the grid size is the host-known upper
+bound `T // BLOCK + B`), so no program is wasted on padding and no host sync is needed. Each
+program finds its sample from the offsets itself (`_locate`: cumsum of per-sample tile
+counts), so a call is one kernel launch with no helper kernels before it.
 
 Within a tile's key loop, blocks fully visible to every row run without masking; only the
 (at most two) boundary ranges pay for the mask.
@@ -40,20 +40,26 @@ def _dot(a, b, PREC: tl.constexpr):
 
 
 @triton.jit
+def _sigmoid(x):
+    """Fast sigmoid: exp2 and the approximate (non-IEEE) division, ~2 ulp."""
+    return tl.fdiv(1.0, 1.0 + tl.exp2(x * -1.4426950408889634), ieee_rounding=False)
+
+
+@triton.jit
 def _act(x, ACT: tl.constexpr):
     """act(x) in fp32. One branch per activation (keep in sync with _gdpa.ACTIVATIONS)."""
     if ACT == "silu":
-        y = x * tl.sigmoid(x)
+        y = x * _sigmoid(x)
     elif ACT == "gelu":
         u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        y = x * tl.sigmoid(2.0 * u)  # 0.5 * x * (1 + tanh(u)) == x * sigmoid(2u)
+        y = x * _sigmoid(2.0 * u)  # 0.5 * x * (1 + tanh(u)) == x * sigmoid(2u)
     elif ACT == "relu":
         y = tl.maximum(x, 0.0)
     elif ACT == "relu2":
         r = tl.maximum(x, 0.0)
         y = r * r
     elif ACT == "sigmoid":
-        y = tl.sigmoid(x)
+        y = _sigmoid(x)
     elif ACT == "identity":
         y = x
     else:
@@ -65,12 +71,12 @@ def _act(x, ACT: tl.constexpr):
 def _act_and_grad(x, ACT: tl.constexpr):
     """(act(x), act'(x)) in fp32."""
     if ACT == "silu":
-        s = tl.sigmoid(x)
+        s = _sigmoid(x)
         y = x * s
         g = s * (1.0 + x * (1.0 - s))
     elif ACT == "gelu":
         u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        s = tl.sigmoid(2.0 * u)  # (1 + tanh(u)) / 2
+        s = _sigmoid(2.0 * u)  # (1 + tanh(u)) / 2
         y = x * s
         # d/dx [x * (1 + t) / 2] = (1 + t) / 2 + x * (1 - t^2) / 2 * u'
         # with (1 + t) / 2 = s and (1 - t^2) / 2 = 2 s (1 - s)
@@ -83,7 +89,7 @@ def _act_and_grad(x, ACT: tl.constexpr):
         y = r * r
         g = 2.0 * r
     elif ACT == "sigmoid":
-        s = tl.sigmoid(x)
+        s = _sigmoid(x)
         y = s
         g = s * (1.0 - s)
     elif ACT == "identity":
@@ -95,17 +101,21 @@ def _act_and_grad(x, ACT: tl.constexpr):
 
 
 @triton.jit
-def _find_tile(tile_offsets, pid, B, LOG_B: tl.constexpr):
-    """Sample b with tile_offsets[b] <= pid < tile_offsets[b + 1] (binary search)."""
-    lo = 0
-    hi = B
-    for _ in tl.static_range(LOG_B):
-        mid = (lo + hi) // 2
-        v = tl.load(tile_offsets + mid)
-        go_right = v <= pid
-        lo = tl.where(go_right, mid, lo)
-        hi = tl.where(go_right, hi, mid)
-    return lo
+def _locate(offsets, pid, B, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr):
+    """(sample b, tile index within b, total tiles) of tile `pid` of the jagged batch.
+
+    Computed in-kernel from the offsets (per-sample tile counts, their inclusive cumsum), so
+    the host launches one kernel and nothing else; costs one [BLOCK_B] load per program.
+    """
+    idx = tl.arange(0, BLOCK_B)
+    m = idx < B
+    lo = tl.load(offsets + idx, mask=m, other=0)
+    hi = tl.load(offsets + idx + 1, mask=m, other=0)
+    cnt = ((hi - lo + (BLOCK - 1)) // BLOCK).to(tl.int32)
+    cum = tl.cumsum(cnt, 0)
+    b = tl.sum((cum <= pid).to(tl.int32), 0)
+    first = tl.sum(tl.where(idx == b, cum - cnt, 0), 0)
+    return b, pid - first, tl.sum(cnt, 0)
 
 
 @triton.jit
@@ -196,17 +206,16 @@ def _fwd_inner(acc, q, K, V, kv_start, stride_kt, stride_vt, offs_m, offs_d, sta
 
 
 @triton.jit
-def _gdpa_fwd_kernel(Q, K, V, O, q_offsets, kv_offsets, tile_offsets,
+def _gdpa_fwd_kernel(Q, K, V, O, q_offsets, kv_offsets,
                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                      scale, inv_div, window, B,
-                     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG_B: tl.constexpr,
+                     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
                      ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
-    if pid >= tl.load(tile_offsets + B):
+    b, m_block, total = _locate(q_offsets, pid, B, BLOCK_M, BLOCK_B)
+    if pid >= total:
         return
-    b = _find_tile(tile_offsets, pid, B, LOG_B)
-    m_block = pid - tl.load(tile_offsets + b)
     q_start = tl.load(q_offsets + b)
     q_len = (tl.load(q_offsets + b + 1) - q_start).to(tl.int32)
     kv_start = tl.load(kv_offsets + b)
@@ -239,41 +248,55 @@ def _gdpa_fwd_kernel(Q, K, V, O, q_offsets, kv_offsets, tile_offsets,
 
 
 @triton.jit
-def _dq_inner(dq, q, do, K, V, kv_start, stride_kt, stride_vt, offs_m, offs_d, start, end, r_lo, r_hi,
-              shift, window, scale, inv_div, ACT: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-              HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+def _dq_inner(dq, q, do, K, V, DKA, DVA, kv_start, stride_kt, stride_vt, stride_at, offs_m, offs_d, start, end,
+              r_lo, r_hi, shift, window, scale, inv_div, ACT: tl.constexpr, MASKED: tl.constexpr,
+              CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+              FUSED_KV: tl.constexpr):
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
+        ld = (offs_n >= r_lo) & (offs_n < r_hi)
         if MASKED:
-            ld = (offs_n >= r_lo) & (offs_n < r_hi)
             k = tl.load(K + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :], mask=ld[:, None], other=0.0)
             v = tl.load(V + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :], mask=ld[:, None], other=0.0)
         else:
             k = tl.load(K + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :])
             v = tl.load(V + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :])
         s = _dot(q, tl.trans(k), PREC) * scale
-        _, g = _act_and_grad(s, ACT)
+        y, g = _act_and_grad(s, ACT)
         dp = _dot(do, tl.trans(v), PREC)
         ds = dp * g * inv_div
         if MASKED:
-            ds = tl.where(_visible(offs_m, offs_n, shift, window, r_lo, r_hi, CAUSAL, HAS_WINDOW), ds, 0.0)
+            vis = _visible(offs_m, offs_n, shift, window, r_lo, r_hi, CAUSAL, HAS_WINDOW)
+            ds = tl.where(vis, ds, 0.0)
         dq += _dot(ds.to(k.dtype), k, PREC)
+        if FUSED_KV:
+            # Short kv (one tile per sample): this q tile's share of dK/dV, summed over q
+            # tiles with fp32 atomics, instead of a dK/dV kernel whose one program per sample
+            # would walk a whole (up to 4,500-row) query sequence alone.
+            p = y * inv_div
+            if MASKED:
+                p = tl.where(vis, p, 0.0)
+            dv_part = _dot(tl.trans(p.to(do.dtype)), do, PREC)
+            dk_part = _dot(tl.trans(ds.to(q.dtype)), q, PREC) * scale
+            rows = (kv_start + offs_n)[:, None] * stride_at + offs_d[None, :]
+            tl.atomic_add(DVA + rows, dv_part, mask=ld[:, None], sem="relaxed")
+            tl.atomic_add(DKA + rows, dk_part, mask=ld[:, None], sem="relaxed")
     return dq
 
 
 @triton.jit
-def _gdpa_bwd_dq_kernel(Q, K, V, DO, DQ, q_offsets, kv_offsets, tile_offsets,
+def _gdpa_bwd_dq_kernel(Q, K, V, DO, DQ, DKA, DVA, q_offsets, kv_offsets,
                         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                        stride_dot, stride_doh, stride_dqt, stride_dqh,
+                        stride_dot, stride_doh, stride_dqt, stride_dqh, stride_at, stride_ah,
                         scale, inv_div, window, B,
-                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG_B: tl.constexpr,
-                        ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr):
+                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+                        ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
+                        FUSED_KV: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
-    if pid >= tl.load(tile_offsets + B):
+    b, m_block, total = _locate(q_offsets, pid, B, BLOCK_M, BLOCK_B)
+    if pid >= total:
         return
-    b = _find_tile(tile_offsets, pid, B, LOG_B)
-    m_block = pid - tl.load(tile_offsets + b)
     q_start = tl.load(q_offsets + b)
     q_len = (tl.load(q_offsets + b + 1) - q_start).to(tl.int32)
     kv_start = tl.load(kv_offsets + b)
@@ -296,12 +319,15 @@ def _gdpa_bwd_dq_kernel(Q, K, V, DO, DQ, q_offsets, kv_offsets, tile_offsets,
     m1, m2 = _split(lo, hi, flo, fhi, BLOCK_N)
 
     dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    dq = _dq_inner(dq, q, do, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, m1, m2, m1, m2,
-                   shift, window, scale, inv_div, ACT, False, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
-    dq = _dq_inner(dq, q, do, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, lo, m1, lo, m1,
-                   shift, window, scale, inv_div, ACT, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
-    dq = _dq_inner(dq, q, do, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, m2, hi, m2, hi,
-                   shift, window, scale, inv_div, ACT, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
+    dq = _dq_inner(dq, q, do, Kh, Vh, DKA + h * stride_ah, DVA + h * stride_ah, kv_start, stride_kt, stride_vt,
+                   stride_at, offs_m, offs_d, m1, m2, m1, m2,
+                   shift, window, scale, inv_div, ACT, False, CAUSAL, HAS_WINDOW, BLOCK_N, PREC, FUSED_KV)
+    dq = _dq_inner(dq, q, do, Kh, Vh, DKA + h * stride_ah, DVA + h * stride_ah, kv_start, stride_kt, stride_vt,
+                   stride_at, offs_m, offs_d, lo, m1, lo, m1,
+                   shift, window, scale, inv_div, ACT, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC, FUSED_KV)
+    dq = _dq_inner(dq, q, do, Kh, Vh, DKA + h * stride_ah, DVA + h * stride_ah, kv_start, stride_kt, stride_vt,
+                   stride_at, offs_m, offs_d, m2, hi, m2, hi,
+                   shift, window, scale, inv_div, ACT, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC, FUSED_KV)
     dq = dq * scale
     tl.store(DQ + h * stride_dqh + (q_start + offs_m)[:, None] * stride_dqt + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
@@ -338,18 +364,17 @@ def _dkdv_inner(dk, dv, k, v, Q, DO, q_start, stride_qt, stride_dot, offs_n, off
 
 
 @triton.jit
-def _gdpa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, q_offsets, kv_offsets, tile_offsets,
+def _gdpa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, q_offsets, kv_offsets,
                           stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                           stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
                           scale, inv_div, window, B,
-                          D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG_B: tl.constexpr,
+                          D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
                           ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
-    if pid >= tl.load(tile_offsets + B):
+    b, n_block, total = _locate(kv_offsets, pid, B, BLOCK_N, BLOCK_B)
+    if pid >= total:
         return
-    b = _find_tile(tile_offsets, pid, B, LOG_B)
-    n_block = pid - tl.load(tile_offsets + b)
     q_start = tl.load(q_offsets + b)
     q_len = (tl.load(q_offsets + b + 1) - q_start).to(tl.int32)
     kv_start = tl.load(kv_offsets + b)

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gem_kernels import generalized_dot_product_attention as gdpa
+from gem_kernels import _gdpa as gdpa_module
 from gem_kernels import jagged_flash_attention
 from gem_kernels._gdpa import ACTIVATION_NAMES, ACTIVATIONS, gdpa_tiles
 from gem_kernels._jagged import visible_mask
@@ -110,6 +111,13 @@ def test_unequal_lengths_bottom_right(activation: str) -> None:
 def test_cross_long_q_short_kv(causal: bool) -> None:
     # The personalized-FFN shape: long jagged queries over 0..9 keys per sample.
     _check([40, 3, 0, 17, 1], [4, 8, 2, 0, 9], activation="silu", causal=causal, divisor=7.0)
+
+
+@needs_triton
+def test_cross_short_kv_two_kernel_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Short kv normally takes dK/dV from the dQ kernel (fp32 atomics); the split path too.
+    monkeypatch.setattr(gdpa_module, "_FORCE_SPLIT_BWD", True)
+    _check([40, 3, 0, 17, 1], [4, 8, 2, 0, 9], activation="relu2", causal=True, window=4)
 
 
 @needs_triton
@@ -232,7 +240,8 @@ def test_tiles_short_kv_is_one_tile() -> None:
     if INTERPRET:
         pytest.skip("interpreter forces 16x16 tiles")  # only the GPU heuristic is tested here
     for kv in (4, 16, 33, 64):
-        assert gdpa_tiles(kv, 128).block_n >= kv
+        for kind in ("fwd", "dq"):
+            assert gdpa_tiles(kv, 128, kind=kind).block_n >= kv
 
 
 # --- bad inputs ------------------------------------------------------------------------------

@@ -271,12 +271,60 @@ def block_case(
     return rows
 
 
+def sweep(hist: list[int], heads: int, dim: int, dtype: torch.dtype) -> None:
+    """Tile sweep on the SiLU causal self-attention case (prints one line per config)."""
+    from gem_kernels._gdpa import GdpaTiles, force_tiles
+
+    device = "cuda"
+    off = offsets_from_lengths(hist, device)
+    ml = max(hist)
+    q, k, v = (random_jagged(hist, heads, dim, dtype=dtype, device=device, seed=s).requires_grad_() for s in (1, 2, 3))
+    f_fwd, f_all = attention_flops(visible_pairs(hist, hist, causal=True), heads, dim)
+
+    def run() -> torch.Tensor:
+        return generalized_dot_product_attention(q, k, v, off, off, ml, ml, activation="silu", causal=True)
+
+    fwd_cfgs = [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 4, 4), (64, 128, 4, 2)]
+    for bm, bn, w, st in fwd_cfgs:
+        try:
+            with force_tiles(fwd=GdpaTiles(block_m=bm, block_n=bn, num_warps=w, num_stages=st)):
+                ms = bench_ms(run, iters=5)
+            print(f"sweep fwd BM={bm} BN={bn} warps={w} stages={st}: {ms:.3f} ms {f_fwd / ms / 1e9:.1f} TFLOP/s", flush=True)
+        except Exception as e:  # noqa: BLE001 - a config may not fit (shared memory)
+            print(f"sweep fwd BM={bm} BN={bn} warps={w} stages={st}: failed {type(e).__name__}", flush=True)
+    bwd_cfgs = [
+        ((64, 64, 8, 2), (64, 64, 8, 2)),
+        ((128, 64, 8, 2), (64, 128, 8, 2)),
+        ((64, 64, 4, 3), (64, 64, 4, 3)),
+        ((128, 32, 4, 3), (32, 128, 4, 3)),
+        ((64, 32, 4, 3), (32, 64, 4, 3)),
+    ]
+    for dq_c, kv_c in bwd_cfgs:
+        tiles = {
+            "dq": GdpaTiles(block_m=dq_c[0], block_n=dq_c[1], num_warps=dq_c[2], num_stages=dq_c[3]),
+            "dkdv": GdpaTiles(block_m=kv_c[0], block_n=kv_c[1], num_warps=kv_c[2], num_stages=kv_c[3]),
+        }
+        try:
+            with force_tiles(**tiles):
+                _, ms = _timed(run, (q, k, v), 5)
+            print(f"sweep bwd dq={dq_c} dkdv={kv_c}: fwd+bwd {ms:.3f} ms {f_all / ms / 1e9:.1f} TFLOP/s", flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"sweep bwd dq={dq_c} dkdv={kv_c}: failed {type(e).__name__}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     p.add_argument("--quick", action="store_true", help="fewer cases and iterations")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    p.add_argument("--sweep", action="store_true", help="only a tile sweep of the SiLU causal case (GPU)")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()
+    if args.sweep:
+        if not cuda:
+            print("--sweep needs CUDA")
+            return 0
+        sweep(lognormal_lengths(64, mean=840, cap=4500, seed=0), 4, 128, torch.bfloat16)
+        return 0
     device = "cuda" if cuda else "cpu"
     if not cuda:
         print("CPU run (no CUDA): toy sizes, timings meaningless; checks correctness only.")
