@@ -66,3 +66,20 @@ def test_2d_sparse_dmpcollection_equals_reference(kind: str) -> None:
         for k in res[a]["local"]:
             torch.testing.assert_close(res[a]["local"][k], res[b]["local"][k], rtol=0, atol=0)
     assert len(TABLES) == len(res[0]["local"])
+
+
+def test_sharder_offers_row_wise_on_cpu_and_validates_types() -> None:
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    from gem_parallel import row_wise_sharder
+
+    stock = EmbeddingBagCollectionSharder().sharding_types("cpu")
+    assert "row_wise" not in stock  # why the subclass exists
+    ours = row_wise_sharder().sharding_types("cpu")
+    assert {"row_wise", "table_row_wise"} <= set(ours) and set(stock) <= set(ours)
+    assert row_wise_sharder(["row_wise", "table_wise"]).sharding_types("cpu") == [
+        "table_wise", "row_wise"]
+    with pytest.raises(ValueError, match="sharding_types=\\['rowwise'\\]"):
+        row_wise_sharder(["rowwise"])
+    with pytest.raises(ValueError, match="non-empty"):
+        row_wise_sharder([])
