@@ -515,6 +515,20 @@ def _jfa_bwd_dq_kernel(
              dq.to(DQ.dtype.element_ty), mask=m_valid[:, None])
 
 
+@triton.jit
+def _jfa_bwd_delta_kernel(O, DO, DELTA, n_rows, H, stride_ot, stride_oh, stride_dot, stride_doh,
+                          D: tl.constexpr, BLOCK: tl.constexpr):
+    """delta[t, h] = Σ_d dO[t, h, d] · O[t, h, d] in fp32 (FlashAttention-2 backward preprocess)."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    valid = rows < n_rows
+    t = rows // H
+    h = rows % H
+    offs_d = tl.arange(0, D)
+    o = tl.load(O + (t * stride_ot + h * stride_oh)[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+    do = tl.load(DO + (t * stride_dot + h * stride_doh)[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+    tl.store(DELTA + rows, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=valid)
+
+
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(2) == 1 else t.contiguous()
 
@@ -634,7 +648,12 @@ def jfa_backward(
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     # FA2 preprocess: delta_i = sum_d dO_id · O_id (fp32).
-    delta = (dout.float() * out.float()).sum(-1).contiguous()
+    out = _last_dim_contiguous(out)
+    delta = torch.empty((tq, h), dtype=torch.float32, device=q.device)
+    _jfa_bwd_delta_kernel[(triton.cdiv(tq * h, 64),)](
+        out, dout, delta, tq * h, h, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1),
+        D=d, BLOCK=64, num_warps=4,
+    )
     cfg = pick_config(max_q_len, max_kv_len, d, q.dtype)
     splits = triton.cdiv(max_kv_len, cfg.kv_split) if cfg.kv_split else 1
     if splits > 1:

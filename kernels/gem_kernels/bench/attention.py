@@ -195,7 +195,7 @@ def _torch_baselines(
     return []
 
 
-SWEEP_FWD = [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 3), (128, 128, 4, 3)]
+SWEEP_FWD = [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 3)]
 SWEEP_BWD = [  # (dkdv bm, bn, warps, stages), (dq bm, bn, warps, stages)
     ((32, 64, 4, 3), (64, 32, 4, 3)),
     ((32, 64, 4, 4), (64, 32, 4, 4)),
@@ -204,6 +204,11 @@ SWEEP_BWD = [  # (dkdv bm, bn, warps, stages), (dq bm, bn, warps, stages)
     ((32, 64, 8, 3), (64, 32, 8, 3)),
     ((64, 64, 8, 3), (64, 64, 8, 3)),
 ]
+
+
+def _log(rows: list[dict[str, object]], r: dict[str, object]) -> None:
+    rows.append(r)
+    print("sweep:", r, flush=True)
 
 
 def sweep(case: Case, dtype: torch.dtype, device: str = "cuda") -> list[dict[str, object]]:
@@ -228,10 +233,10 @@ def sweep(case: Case, dtype: torch.dtype, device: str = "cuda") -> list[dict[str
                 out = jagged_flash_attention(q, k, v, qo, ko, mq, mk, backend="triton", **kw)  # type: ignore[arg-type]
                 err = _rel_err(out, ref.float())
                 ms = bench_ms(lambda: jagged_flash_attention(q, k, v, qo, ko, mq, mk, backend="triton", **kw), iters=10)  # type: ignore[arg-type]
-            rows.append({"case": case.name, "kernel": "fwd", "tiles": str(fw), "ms": ms,
+            _log(rows, {"case": case.name, "kernel": "fwd", "tiles": str(fw), "ms": ms,
                          "tflops": f_fwd / (ms * 1e-3) / 1e12, "err_vs_default": err})
         except Exception as e:  # noqa: BLE001
-            rows.append({"case": case.name, "kernel": "fwd", "tiles": str(fw), "note": f"failed: {type(e).__name__}"})
+            _log(rows, {"case": case.name, "kernel": "fwd", "tiles": str(fw), "note": f"failed: {type(e).__name__}"})
     # Launch schedule: tile list (default where lengths are long-tailed) vs the plain grid.
     for tile_list in (True, False):
         cfg = dataclasses.replace(base, tile_list=tile_list)
@@ -246,12 +251,12 @@ def sweep(case: Case, dtype: torch.dtype, device: str = "cuda") -> list[dict[str
                 err = _rel_err(out, ref.float())
                 ms = bench_ms(lambda: jagged_flash_attention(q, k, v, qo, ko, mq, mk, backend="triton", **kw), iters=10)  # type: ignore[arg-type]
                 ms_all = bench_ms(fb_sched, iters=10)
-            rows.append({"case": case.name, "kernel": "fwd", "tiles": f"default, tile_list={tile_list}", "ms": ms,
+            _log(rows, {"case": case.name, "kernel": "fwd", "tiles": f"default, tile_list={tile_list}", "ms": ms,
                          "tflops": f_fwd / (ms * 1e-3) / 1e12, "err_vs_default": err})
-            rows.append({"case": case.name, "kernel": "fwd+bwd", "tiles": f"default, tile_list={tile_list}", "ms": ms_all,
+            _log(rows, {"case": case.name, "kernel": "fwd+bwd", "tiles": f"default, tile_list={tile_list}", "ms": ms_all,
                          "tflops": f_all / (ms_all * 1e-3) / 1e12})
         except Exception as e:  # noqa: BLE001
-            rows.append({"case": case.name, "kernel": "sched", "tiles": f"tile_list={tile_list}", "note": f"failed: {type(e).__name__}"})
+            _log(rows, {"case": case.name, "kernel": "sched", "tiles": f"tile_list={tile_list}", "note": f"failed: {type(e).__name__}"})
     for dkdv, dq in SWEEP_BWD if case.name == "self" else []:
         cfg = dataclasses.replace(base, dkdv=JfaTiles(block_m=dkdv[0], block_n=dkdv[1], num_warps=dkdv[2], num_stages=dkdv[3]),
                                   dq=JfaTiles(block_m=dq[0], block_n=dq[1], num_warps=dq[2], num_stages=dq[3]))
@@ -263,17 +268,17 @@ def sweep(case: Case, dtype: torch.dtype, device: str = "cuda") -> list[dict[str
         try:
             with force_config(cfg):
                 ms = bench_ms(fb, iters=10)
-            rows.append({"case": case.name, "kernel": "fwd+bwd", "tiles": f"{dkdv}|{dq}", "ms": ms,
+            _log(rows, {"case": case.name, "kernel": "fwd+bwd", "tiles": f"{dkdv}|{dq}", "ms": ms,
                          "tflops": f_all / (ms * 1e-3) / 1e12})
         except Exception as e:  # noqa: BLE001
-            rows.append({"case": case.name, "kernel": "fwd+bwd", "tiles": f"{dkdv}|{dq}", "note": f"failed: {type(e).__name__}"})
+            _log(rows, {"case": case.name, "kernel": "fwd+bwd", "tiles": f"{dkdv}|{dq}", "note": f"failed: {type(e).__name__}"})
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer cases and iterations")
-    p.add_argument("--sweep", action="store_true", help="also sweep tile configs on the self and dense cases (GPU)")
+    p.add_argument("--sweep", action="store_true", help="also sweep tile configs on the self case (GPU)")
     p.add_argument("--cases", default="", help="comma-separated subset of case names")
     args = p.parse_args(argv)
     check_visible_pairs_small()
@@ -308,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep_rows: list[dict[str, object]] = []
     if args.sweep and cuda:
         for case in cases:
-            if case.name in ("self", "dense"):
+            if case.name == "self":
                 sweep_rows.extend(sweep(case, dtype))
         print()
         print_table(sweep_rows, ["case", "kernel", "tiles", "ms", "tflops", "err_vs_default", "note"])
