@@ -72,6 +72,11 @@ def get_peer_group(group: dist.ProcessGroup | None, device: torch.device, timeou
     if pg is None:
         pg = PeerGroup(group, device, timeout)
         _groups[key] = pg
+    elif pg.device != device:
+        raise ValueError(
+            f"copy_engine uses one device per process and group: this group was set up on "
+            f"{pg.device}, got tensors on {device}"
+        )
     pg.timeout = timeout  # per call: the host exchanges of this collective wait this long
     return pg
 
