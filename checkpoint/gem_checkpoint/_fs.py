@@ -10,12 +10,15 @@ checkpointer decides which rank calls it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 import zlib
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("gem_checkpoint")
 
 MARKER = "COMMIT.json"
 FORMAT = "gem_checkpoint/1"
@@ -83,8 +86,17 @@ def digests(folder: Path, names: list[str]) -> dict[str, dict[str, int]]:
     return out
 
 
+def _manifest_crc(manifest: dict[str, Any]) -> int:
+    body = {k: v for k, v in manifest.items() if k != "manifest_crc32"}
+    return zlib.crc32(json.dumps(body, sort_keys=True).encode())
+
+
 def write_marker(folder: Path, manifest: dict[str, Any]) -> None:
-    """Atomically writes `folder/COMMIT.json`: temp file, fsync, rename, fsync dir."""
+    """Atomically writes `folder/COMMIT.json`: temp file, fsync, rename, fsync dir.
+
+    The manifest carries its own crc32 so a damaged marker is detected, not trusted.
+    """
+    manifest = dict(manifest, manifest_crc32=_manifest_crc(manifest))
     tmp = folder / (MARKER + ".tmp")
     with open(tmp, "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
@@ -103,7 +115,7 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         return None
-    if not isinstance(manifest.get("files"), dict):
+    if not isinstance(manifest.get("files"), dict) or manifest.get("manifest_crc32") != _manifest_crc(manifest):
         return None
     return manifest
 
@@ -122,6 +134,8 @@ def committed_steps(root: Path) -> list[int]:
             continue
         manifest = read_marker(entry)
         if manifest is None or manifest.get("step") != int(m.group(1)):
+            if (entry / MARKER).exists():
+                log.warning("ignoring %s: its commit marker %s is corrupt", entry, entry / MARKER)
             continue
         ok = True
         for name, info in manifest["files"].items():
@@ -133,6 +147,8 @@ def committed_steps(root: Path) -> list[int]:
                 break
         if ok:
             steps.append(int(m.group(1)))
+        else:
+            log.warning("ignoring %s: file %s is missing or has the wrong size", entry, entry / name)
     return sorted(steps)
 
 
@@ -167,7 +183,11 @@ def remove_step(root: Path, step: int) -> None:
 
 
 def clean_stale(root: Path, keep: set[str]) -> list[str]:
-    """Removes `step_<N>.tmp/` and uncommitted `step_<N>/` folders not named in `keep`."""
+    """Removes `step_<N>.tmp/` and never-marked `step_<N>/` folders not named in `keep`.
+
+    A `step_<N>/` whose marker exists but is damaged is left alone (and ignored): it was
+    committed once, so deleting it would destroy evidence and maybe the only copy.
+    """
     removed: list[str] = []
     if not root.is_dir():
         return removed
@@ -176,7 +196,7 @@ def clean_stale(root: Path, keep: set[str]) -> list[str]:
             continue
         stale = _TMP_RE.match(entry.name) is not None
         if not stale and _STEP_RE.match(entry.name) is not None:
-            stale = read_marker(entry) is None
+            stale = not (entry / MARKER).exists()
         if stale:
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry.name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from pathlib import Path
@@ -134,3 +135,18 @@ def test_real_write_error_from_file_size_limit(tmp_path: Path) -> None:
     assert res["error"] is not None, res
     assert res["latest_after_failure"] == 1 and res["entries_after_failure"] == ["step_1"]
     assert res["latest_after_retry"] == 3
+
+
+def test_damaged_marker_is_ignored_but_kept(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    data = _save_steps(tmp_path, [1, 2])
+    marker = tmp_path / "step_2" / "COMMIT.json"
+    text = marker.read_text()
+    size = json.loads(text)["files"]["__0_0.distcp"]["size"]
+    marker.write_text(text.replace(f'"size": {size}', f'"size": {size + 1}', 1))  # still valid JSON
+    with caplog.at_level("WARNING", logger="gem_checkpoint"):
+        ckpt = Checkpointer(tmp_path)
+        assert ckpt.latest() == 1
+    assert f"commit marker {marker} is corrupt" in caplog.text
+    assert (tmp_path / "step_2" / "__0_0.distcp").exists()  # not deleted as "stale"
+    w = torch.zeros(64, 33)
+    assert ckpt.load({"w": w, "meta": {}}) == 1 and torch.equal(w, data[1])
