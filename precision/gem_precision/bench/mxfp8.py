@@ -57,6 +57,9 @@ def correctness(dev: str) -> dict[str, Any]:
         ok &= _codes_equal(c, to_mx_reference(xc.t(), scale_mode=mode))
         ok &= _codes_equal(to_mx(x, dim=0, scale_mode=mode), to_mx_reference(xc, dim=0, scale_mode=mode))
     out["quant_bit_exact"] = bool(ok)
+    from gem_precision._triton_quant import hw_cvt_ok
+
+    out["quant_hw_fp8_cvt_path"] = hw_cvt_ok(x.device)  # False: the exact integer path is used
     a = to_mx(torch.randn(2048, 2048, device=dev))
     b = to_mx(torch.randn(1536, 2048, device=dev))
     y = mx_mm(a, b, out_dtype=torch.float32)
@@ -241,6 +244,11 @@ def main(argv: list[str] | None = None) -> None:
     grows = gemm_rows(shapes)
     from gem_precision._triton_gemm import TUNE_LOG
 
+    from gem_precision._triton_quant import TILE_LOG
+
+    print("\nquant tile tuning (BR, BC, warps) -> ms:")
+    for qk, qv in TILE_LOG.items():
+        print(f"  {qk[:3]}: " + ", ".join(f"{c}={ms:.3f}" for c, ms in qv))
     print("\nMX GEMM tuning (BM, BN, SUB, warps, stages) -> ms:")
     for k, v in TUNE_LOG.items():
         print(f"  {k}: " + ", ".join(f"{c}={ms:.3f}" for c, ms in v))
