@@ -9,7 +9,8 @@ import torch
 pytest.importorskip("torchrec")
 
 from _dist import run_world  # noqa: E402
-from _sparse_workers import make_batches, make_ebc, reference, run_1d, run_2d, TABLES  # noqa: E402
+from _sparse_workers import (  # noqa: E402
+    TABLES, make_batches, make_ebc, reference, reference_sparse_dense, run_1d, run_2d)
 
 STEPS, BATCH, SEED = 3, 8, 1234
 
@@ -66,6 +67,10 @@ def test_2d_sparse_dmpcollection_equals_reference(kind: str) -> None:
         for k in res[a]["local"]:
             torch.testing.assert_close(res[a]["local"][k], res[b]["local"][k], rtol=0, atol=0)
     assert len(TABLES) == len(res[0]["local"])
+    # torchrec tables + HSDP dense MLP composed in one model equal the plain model
+    want_composed = reference_sparse_dense(steps, SEED)
+    for r in res:
+        _close(r["composed"], want_composed)
 
 
 def test_sharder_offers_row_wise_on_cpu_and_validates_types() -> None:
