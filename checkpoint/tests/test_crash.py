@@ -48,8 +48,11 @@ def test_kill9_at_random_points(tmp_path: Path) -> None:
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(30)
         assert proc.exitcode == -signal.SIGKILL
-        seen.append(_check_recovers(root, at_least=1))
-    assert all(s >= 1 for s in seen)
+        partial = sorted(e for e in os.listdir(root) if not (root / e / "COMMIT.json").exists())
+        seen.append((_check_recovers(root, at_least=1), partial))
+    print("kill -9 trials (latest committed, partial folders left by the kill):", seen)
+    # Saves run back to back, so most kills land mid-write; all five missing is ~1e-3.
+    assert any(partial for _, partial in seen), seen
 
 
 @pytest.mark.parametrize("stage, committed", [("write", 1), ("commit", 1), ("rename", 1), ("marker", 2)])
