@@ -1,0 +1,44 @@
+"""Helpers: run the trainer as a subprocess (what a user runs) and read its logs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+# Small and fast: the tiny preset with small batches; every test overrides what it checks.
+FAST = ["--batch-size", "16", "--eval-batches", "0", "--log-every", "1", "--no-progress"]
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    e.setdefault("OMP_NUM_THREADS", "1")
+    return e
+
+
+def gem(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gem_trainer", *args], env=env(), cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def gem_popen(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "gem_trainer", *args], env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def summary(out: str) -> dict[str, Any]:
+    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def losses(log_dir: Path) -> dict[int, float]:
+    """step -> loss from metrics.jsonl (the last line written for each step wins)."""
+    out: dict[int, float] = {}
+    with open(log_dir / "metrics.jsonl", encoding="utf-8") as f:
+        for line in f:
+            rec = json.loads(line)
+            if "loss" in rec and "samples" in rec:
+                out[int(rec["step"])] = float(rec["loss"])
+    return out

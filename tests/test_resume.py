@@ -1,0 +1,55 @@
+"""Train → kill -9 → resume repeats the uninterrupted run's losses bitwise (CPU)."""
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from _run import FAST, gem, gem_popen, losses, summary
+
+STEPS = "12"
+
+
+def _committed(ckpt: Path, step: int) -> bool:
+    return (ckpt / f"step_{step}" / "COMMIT.json").exists()
+
+
+def test_kill_and_resume_matches_uninterrupted(tmp_path: Path) -> None:
+    ref = gem("--steps", STEPS, *FAST, "--log-dir", str(tmp_path / "ref"))
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    want = losses(tmp_path / "ref")
+    assert sorted(want) == list(range(1, 13))
+
+    ckpt, logs = tmp_path / "ckpt", tmp_path / "run"
+    run = ["--steps", STEPS, *FAST, "--ckpt-dir", str(ckpt), "--ckpt-every", "4", "--log-dir", str(logs)]
+    p = gem_popen(*run)
+    deadline = time.time() + 300
+    while not _committed(ckpt, 8) and time.time() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert _committed(ckpt, 4), "no checkpoint was committed before the kill"
+    res = gem(*run, "--resume")
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = losses(logs)
+    assert sorted(got) == list(range(1, 13))
+    for step in range(1, 13):
+        assert got[step] == want[step], f"step {step}: resumed {got[step]!r} != uninterrupted {want[step]!r}"
+    assert summary(res.stdout)["steps"] == 12
+
+
+def test_sigterm_checkpoints_and_exits_zero(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    p = gem_popen("--steps", "100000", *FAST, "--ckpt-dir", str(ckpt), "--ckpt-every", "1000",
+                  "--log-dir", str(tmp_path / "log"))
+    deadline = time.time() + 300
+    log = tmp_path / "log" / "metrics.jsonl"
+    while (not log.exists() or log.stat().st_size == 0) and time.time() < deadline:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    s = summary(out)
+    assert s["stop_reason"].startswith("signal")
+    assert 1 <= s["steps"] < 100000
+    assert _committed(ckpt, s["steps"]), f"no checkpoint at the stop step {s['steps']}"

@@ -1,0 +1,20 @@
+"""gem_trainer: the end-to-end GEM trainer (`./bazelw run //trainer:gem`).
+
+    from gem_trainer import presets_tiny, train
+    summary = train(presets_tiny(steps=100))   # dict: loss, per-task NE/AUC, tokens/s, MFU, ...
+"""
+from gem_trainer.config import PRESETS, TrainConfig
+from gem_trainer.config import h200 as presets_h200
+from gem_trainer.config import multi as presets_multi
+from gem_trainer.config import tiny as presets_tiny
+
+
+def train(cfg: TrainConfig) -> dict[str, object]:
+    """Runs one training job (see gem_trainer._loop.train)."""
+    from gem_trainer._loop import train as _train
+
+    return _train(cfg)
+
+
+__version__ = "0.1.0"
+__all__ = ["PRESETS", "TrainConfig", "presets_h200", "presets_multi", "presets_tiny", "train", "__version__"]

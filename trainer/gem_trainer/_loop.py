@@ -1,0 +1,354 @@
+"""The training loop: compose data, model, precision, parallel and checkpoint modules.
+
+Order of construction follows torchtitan: config → process group → data → model (single
+device code) → precision conversion → parallelisation (gem_parallel, from outside) →
+optimizer → checkpointer → resume. The loop itself only moves batches, steps and books.
+
+Reliability rules (DESIGN.md §4 trainer):
+- SIGTERM/SIGINT: finish the current step, save a checkpoint, exit 0.
+- A non-finite loss skips the optimizer step (the gradients are dropped) and is counted;
+  `max_bad_steps` in a row stop the run after saving the last good state.
+- Checkpoints are async (gem_checkpoint); resume restores model, optimizer, loader
+  position, RNG and step, so a resumed run repeats the uninterrupted run's losses.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import gem_data
+import gem_model
+from gem_checkpoint import Checkpointer, RNGState
+from gem_trainer._metrics import MetricLog, Timers, mfu
+from gem_trainer.config import TrainConfig
+
+
+class _AppState:
+    """Model + optimizer as one Stateful through torch's `get_state_dict`/`set_state_dict`:
+    FQN-keyed optimizer state and DTensor shards, so DCP can reshard on a new world size."""
+
+    def __init__(self, model: torch.nn.Module, optim: torch.optim.Optimizer) -> None:
+        self.model, self.optim = model, optim
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        m, o = get_state_dict(self.model, self.optim)
+        return {"model": m, "optim": o}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(self.model, self.optim, model_state_dict=sd["model"],
+                       optim_state_dict=sd["optim"])
+
+
+class _StopFlag:
+    """Set by SIGTERM/SIGINT; the loop checks it between steps."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for s in (signal.SIGTERM, signal.SIGINT):
+            self._old[s] = signal.signal(s, self._handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+
+    def restore(self) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def data_config(cfg: TrainConfig) -> gem_data.DataConfig:
+    """The data preset that goes with a trainer preset."""
+    if cfg.preset == "tiny":
+        return gem_data.presets.tiny(seed=cfg.seed)
+    return gem_data.presets.gem(seed=cfg.seed, seq_len_cap=8192)
+
+
+def model_config(cfg: TrainConfig, dcfg: gem_data.DataConfig) -> gem_model.GEMConfig:
+    """The model preset, with the feature sizes copied from the data config."""
+    sizes: dict[str, Any] = gem_model.presets.feature_sizes(dcfg)
+    if cfg.precision.startswith("mxfp8"):
+        sizes["mxfp8_recipe"] = cfg.precision[len("mxfp8_"):]
+    make = gem_model.presets.tiny if cfg.preset == "tiny" else gem_model.presets.h200
+    return make(**sizes)
+
+
+def _dist_env() -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    return rank, world
+
+
+def _setup_dist(world: int) -> torch.device:
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend)
+    return device
+
+
+def _seed_all(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+
+
+class _Window:
+    """Blocks [start, start + n) of a block source: the held-out split of the synthetic task
+    (the same planted function, samples the training stream never reaches)."""
+
+    def __init__(self, source: Any, start: int, n: int) -> None:
+        self.source, self.start, self.num_blocks = source, start, n
+
+    def lengths(self, b: int) -> Any:
+        return self.source.lengths(self.start + b)
+
+    def read(self, b: int) -> Any:
+        return self.source.read(self.start + b)
+
+
+_BLOCK = 16  # samples per synthetic block = the base batch the balancer shuffles
+
+
+def _make_loader(cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int, world: int,
+                 device: torch.device, *, eval_split: bool = False) -> Any:
+    if cfg.data.startswith("parquet:"):
+        path = cfg.data[len("parquet:"):]
+        if not os.path.isdir(path):
+            raise ValueError(f"data={cfg.data!r}: {path!r} is not a directory")
+        # Parquet: a row group is the base batch; evaluation reads the same shards.
+        source: Any = gem_data.ParquetSource(path)
+        per_batch = 1
+    else:
+        block = min(_BLOCK, cfg.batch_size)
+        source = gem_data.SyntheticSource(dcfg, block_size=block)
+        per_batch = max(1, cfg.batch_size // block)
+        if eval_split:
+            source = _Window(source, 1 << 30, max(1, cfg.eval_batches) * per_batch * world)
+    tokens = cfg.batch_tokens if cfg.batch_tokens > 0 and not eval_split else None
+    return gem_data.JaggedLoader(
+        source, blocks_per_batch=per_batch, tokens_per_batch=tokens, rank=rank,
+        world_size=world, device=device, seed=cfg.seed, num_epochs=1 if eval_split else None,
+        num_workers=2, prefetch=4)
+
+
+def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
+    """Runs one training job and returns the summary dict (also printed as one JSON line)."""
+    cfg.validate()
+    t_start = time.perf_counter()
+    rank, world = _dist_env()
+    device = _setup_dist(world)
+    _seed_all(cfg.seed)
+
+    dcfg = data_config(cfg)
+    mcfg = model_config(cfg, dcfg)
+    model = gem_model.GEMModel(mcfg).to(device)
+    if world > 1:
+        # Parallelism is applied from outside the model (gem_parallel): HSDP over the
+        # dense blocks, shard inside the host, replicate across hosts.
+        import gem_parallel
+
+        dims = gem_parallel.ParallelDims.from_env().validate()
+        meshes = dims.build_meshes(device.type)
+        policy = gem_parallel.BF16_MIXED if device.type == "cuda" and cfg.precision != "fp32" else None
+        model = gem_parallel.apply_hsdp(model, meshes, mp_policy=policy)  # type: ignore[assignment]
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    loader = _make_loader(cfg, dcfg, rank, world, device)
+
+    ckpt = Checkpointer(cfg.ckpt_dir, keep_last=cfg.keep_last) if cfg.ckpt_dir else None
+    rng = RNGState()
+    state: dict[str, Any] = {"app": _AppState(model, opt), "loader": loader, "rng": rng}
+    step = 0
+    if cfg.resume and ckpt is not None and ckpt.latest() is not None:
+        step = ckpt.load(state)
+
+    log = MetricLog(cfg.log_dir, rank)
+    timers = Timers()
+    stop = _StopFlag()
+    stop.install()
+    bar = _progress(cfg, rank, step)
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
+                and cfg.precision != "fp32" else None)
+    bad_in_row = 0
+    last_loss = math.nan
+    it = iter(loader)
+    reason = "steps"
+    try:
+        while step < cfg.steps:
+            t0 = time.perf_counter()
+            batch = next(it)
+            t1 = time.perf_counter()
+            if autocast is not None:
+                with autocast:
+                    logits = model(batch)
+            else:
+                logits = model(batch)
+            loss = _loss(logits, batch.labels)
+            # One host sync per step: the mean loss over ranks decides skip-or-step on every
+            # rank alike (a rank-local decision would desynchronise the collectives).
+            lt = loss.detach().clone()
+            if world > 1:
+                dist.all_reduce(lt)
+                lt /= world
+            step_loss = float(lt.item())
+            finite = math.isfinite(step_loss)
+            if not finite:
+                opt.zero_grad(set_to_none=True)
+                timers.bad_steps += 1
+                bad_in_row += 1
+                if bad_in_row >= cfg.max_bad_steps:
+                    reason = "nan"
+                    break
+                continue
+            bad_in_row = 0
+            loss.backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t3 = time.perf_counter()
+            step += 1
+            last_loss = step_loss
+            timers.data_wait += t1 - t0
+            timers.compute += t2 - t1
+            timers.optimizer += t3 - t2
+            timers.samples += batch.num_samples
+            timers.tokens += batch.num_tokens
+            timers.steps_done += 1
+            if timers.first_step is None:
+                timers.first_step = t3 - t_start
+            flops = float(model.flops(batch)["total"]) if hasattr(model, "flops") else 0.0
+            timers.model_flops += 3.0 * flops
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                log.write(step, loss=last_loss, samples=timers.samples, tokens=timers.tokens)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{last_loss:.4f}")
+            if ckpt is not None and (step % cfg.ckpt_every == 0):
+                t4 = time.perf_counter()
+                ckpt.save(step, state)
+                timers.ckpt_stall += time.perf_counter() - t4
+            if stop.signum is not None:
+                reason = f"signal {stop.signum}"
+                break
+        if ckpt is not None and step > 0 and ckpt.latest() != step:
+            t4 = time.perf_counter()
+            ckpt.save(step, state)
+            timers.ckpt_stall += time.perf_counter() - t4
+        if ckpt is not None:
+            t4 = time.perf_counter()
+            ckpt.wait()
+            timers.ckpt_stall += time.perf_counter() - t4
+    finally:
+        stop.restore()
+        if bar is not None:
+            bar.close()
+    timers.total = time.perf_counter() - t_start
+    tasks = evaluate(model, cfg, dcfg, rank, world, device, autocast)
+    ngpu = world if device.type == "cuda" else 0
+    busy = timers.compute + timers.optimizer + timers.data_wait
+    summary: dict[str, Any] = {
+        "steps": step,
+        "loss": last_loss,
+        "stop_reason": reason,
+        "bad_steps": timers.bad_steps,
+        "tasks": tasks,
+        "samples_per_s": timers.samples * world / busy if busy > 0 else 0.0,
+        "tokens_per_s": timers.tokens * world / busy if busy > 0 else 0.0,
+        "mfu": mfu(timers.model_flops * world, busy, ngpu),
+        "data_wait_frac": timers.data_wait / busy if busy > 0 else 0.0,
+        "ckpt_stall_s": timers.ckpt_stall,
+        "time_to_first_step_s": timers.first_step,
+        "world_size": world,
+        "device": str(device),
+    }
+    log.write(step, **{k: v for k, v in summary.items() if isinstance(v, (int, float))})
+    log.close()
+    return summary
+
+
+def evaluate(model: Any, cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int, world: int,
+             device: torch.device, autocast: Any) -> dict[str, dict[str, float]]:
+    """Per-task NE/AUC on held-out batches, next to the planted task's Bayes-optimal values."""
+    if cfg.eval_batches == 0:
+        return {}
+    loader = _make_loader(cfg, dcfg, rank, world, device, eval_split=True)
+    probs, labels, truth = [], [], []
+    it = iter(loader)
+    with torch.no_grad():
+        for _ in range(cfg.eval_batches):
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            if autocast is not None:
+                with autocast:
+                    logits = model(batch)
+            else:
+                logits = model(batch)
+            probs.append(torch.sigmoid(logits.float()).cpu())
+            labels.append(batch.labels.cpu())
+            if batch.probs is not None:
+                truth.append(batch.probs.cpu())
+    if not probs:
+        return {}
+    p, y = torch.cat(probs), torch.cat(labels)
+    if world > 1:
+        p, y = _gather(p), _gather(y)
+    bayes = gem_data.bayes_metrics(torch.cat(truth), y, dcfg.tasks) if truth else {}
+    out: dict[str, dict[str, float]] = {}
+    for i, task in enumerate(dcfg.tasks):
+        out[task] = {
+            "ne": gem_data.normalized_entropy(p[:, i], y[:, i]),
+            "auc": gem_data.auc(p[:, i], y[:, i]),
+            "auc_bayes": bayes.get(task, {}).get("auc", math.nan),
+            "ne_bayes": bayes.get(task, {}).get("ne", math.nan),
+        }
+    return out
+
+
+def _gather(t: torch.Tensor) -> torch.Tensor:
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t)
+    return torch.cat(parts)
+
+
+def _progress(cfg: TrainConfig, rank: int, step: int) -> Any:
+    if not cfg.progress or rank != 0 or not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=cfg.steps, initial=step, desc="train", unit="step", dynamic_ncols=True)

@@ -1,0 +1,102 @@
+"""Trainer configuration: one frozen dataclass, presets as functions, a few overrides.
+
+Device, process groups and meshes are never config fields (STYLE.md point 5): the
+launcher derives them from the environment (torchrun's RANK/WORLD_SIZE, CUDA presence).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Everything one training run needs.
+
+    Attributes:
+        preset: name of the model/data preset ("tiny", "h200", "multi").
+        steps: optimizer steps to run (total, including resumed ones).
+        batch_size: samples per rank per step (before token-budget trimming).
+        batch_tokens: token budget per rank per step; 0 = no budget (fixed batch_size).
+        data: "synthetic" or "parquet:DIR".
+        lr: AdamW learning rate for dense parameters (sparse tables use the same).
+        seed: seeds the data, the model init and every RNG.
+        ckpt_dir: where checkpoints go; "" disables checkpointing.
+        ckpt_every: save every K steps (and at the end, and on SIGTERM).
+        keep_last: checkpoints to keep.
+        resume: continue from the newest good checkpoint in ckpt_dir.
+        precision: "bf16" (GPU autocast) / "fp32", or an MXFP8 recipe name ("mxfp8_rceil", ...).
+        log_dir: JSONL + TensorBoard logs; "" disables.
+        log_every: metrics line every N steps.
+        eval_batches: held-out batches scored at the end for NE/AUC.
+        max_bad_steps: consecutive non-finite losses that stop the run.
+        compile: wrap the model in torch.compile (GPU presets).
+        progress: show a progress bar when stdout is a terminal.
+    """
+
+    preset: str = "tiny"
+    steps: int = 150
+    batch_size: int = 64
+    batch_tokens: int = 0
+    data: str = "synthetic"
+    lr: float = 3e-3
+    seed: int = 0
+    ckpt_dir: str = ""
+    ckpt_every: int = 50
+    keep_last: int = 3
+    resume: bool = False
+    precision: str = "fp32"
+    log_dir: str = ""
+    log_every: int = 10
+    eval_batches: int = 8
+    max_bad_steps: int = 5
+    compile: bool = False
+    progress: bool = True
+
+    def validate(self) -> None:
+        """Raises ValueError naming the field and the rule."""
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset={self.preset!r} must be one of {sorted(PRESETS)}")
+        for name in ("steps", "batch_size", "ckpt_every", "keep_last", "log_every", "max_bad_steps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} must be an int >= 1")
+        if self.batch_tokens < 0:
+            raise ValueError(f"batch_tokens={self.batch_tokens} must be >= 0")
+        if self.eval_batches < 0:
+            raise ValueError(f"eval_batches={self.eval_batches} must be >= 0")
+        if not (self.lr > 0):
+            raise ValueError(f"lr={self.lr} must be > 0")
+        if self.data != "synthetic" and not self.data.startswith("parquet:"):
+            raise ValueError(f"data={self.data!r} must be 'synthetic' or 'parquet:DIR'")
+        if self.data.startswith("parquet:") and not self.data[len("parquet:"):]:
+            raise ValueError(f"data={self.data!r}: 'parquet:' needs a directory")
+        if self.resume and not self.ckpt_dir:
+            raise ValueError("resume=True needs ckpt_dir")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r} must be one of {PRECISIONS}")
+
+
+PRECISIONS = ("fp32", "bf16", "mxfp8_floor", "mxfp8_rceil", "mxfp8_rceil_bf16_wgrad")
+
+
+def tiny(**overrides: object) -> TrainConfig:
+    """CPU default: the tiny model on the embedded synthetic task, about a minute on 2 cores."""
+    return dataclasses.replace(TrainConfig(), **overrides)  # type: ignore[arg-type]
+
+
+def h200(**overrides: object) -> TrainConfig:
+    """One H200: the h200 model preset, GEM-like lengths, bf16, compiled."""
+    base = TrainConfig(preset="h200", steps=200, batch_size=64, batch_tokens=65536,
+                       lr=1e-3, precision="bf16", ckpt_every=100, log_every=20,
+                       eval_batches=4, compile=False)
+    return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
+
+
+def multi(**overrides: object) -> TrainConfig:
+    """Several GPUs (torchrun): the h200 model with HSDP + 2-D sparse sharding."""
+    base = dataclasses.replace(h200(), preset="multi")
+    return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
+
+
+PRESETS = {"tiny": tiny, "h200": h200, "multi": multi}
