@@ -133,7 +133,11 @@ def gdpa_tiles(max_kv_len: int, head_dim: int, *, kind: str = "fwd") -> GdpaTile
     big = head_dim > 64
     if kind == "fwd":
         return GdpaTiles(block_m=128, block_n=64 if big else 128, num_warps=8 if big else 4, num_stages=3)
-    return GdpaTiles(block_m=64, block_n=64 if big else 128, num_warps=8 if big else 4, num_stages=2)
+    # Backward: narrow tiles on the inner side won the H200 sweep (bench `--sweep`, D=128:
+    # 1.61 ms fwd+bwd vs 2.39 ms for 64x64 tiles with 8 warps; BENCHMARKS.md).
+    if kind == "dq":
+        return GdpaTiles(block_m=64, block_n=32 if big else 64, num_warps=4, num_stages=3)
+    return GdpaTiles(block_m=32 if big else 64, block_n=64, num_warps=4, num_stages=3)
 
 
 def gdpa_reference(

@@ -16,7 +16,9 @@ H=4, D=128, bf16):
   q, k, v, dO read and dq, dk, dv written) vs SDPA on the padded batch with a block-diagonal
   mask, vs SDPA on the batch regrouped into 64-token blocks (regrouping not timed: favours
   torch), and vs `jagged_flash_attention` with window=64 (a band of similar locality).
-Every case checks our output and gradients against the fp32 reference in the same run. On a
+Times are medians of CUDA-event-timed single calls (host work of the call included); the
+`fwd_graph_*` columns replay the forward in a CUDA graph (GPU time only). Every case checks
+our output and gradients against the fp32 reference in the same run. On a
 machine without CUDA it runs toy sizes (reference and, under TRITON_INTERPRET=1, Triton) and
 says so.
 """
@@ -80,6 +82,30 @@ def _timed(fn_fwd: Callable[[], torch.Tensor], inputs: tuple[torch.Tensor, ...],
     return fwd, bench_ms(fb, iters=iters)
 
 
+def _graph_ms(fn: Callable[[], torch.Tensor], iters: int) -> float | None:
+    """Forward GPU time without host overhead: median CUDA-graph replay (no autograd).
+
+    The per-call timings include the host work of a call (checks, autograd bookkeeping,
+    launch), which is the same order as the kernel for the ~0.1 ms memory-bound cases."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        with torch.no_grad():
+            side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    fn()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+        return bench_ms(graph.replay, iters=iters)
+    except Exception as e:  # noqa: BLE001 - graph capture is a bonus column
+        print(f"(CUDA graph timing unavailable: {type(e).__name__}: {e})", flush=True)
+        return None
+
+
 def _padded_gdpa(act: str, scale: float, divisor: float) -> Callable[..., torch.Tensor]:
     fn = _TORCH_ACT[act]
 
@@ -141,11 +167,16 @@ def gdpa_case(
     errs = {"err_out": _rel_err(out, ref), **{f"err_d{n}": _rel_err(a, b) for n, a, b in zip("qkv", g, rg)}}
     del out, ref, rg, g, q32, k32, v32
 
-    def row(method: str, ms_f: float | None, ms_a: float | None, **extra: object) -> None:
+    def row(method: str, ms_f: float | None, ms_a: float | None, ms_g: float | None = None, **extra: object) -> None:
         r: dict[str, object] = {"case": name, "method": method}
-        r["fwd_ms"], r["fwdbwd_ms"] = ms_f, ms_a
+        r["fwd_ms"], r["fwdbwd_ms"], r["fwd_graph_ms"] = ms_f, ms_a, ms_g
         r["fwd_tflops"] = f_fwd / ms_f / 1e9 if ms_f else None
         r["fwdbwd_tflops"] = f_all / ms_a / 1e9 if ms_a else None
+        r["fwd_graph_tflops"] = f_fwd / ms_g / 1e9 if ms_g else None
+        if roofline and ms_g:
+            r["fwd_graph_gbs"] = bytes_fwd / ms_g / 1e6
+            roof_g = max(f_fwd / (PEAK_TFLOPS * 1e12), bytes_fwd / (PEAK_TBS * 1e12)) * 1e3
+            r["fwd_graph_roof_pct"] = 100.0 * roof_g / ms_g
         if roofline and ms_f and ms_a:
             r["fwd_gbs"] = bytes_fwd / ms_f / 1e6
             r["fwdbwd_gbs"] = bytes_all / ms_a / 1e6
@@ -158,7 +189,8 @@ def gdpa_case(
         rows.append(r)
 
     ms_f, ms_a = _timed(ours, (q, k, v), iters)
-    row("ours(triton)" if backend == "triton" else "ours(reference)", ms_f, ms_a, **errs)
+    ms_g = _graph_ms(ours, iters) if cuda else None
+    row("ours(triton)" if backend == "triton" else "ours(reference)", ms_f, ms_a, ms_g, **errs)
 
     if cuda:
         # Padded, masked PyTorch: the best plain-torch formulation (two matmuls + fused-able
@@ -224,16 +256,21 @@ def block_case(
     errs = {"err_out": _rel_err(out, ref), **{f"err_d{n}": _rel_err(a, b) for n, a, b in zip("qkv", g, rg)}}
     del out, ref, rg, g, q32, k32, v32
 
-    def row(method: str, ms_f: float | None, ms_a: float | None, **extra: object) -> None:
+    def row(method: str, ms_f: float | None, ms_a: float | None, ms_g: float | None = None, **extra: object) -> None:
         r: dict[str, object] = {"case": name, "method": method, "fwd_ms": ms_f, "fwdbwd_ms": ms_a}
         r["fwd_gbs"] = bytes_fwd / ms_f / 1e6 if ms_f else None
         r["fwdbwd_gbs"] = bytes_all / ms_a / 1e6 if ms_a else None
         r["fwd_roof_pct"] = 100.0 * bytes_fwd / (PEAK_TBS * 1e12) * 1e3 / ms_f if ms_f else None
+        r["fwdbwd_roof_pct"] = 100.0 * bytes_all / (PEAK_TBS * 1e12) * 1e3 / ms_a if ms_a else None
+        r["fwd_graph_ms"] = ms_g
+        r["fwd_graph_gbs"] = bytes_fwd / ms_g / 1e6 if ms_g else None
+        r["fwd_graph_roof_pct"] = 100.0 * bytes_fwd / (PEAK_TBS * 1e12) * 1e3 / ms_g if ms_g else None
         r.update(extra)
         rows.append(r)
 
     ms_f, ms_a = _timed(ours, (q, k, v), iters)
-    row("ours(triton)" if backend == "triton" else "ours(reference)", ms_f, ms_a, **errs)
+    ms_g = _graph_ms(ours, iters) if cuda else None
+    row("ours(triton)" if backend == "triton" else "ours(reference)", ms_f, ms_a, ms_g, **errs)
     if not cuda:
         return rows
     if rope:  # baselines have no fused rope; they are timed on the rope-free case only
@@ -255,17 +292,21 @@ def block_case(
     vb, _ = _block_regroup(v.detach(), lens, bs)
     qb, kb, vb = (x.requires_grad_() for x in (qb, kb, vb))
     try:
-        pf, pa = _timed(lambda: F.scaled_dot_product_attention(qb, kb, vb, attn_mask=kmask), (qb, kb, vb), iters)
-        row("sdpa_regrouped_blocks", pf, pa, note="regroup not timed")
+        def sdpa_blocks() -> torch.Tensor:
+            return F.scaled_dot_product_attention(qb, kb, vb, attn_mask=kmask)
+
+        pf, pa = _timed(sdpa_blocks, (qb, kb, vb), iters)
+        row("sdpa_regrouped_blocks", pf, pa, _graph_ms(sdpa_blocks, iters), note="regroup not timed")
     except RuntimeError as e:
         row("sdpa_regrouped_blocks", None, None, note=type(e).__name__)
     del qb, kb, vb
     # JFA with a window of the same size (a band |i - j| < 64, not identical work).
     try:
-        jf, ja = _timed(
-            lambda: jagged_flash_attention(q, k, v, off, off, ml, ml, window=bs, backend="triton"), (q, k, v), iters
-        )
-        row("jfa_window64", jf, ja, note="band, not blocks")
+        def jfa() -> torch.Tensor:
+            return jagged_flash_attention(q, k, v, off, off, ml, ml, window=bs, backend="triton")
+
+        jf, ja = _timed(jfa, (q, k, v), iters)
+        row("jfa_window64", jf, ja, _graph_ms(jfa, iters), note="band, not blocks")
     except Exception as e:  # noqa: BLE001 - the JFA kernel may be absent in this checkout
         row("jfa_window64", None, None, note=f"unavailable: {type(e).__name__}")
     return rows
@@ -350,8 +391,9 @@ def main(argv: list[str] | None = None) -> int:
                            device=device, iters=iters)
     print_table(
         rows,
-        ["case", "method", "fwd_ms", "fwdbwd_ms", "fwd_tflops", "fwdbwd_tflops", "fwd_gbs", "fwdbwd_gbs",
-         "fwd_roof_pct", "fwdbwd_roof_pct", "err_out", "err_dq", "err_dk", "err_dv", "note"],
+        ["case", "method", "fwd_ms", "fwdbwd_ms", "fwd_graph_ms", "fwd_tflops", "fwdbwd_tflops", "fwd_graph_tflops",
+         "fwd_gbs", "fwdbwd_gbs", "fwd_graph_gbs", "fwd_roof_pct", "fwdbwd_roof_pct", "fwd_graph_roof_pct",
+         "err_out", "err_dq", "err_dk", "err_dv", "note"],
     )
     errs = [r[e] for r in rows for e in ("err_out", "err_dq", "err_dk", "err_dv") if e in r]
     worst = max((float(e) for e in errs if isinstance(e, float)), default=0.0)
