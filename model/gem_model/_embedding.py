@@ -54,11 +54,11 @@ class SparseArch(nn.Module):
                 bound = math.sqrt(1.0 / v)  # torchrec's default init, so both paths match
                 nn.init.uniform_(bag.weight, -bound, bound)
                 self.bags[n] = bag
-        n = len(self.names)
+        nf = len(self.names)
         self.emb_dim, self.d_model = cfg.emb_dim, cfg.d_model
         # One projection per feature, applied as one batched product.
-        self.proj = nn.Parameter(torch.randn(n, cfg.emb_dim, cfg.d_model) / math.sqrt(cfg.emb_dim))
-        self.proj_bias = nn.Parameter(torch.zeros(n, cfg.d_model))
+        self.proj = nn.Parameter(torch.randn(nf, cfg.emb_dim, cfg.d_model) / math.sqrt(cfg.emb_dim))
+        self.proj_bias = nn.Parameter(torch.zeros(nf, cfg.d_model))
 
     def pooled(self, sparse: Any) -> torch.Tensor:
         """`[B, num_sparse, emb_dim]` mean-pooled embeddings in config order."""
@@ -157,7 +157,8 @@ class EventArch(nn.Module):
         last = timestamps[(offsets[1:] - 1).clamp(min=0)] if timestamps.numel() else timestamps
         age = (last[sample] - timestamps).clamp(min=0).to(torch.float32)
         bucket = torch.log2(age + 1.0).long().clamp(max=self.num_time_buckets - 1)
-        return self.proj(x) + self.type_emb(types) + self.age(bucket)
+        out: torch.Tensor = self.proj(x) + self.type_emb(types) + self.age(bucket)
+        return out
 
     def flops(self, shapes: _flops.Shapes) -> float:
         return _flops.linear(shapes.tokens, self.e, self.d)

@@ -96,54 +96,6 @@ def attention(
         return gem_kernels.jagged_flash_attention(
             q, k, v, q_offsets, kv_offsets, max_q, max_kv, window=window, backend=backend
         )
-    return gdpa(q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation=activation, backend=backend)
-
-
-def gdpa(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_offsets: torch.Tensor,
-    kv_offsets: torch.Tensor,
-    max_q: int,
-    max_kv: int,
-    *,
-    activation: str,
-    backend: str,
-) -> torch.Tensor:
-    fn = getattr(gem_kernels, "generalized_dot_product_attention", None)
-    if fn is not None:
-        out: torch.Tensor = fn(
-            q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation=activation, backend=backend
-        )
-        return out
-    return _gdpa_fallback(q, k, v, q_offsets, kv_offsets, max_kv, activation)
-
-
-def _gdpa_fallback(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_offsets: torch.Tensor,
-    kv_offsets: torch.Tensor,
-    max_kv: int,
-    activation: str,
-) -> torch.Tensor:
-    """TEMPORARY stand-in until gem_kernels.generalized_dot_product_attention lands."""
-    acts = {
-        "silu": torch.nn.functional.silu,
-        "relu": torch.relu,
-        "sigmoid": torch.sigmoid,
-        "identity": lambda t: t,
-    }
-    act = acts[activation]
-    scale = q.shape[-1] ** -0.5
-    qo, ko = q_offsets.tolist(), kv_offsets.tolist()
-    outs = []
-    for b in range(len(qo) - 1):
-        qb = q[qo[b] : qo[b + 1]].float().transpose(0, 1)
-        kb = k[ko[b] : ko[b + 1]].float().transpose(0, 1)
-        vb = v[ko[b] : ko[b + 1]].float().transpose(0, 1)
-        s = act(torch.matmul(qb, kb.transpose(1, 2)) * scale) / max_kv
-        outs.append(torch.matmul(s, vb).transpose(0, 1).to(q.dtype))
-    return torch.cat(outs, 0) if outs else q.new_zeros(q.shape)
+    return gem_kernels.generalized_dot_product_attention(
+        q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation=activation, backend=backend
+    )

@@ -28,7 +28,8 @@ from gem_model._config import GEMConfig
 
 def _glu(lin: nn.Linear, z: torch.Tensor) -> torch.Tensor:
     a, g = lin(z).chunk(2, dim=-1)
-    return a * torch.sigmoid(g)
+    out: torch.Tensor = a * torch.sigmoid(g)
+    return out
 
 
 class NonSeqSummary(nn.Module):
@@ -66,7 +67,8 @@ class PersonalizedFFN(nn.Module):
     ) -> torch.Tensor:
         gamma, beta = self.film(x_sum.mean(dim=1)).chunk(2, dim=-1)  # [B, d] each
         h = self.norm(seq) * (1.0 + gamma[sample]) + beta[sample]
-        return seq + self.w2(F.gelu(self.w1(h)))
+        out: torch.Tensor = seq + self.w2(F.gelu(self.w1(h)))
+        return out
 
     def flops(self, s: _flops.Shapes) -> float:
         t = s.tokens
@@ -104,7 +106,8 @@ class GDPAFFN(nn.Module):
         o = _jagged.attention(
             q, k, v, offsets, kv_off, max_len, self.n_kv, activation=self.act, backend=self.backend
         )
-        return seq + self.wo(o.reshape(t, self.d))
+        out: torch.Tensor = seq + self.wo(o.reshape(t, self.d))
+        return out
 
     def flops(self, s: _flops.Shapes) -> float:
         b, t = s.batch, s.tokens
@@ -184,7 +187,7 @@ class SeqPooling(nn.Module):
         k, v = self.wkv(self.norm(seq)).reshape(t, 2, self.heads, self.dh).unbind(1)
         q_off = _jagged.uniform_offsets(b, self.n_seeds, seq.device)
         o = _jagged.attention(q, k, v, q_off, offsets, self.n_seeds, max_len, backend=self.backend)
-        p = self.wo(o.reshape(b * self.n_seeds, self.d)).reshape(b, self.n_seeds, self.d)
+        p: torch.Tensor = self.wo(o.reshape(b * self.n_seeds, self.d)).reshape(b, self.n_seeds, self.d)
         p = p + self.seeds.to(p.dtype)
         if self.down is not None and self.up is not None:
             p = self.up(self.down(p.transpose(1, 2))).transpose(1, 2)
@@ -254,7 +257,8 @@ class Interaction(nn.Module):
         a = torch.matmul(p, v).transpose(1, 2).reshape(b, self.n, self.d)
         z = z + self.wo(a)
         x = z[:, : self.f]
-        return x + self.w2(F.gelu(self.w1(self.norm2(x))))
+        out: torch.Tensor = x + self.w2(F.gelu(self.w1(self.norm2(x))))
+        return out
 
     def flops(self, s: _flops.Shapes) -> float:
         rows = s.batch * self.n

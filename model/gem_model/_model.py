@@ -42,7 +42,7 @@ class TaskHeads(nn.Module):
         h = F.gelu(self.bottom(z))
         ht = torch.einsum("bi,tij->btj", h, self.towers.to(h.dtype)) + self.tower_bias
         ht = F.gelu(ht) * (1.0 + self.domain_gate(domain).reshape(b, self.nt, self.hh))
-        logits = (ht * self.out).sum(-1) + self.domain_bias(domain)
+        logits: torch.Tensor = (ht * self.out).sum(-1) + self.domain_bias(domain)
         return logits.float()
 
     def flops(self, s: _flops.Shapes) -> float:

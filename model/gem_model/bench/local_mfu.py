@@ -1,0 +1,260 @@
+"""Local MFU of the GEM-like model: each module alone, fwd+bwd, on a GEM-like jagged batch.
+
+    python3 -m gem_model.bench.local_mfu [--quick]       (repo root, module dirs on PYTHONPATH)
+    bazel run //model:bench_local_mfu -- --quick
+
+For the `h200` preset (all Kunlun switches on, event-level personalization), one layer's
+instance of every module is run alone with its real inputs (captured from a full forward),
+forward + backward under bf16 autocast; model FLOPs = 3 x the analytic forward count
+(`module.flops`), local MFU = model FLOPs / time / 989 TFLOP/s (H200 dense bf16 datasheet).
+The weighted total is sum(FLOPs) / sum(time) over all module instances of the model. The same
+model with the kernels' reference attention (plain PyTorch) runs side by side, and the full
+model fwd+bwd is timed too. Without CUDA it runs a toy size on CPU (not a speed claim).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from gem_model import GEMConfig, GEMModel, presets
+from gem_model._flops import Shapes
+from gem_model.bench._batch import lognormal_lengths, make_batch
+
+PEAK = 989e12  # H200 dense bf16 datasheet
+FEATURES: dict[str, Any] = dict(
+    event_vocab=1_000_000, num_event_types=8,
+    sparse_features=(("user_id", 1_000_000), ("ad_id", 500_000), ("advertiser", 50_000), ("page", 1_000), ("country", 200)),
+    num_dense=32, num_domains=4, tasks=("click", "conversion", "engagement"),
+)
+LAYER_MODULES = ("nonseq_summary", "seq_ffn", "seq_attention", "pooling", "seq_summary", "interaction")
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], None], int, int], float]:
+    def run(fn: Callable[[], None], warmup: int, iters: int) -> float:
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(iters):
+            if device.type == "cuda":
+                a = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                b = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                a.record()
+                fn()
+                b.record()
+                torch.cuda.synchronize()
+                times.append(a.elapsed_time(b) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+        return float(statistics.median(times))
+
+    return run
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for y in x for t in _tensors(y)]
+    return []
+
+
+def _fresh(x: Any) -> Any:
+    """Detached copy of captured inputs; float tensors require grad (as inside the model)."""
+    if isinstance(x, torch.Tensor):
+        y = x.detach().clone()
+        return y.requires_grad_(True) if y.is_floating_point() else y
+    if isinstance(x, tuple):
+        return tuple(_fresh(y) for y in x)
+    if isinstance(x, list):
+        return [_fresh(y) for y in x]
+    return x
+
+
+def capture(model: GEMModel, batch: Any, autocast: Callable[[], Any]) -> dict[str, tuple[nn.Module, Any, Any]]:
+    """Inputs of the front-end modules, layer 0's modules (layer 1's pooling if skipped) and heads."""
+    mods: dict[str, nn.Module] = {"sparse": model.sparse, "dense": model.dense, "events": model.events, "heads": model.heads}
+    for name in LAYER_MODULES:
+        for layer in model.layers:
+            m = getattr(layer, name)
+            if m is not None:
+                mods[name] = m
+                break
+    got: dict[str, tuple[nn.Module, Any, Any]] = {}
+    hooks = []
+    for name, m in mods.items():
+        def hook(mod: nn.Module, args: Any, kwargs: Any, name: str = name) -> None:
+            got.setdefault(name, (mod, _fresh(args), dict(kwargs)))
+        hooks.append(m.register_forward_pre_hook(hook, with_kwargs=True))
+    with torch.no_grad(), autocast():
+        model(batch)
+    for h in hooks:
+        h.remove()
+    return got
+
+
+def count(model: GEMModel, name: str) -> int:
+    if name in ("sparse", "dense", "events", "heads"):
+        return 1
+    return sum(1 for layer in model.layers if getattr(layer, name) is not None)
+
+
+def bench_modules(
+    model: GEMModel, batch: Any, shapes: Shapes, autocast: Callable[[], Any],
+    timer: Callable[[Callable[[], None], int, int], float], warmup: int, iters: int,
+) -> dict[str, dict[str, float]]:
+    rows: dict[str, dict[str, float]] = {}
+    for name, (mod, args, kwargs) in capture(model, batch, autocast).items():
+        def step(mod: nn.Module = mod, args: Any = args, kwargs: Any = kwargs) -> None:
+            mod.zero_grad(set_to_none=True)
+            with autocast():
+                outs = _tensors(mod(*_fresh(args), **kwargs))
+            outs = [o for o in outs if o.requires_grad]
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+
+        n = count(model, name)
+        sec = timer(step, warmup, iters)
+        flops = 3.0 * mod.flops(shapes)  # type: ignore[operator]
+        rows[name] = {"count": n, "ms": sec * 1e3, "tflops": flops / sec / 1e12, "mfu": flops / sec / PEAK,
+                      "total_ms": n * sec * 1e3, "total_gflop": n * flops / 1e9}
+    tot_s = sum(r["total_ms"] for r in rows.values()) / 1e3
+    tot_f = sum(r["total_gflop"] for r in rows.values()) * 1e9
+    rows["weighted"] = {"count": 0, "ms": tot_s * 1e3, "tflops": tot_f / tot_s / 1e12, "mfu": tot_f / tot_s / PEAK,
+                        "total_ms": tot_s * 1e3, "total_gflop": tot_f / 1e9}
+    return rows
+
+
+def bench_e2e(
+    model: GEMModel, batch: Any, autocast: Callable[[], Any],
+    timer: Callable[[Callable[[], None], int, int], float], warmup: int, iters: int,
+) -> float:
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        with autocast():
+            logits = model(batch)
+        nn.functional.binary_cross_entropy_with_logits(logits, batch.labels).backward()  # type: ignore[no-untyped-call]
+
+    return timer(step, warmup, iters)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--quick", action="store_true", help="smaller batch, fewer iterations")
+    ap.add_argument("--batch", type=int, default=None, help="samples (default 32, quick 16)")
+    ap.add_argument("--mean-len", type=float, default=1000.0)
+    ap.add_argument("--sigma", type=float, default=0.8)
+    ap.add_argument("--cap", type=int, default=None, help="length cap (default 4096, quick 2048)")
+    ap.add_argument("--window", type=int, default=None, help="sliding-window self-attention")
+    ap.add_argument("--no-reference", action="store_true", help="skip the reference-attention model")
+    args = ap.parse_args(argv)
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    widths = (256, 256, 192, 128, 128, 64, 64, 32)
+    if cuda:
+        cfg = presets.h200(**FEATURES, window=args.window, event_widths=widths)
+        b = args.batch or (16 if args.quick else 32)
+        cap = args.cap or (2048 if args.quick else 4096)
+        mean = args.mean_len
+        warmup, iters = (2, 5) if args.quick else (3, 10)
+    else:
+        print("CPU run (no CUDA): toy size, tiny preset — not a speed claim")
+        feats = dict(FEATURES, event_vocab=1000, sparse_features=(("user_id", 100), ("page", 10)))
+        cfg = presets.tiny(**feats, gdpa_ffn=True, hierarchical_pooling=True, computation_skip=True,
+                           window=args.window, event_widths=(16, 16, 12, 8, 8, 4, 4, 2))
+        b, cap, mean = args.batch or 4, args.cap or 64, min(args.mean_len, 24.0)
+        warmup, iters = 1, 2
+    lengths = lognormal_lengths(b, mean, args.sigma, cap, seed=0)
+    batch = make_batch(cfg, lengths, device)
+    shapes = Shapes(tuple(lengths))
+    timer = _timer(device)
+
+    def autocast() -> Any:
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda)
+
+    torch.manual_seed(0)
+    model = GEMModel(cfg).to(device)
+    results: dict[str, Any] = {}
+    variants: list[tuple[str, GEMModel]] = [("kernels", model)]
+    if not args.no_reference:
+        ref = GEMModel(dataclasses.replace(cfg, attention_backend="reference")).to(device)
+        ref.load_state_dict(model.state_dict())
+        variants.append(("reference", ref))
+    logits: dict[str, torch.Tensor] = {}
+    for tag, m in variants:
+        with torch.no_grad(), autocast():
+            logits[tag] = m(batch).float()
+        try:
+            rows = bench_modules(m, batch, shapes, autocast, timer, warmup, iters)
+            e2e = bench_e2e(m, batch, autocast, timer, warmup, iters)
+        except torch.OutOfMemoryError:
+            results[tag] = None
+            print(f"{tag}: out of memory")
+            continue
+        finally:
+            if cuda:
+                torch.cuda.empty_cache()
+        fl = 3.0 * m.flops_for(tuple(lengths))["total"]
+        results[tag] = {"modules": rows, "e2e_ms": e2e * 1e3, "e2e_tflops": fl / e2e / 1e12, "e2e_mfu": fl / e2e / PEAK}
+
+    ok, diff = True, 0.0
+    if "reference" in logits:
+        diff = float((logits["kernels"] - logits["reference"]).abs().max())
+        ok = diff <= (5e-2 if cuda else 1e-4)
+
+    fwd = model.flops_for(tuple(lengths))
+    print(f"\nGEM local MFU — {torch.cuda.get_device_name() if cuda else 'CPU'}; B={b} tokens={sum(lengths)} "
+          f"max_len={max(lengths)} d_model={cfg.d_model} heads={cfg.num_heads}x{cfg.head_dim} layers={cfg.num_layers} "
+          f"window={cfg.window}; fwd GFLOP={fwd['total'] / 1e9:.1f}")
+    hdr = f"{'module':<16}{'n':>3}{'GFLOP(3x)':>11}{'ms':>9}{'TFLOP/s':>9}{'MFU':>7}{'ref ms':>9}{'ref MFU':>8}"
+    print(hdr)
+    print("-" * len(hdr))
+    kr = results.get("kernels")
+    rr = results.get("reference")
+    if kr is not None:
+        for name, r in kr["modules"].items():
+            rf = rr["modules"].get(name) if rr else None
+            ref_s = f"{rf['ms']:>9.2f}{rf['mfu'] * 100:>7.1f}%" if rf else f"{'-':>9}{'-':>8}"
+            n = int(r["count"]) or ""
+            print(f"{name:<16}{n:>3}{r['total_gflop'] / max(r['count'], 1):>11.1f}{r['ms']:>9.2f}{r['tflops']:>9.1f}"
+                  f"{r['mfu'] * 100:>6.1f}%{ref_s}")
+        ref_e2e = f"{rr['e2e_ms']:>9.2f}{rr['e2e_mfu'] * 100:>7.1f}%" if rr else ""
+        print(f"{'model e2e':<16}{'':>3}{3 * fwd['total'] / 1e9:>11.1f}{kr['e2e_ms']:>9.2f}{kr['e2e_tflops']:>9.1f}"
+              f"{kr['e2e_mfu'] * 100:>6.1f}%{ref_e2e}")
+    print(f"logits max |kernels - reference| = {diff:.3g} ({'ok' if ok else 'MISMATCH'})")
+    out = {
+        "bench": "gem_model.local_mfu", "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "torch": torch.__version__, "triton": _triton_version(), "quick": args.quick,
+        "batch": b, "tokens": sum(lengths), "max_len": max(lengths), "window": cfg.window,
+        "d_model": cfg.d_model, "layers": cfg.num_layers, "peak_tflops": PEAK / 1e12,
+        "fwd_gflop": {k: v / 1e9 for k, v in fwd.items()},
+        "kernels": results.get("kernels"), "reference": results.get("reference"),
+        "logits_max_abs_diff": diff, "correct": ok,
+    }
+    print(json.dumps(out))
+    if not ok:
+        sys.exit(1)
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+
+        return str(triton.__version__)
+    except ImportError:
+        return None
+
+
+if __name__ == "__main__":
+    main()
