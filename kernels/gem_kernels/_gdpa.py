@@ -217,6 +217,11 @@ def generalized_dot_product_attention(
 
     Returns:
         `[Tq, H, D]` in q's dtype. Queries that see no key output 0, never NaN.
+
+    Note:
+        With short kv (`max_kv_len` within one kv tile, <= 64 on the GPU) the Triton backward
+        sums dK/dV over query tiles with fp32 atomics: equal up to rounding, not bitwise
+        reproducible run to run.
     """
     if not isinstance(activation, str) or activation not in ACTIVATION_NAMES:
         raise ValueError(f"activation={activation!r} must be one of {ACTIVATION_NAMES}")
@@ -341,7 +346,8 @@ def gdpa_backward_triton(
     q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q_len: int, max_kv_len: int,
     activation: str, scale: float, divisor: float, causal: bool, window: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launches the Triton backward (a dQ kernel and a dK/dV kernel). Returns (dq, dk, dv)."""
+    """Launches the Triton backward: a dQ kernel and a dK/dV kernel, or for short kv one dQ
+    kernel that also accumulates dK/dV (fp32 atomics). Returns (dq, dk, dv)."""
     from gem_kernels._triton_gdpa import _gdpa_bwd_dkdv_kernel, _gdpa_bwd_dq_kernel
 
     q, k, v, dout = q.contiguous(), k.contiguous(), v.contiguous(), dout.contiguous()
