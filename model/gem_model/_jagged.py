@@ -91,7 +91,8 @@ def attention(
 ) -> torch.Tensor:
     """Jagged attention through gem_kernels: softmax → JFA, any other activation → GDPA."""
     dt = kernel_dtype(q)
-    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    # Kernels read [T, H, D] with unit stride on D; q/k/v often arrive as views of one qkv GEMM.
+    q, k, v = q.to(dt).contiguous(), k.to(dt).contiguous(), v.to(dt).contiguous()
     if activation == "softmax":
         return gem_kernels.jagged_flash_attention(
             q, k, v, q_offsets, kv_offsets, max_q, max_kv, window=window, backend=backend

@@ -242,9 +242,17 @@ def main(argv: list[str] | None = None) -> None:
         "kernels": results.get("kernels"), "reference": results.get("reference"),
         "logits_max_abs_diff": diff, "correct": ok,
     }
-    print(json.dumps(out))
+    print(json.dumps(_rounded(out)))
     if not ok:
         sys.exit(1)
+
+
+def _rounded(x: Any) -> Any:
+    if isinstance(x, float):
+        return float(f"{x:.4g}")
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    return x
 
 
 def _triton_version() -> str | None:
