@@ -95,14 +95,13 @@ def _mx_gemm_kernel(
 # results must fit the register file. Tuned once per shape on first use.
 _Cfg = tuple[int, int, int, int, int, bool]
 _GPU_CONFIGS: list[_Cfg] = [
-    (128, 128, 4, 4, 4, False),  # best of the first H200 run (fp8 loaded through uint8 + bitcast)
-    (128, 128, 1, 4, 6, False),
-    (128, 128, 2, 4, 5, False),
-    (128, 256, 1, 8, 5, False),
+    # Ordered by the 2026-11-29 H200 run (BENCHMARKS.md): 64x128 tiles won at every shape.
     (64, 128, 2, 4, 5, False),
+    (64, 128, 1, 4, 6, False),
+    (64, 64, 2, 4, 5, False),
+    (64, 128, 4, 4, 4, False),
     (128, 128, 1, 8, 6, False),
-    (128, 128, 2, 8, 4, True),
-    (128, 128, 4, 8, 3, True),
+    (128, 128, 2, 4, 5, False),
     (64, 128, 2, 4, 5, True),
 ]
 _tuned: dict[tuple[int, int, int, bool, bool], _Cfg] = {}

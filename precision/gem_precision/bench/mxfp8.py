@@ -77,7 +77,7 @@ def correctness(dev: str) -> dict[str, Any]:
         yy.backward(dy)
         assert xi.grad is not None and lin.weight.grad is not None
         res.append((yy.float(), xi.grad.clone(), lin.weight.grad.clone()))
-    out["linear_rel_err_vs_emulation"] = max(float((t - r).norm() / r.norm()) for t, r in zip(*res))
+    out["linear_rel_err_vs_emulation"] = max(float((t - r).detach().norm() / r.detach().norm()) for t, r in zip(*res))
     return out
 
 
