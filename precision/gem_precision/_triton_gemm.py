@@ -50,12 +50,33 @@ def _part(a_ptr, as_ptr, b_ptr, bs_ptr, rm, rn, rk, mmask, nmask, k, K,
 
 
 @triton.jit
+def _kstep(acc, a_ptr, as_ptr, b_ptr, bs_ptr, rm, rn, rk, mmask, nmask, k0, K,
+           sam, sak, sbn, sbk, sasm, sask, sbsn, sbsk,
+           SUB: tl.constexpr, PAIR: tl.constexpr, EVEN_K: tl.constexpr):
+    # SUB consecutive 32-wide slices starting at k0, each dotted and scaled separately.
+    if PAIR:  # two dots in flight before their scaling
+        for jj in tl.static_range(SUB // 2):
+            p0, s0 = _part(a_ptr, as_ptr, b_ptr, bs_ptr, rm, rn, rk, mmask, nmask, k0 + jj * 64, K,
+                           sam, sak, sbn, sbk, sasm, sask, sbsn, sbsk, EVEN_K)
+            p1, s1 = _part(a_ptr, as_ptr, b_ptr, bs_ptr, rm, rn, rk, mmask, nmask, k0 + jj * 64 + 32, K,
+                           sam, sak, sbn, sbk, sasm, sask, sbsn, sbsk, EVEN_K)
+            acc += p0 * s0
+            acc += p1 * s1
+    else:
+        for j in tl.static_range(SUB):
+            p, sc = _part(a_ptr, as_ptr, b_ptr, bs_ptr, rm, rn, rk, mmask, nmask, k0 + j * 32, K,
+                          sam, sak, sbn, sbk, sasm, sask, sbsn, sbsk, EVEN_K)
+            acc += p * sc
+    return acc
+
+
+@triton.jit
 def _mx_gemm_kernel(
     a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, bias_ptr,
     M, N, K,
     sam, sak, sbn, sbk, sasm, sask, sbsn, sbsk, scm, scn,
     BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr, GROUP_M: tl.constexpr,
-    PAIR: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    PAIR: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, RANGE_STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
@@ -71,38 +92,38 @@ def _mx_gemm_kernel(
     mmask = rm < M
     nmask = rn < N
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, 32 * SUB):
-        if PAIR:  # two dots in flight before their scaling (tensor / CUDA-core overlap)
-            for jj in tl.static_range(SUB // 2):
-                p0, s0 = _part(a_ptr, as_ptr, b_ptr, bs_ptr, rm, rn, rk, mmask, nmask, k0 + jj * 64, K,
-                               sam, sak, sbn, sbk, sasm, sask, sbsn, sbsk, EVEN_K)
-                p1, s1 = _part(a_ptr, as_ptr, b_ptr, bs_ptr, rm, rn, rk, mmask, nmask, k0 + jj * 64 + 32, K,
-                               sam, sak, sbn, sbk, sasm, sask, sbsn, sbsk, EVEN_K)
-                acc += p0 * s0
-                acc += p1 * s1
-        else:
-            for j in tl.static_range(SUB):
-                p, sc = _part(a_ptr, as_ptr, b_ptr, bs_ptr, rm, rn, rk, mmask, nmask, k0 + j * 32, K,
-                              sam, sak, sbn, sbk, sasm, sask, sbsn, sbsk, EVEN_K)
-                acc += p * sc
+    # RANGE_STAGES > 0: tl.range pipelining, which also prefetches the scale loads (the
+    # kernel-level num_stages only pipelines loads that feed a dot).
+    if RANGE_STAGES > 0:
+        for k0 in tl.range(0, K, 32 * SUB, num_stages=RANGE_STAGES):
+            acc = _kstep(acc, a_ptr, as_ptr, b_ptr, bs_ptr, rm, rn, rk, mmask, nmask, k0, K,
+                         sam, sak, sbn, sbk, sasm, sask, sbsn, sbsk, SUB, PAIR, EVEN_K)
+    else:
+        for k0 in range(0, K, 32 * SUB):
+            acc = _kstep(acc, a_ptr, as_ptr, b_ptr, bs_ptr, rm, rn, rk, mmask, nmask, k0, K,
+                         sam, sak, sbn, sbk, sasm, sask, sbsn, sbsk, SUB, PAIR, EVEN_K)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
     c = acc.to(c_ptr.dtype.element_ty)
     tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, c, mask=mmask[:, None] & nmask[None, :])
 
 
-# (BM, BN, SUB, num_warps, num_stages, PAIR). The fp32 accumulator plus one (PAIR: two) dot
-# results must fit the register file. Tuned once per shape on first use.
-_Cfg = tuple[int, int, int, int, int, bool]
+# (BM, BN, SUB, num_warps, num_stages, PAIR, RANGE). The fp32 accumulator plus one (PAIR: two)
+# dot results must fit the register file. RANGE: pipeline with tl.range(num_stages=...), which
+# also prefetches the per-slice scale loads. Tuned once per shape on first use.
+_Cfg = tuple[int, int, int, int, int, bool, bool]
 _GPU_CONFIGS: list[_Cfg] = [
-    # Ordered by the 2026-11-29 H200 run (BENCHMARKS.md): 64x128 tiles won at every shape.
-    (64, 128, 2, 4, 5, False),
-    (64, 128, 1, 4, 6, False),
-    (64, 64, 2, 4, 5, False),
-    (64, 128, 4, 4, 4, False),
-    (128, 128, 1, 8, 6, False),
-    (128, 128, 2, 4, 5, False),
-    (64, 128, 2, 4, 5, True),
+    # The first three: best of the 2026-11-29 H200 run (BENCHMARKS.md); 64x128 won everywhere.
+    (64, 128, 2, 4, 5, False, False),
+    (64, 128, 1, 4, 6, False, False),
+    (128, 128, 1, 8, 6, False, False),
+    # Not yet measured: scale loads pipelined too.
+    (64, 128, 2, 4, 5, False, True),
+    (64, 128, 1, 4, 6, False, True),
+    (128, 128, 1, 4, 5, False, True),
+    (128, 128, 2, 8, 4, False, True),
+    (128, 256, 1, 8, 4, False, True),
+    (128, 128, 2, 8, 4, True, True),
 ]
 _tuned: dict[tuple[int, int, int, bool, bool], _Cfg] = {}
 TUNE = {"enabled": True}
@@ -115,7 +136,7 @@ def _launch(a: MXTensor, b: MXTensor, out: torch.Tensor, bias: torch.Tensor | No
             cfg: _Cfg) -> None:
     M, K = a.data.shape
     N = b.data.shape[0]
-    BM, BN, SUB, warps, stages, pair = cfg
+    BM, BN, SUB, warps, stages, pair, rng = cfg
     grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
     ad, bd = a.data, b.data  # fp8 pointers: loads feed tl.dot directly (pipelined to smem)
     _mx_gemm_kernel[grid](
@@ -125,7 +146,8 @@ def _launch(a: MXTensor, b: MXTensor, out: torch.Tensor, bias: torch.Tensor | No
         a.scale.stride(0), a.scale.stride(1), b.scale.stride(0), b.scale.stride(1),
         out.stride(0), out.stride(1),
         BM=BM, BN=BN, SUB=SUB, GROUP_M=8, PAIR=pair,
-        HAS_BIAS=bias is not None, EVEN_K=K % (32 * SUB) == 0, num_warps=warps, num_stages=stages,
+        HAS_BIAS=bias is not None, EVEN_K=K % (32 * SUB) == 0, RANGE_STAGES=stages if rng else 0,
+        num_warps=warps, num_stages=stages,
     )
 
 
@@ -137,7 +159,7 @@ def mx_gemm_triton(a: MXTensor, b: MXTensor, out_dtype: torch.dtype, bias: torch
     if M == 0 or N == 0:
         return out
     if not a.data.is_cuda:  # TRITON_INTERPRET=1: one small config
-        _launch(a, b, out, bias, (32, 32, 2, 4, 1, PAIR_INTERP["on"]))
+        _launch(a, b, out, bias, (32, 32, 2, 4, 2, PAIR_INTERP["on"], PAIR_INTERP["on"]))
         return out
     key = (M, N, K, a.elem_dtype == torch.float8_e5m2, b.elem_dtype == torch.float8_e5m2)
     if key not in _tuned:
