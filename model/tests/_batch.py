@@ -19,6 +19,20 @@ FEATURES: dict[str, Any] = dict(
     tasks=("click", "conversion"),
 )
 
+# One config per Kunlun switch (and all together), shared by the test files.
+KUNLUN: dict[str, dict[str, Any]] = {
+    "interformer": {},
+    "gdpa": dict(gdpa_ffn=True),
+    "hier_pool": dict(hierarchical_pooling=True),
+    "window": dict(window=3),
+    "skip": dict(computation_skip=True, num_layers=3),
+    "event_widths": dict(event_widths=(16, 8, 4, 1)),
+    "all": dict(
+        gdpa_ffn=True, hierarchical_pooling=True, window=4, computation_skip=True,
+        event_widths=(16, 12, 8, 4),
+    ),
+}
+
 
 def tiny_config(**overrides: Any) -> GEMConfig:
     return presets.tiny(**{**FEATURES, **overrides})

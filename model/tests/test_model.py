@@ -9,25 +9,11 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from _batch import FEATURES, make_batch, tiny_config
+from _batch import FEATURES, KUNLUN, make_batch, tiny_config
 from gem_model import GEMConfig, GEMModel, presets
 from gem_model import _flops, _jagged
 from gem_model._embedding import torchrec_available
 from gem_model._layers import recent_tokens
-
-KUNLUN: dict[str, dict[str, Any]] = {
-    "interformer": {},
-    "gdpa": dict(gdpa_ffn=True),
-    "hier_pool": dict(hierarchical_pooling=True),
-    "window": dict(window=3),
-    "skip": dict(computation_skip=True, num_layers=3),
-    "event_widths": dict(event_widths=(16, 8, 4, 1)),
-    "all": dict(
-        gdpa_ffn=True, hierarchical_pooling=True, window=4, computation_skip=True,
-        event_widths=(16, 12, 8, 4),
-    ),
-}
-
 
 @pytest.mark.parametrize("name", list(KUNLUN))
 def test_shapes_and_every_parameter_gets_gradient(name: str) -> None:

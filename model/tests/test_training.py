@@ -10,9 +10,8 @@ import torch.nn.functional as F
 
 import gem_data
 
-from _batch import make_batch, tiny_config
+from _batch import KUNLUN, make_batch, tiny_config
 from gem_model import GEMModel, presets
-from test_model import KUNLUN
 
 
 @pytest.mark.parametrize("name", list(KUNLUN))
