@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from gem_kernels._jagged import check_jagged, check_offsets, visible_mask
+from gem_kernels._jagged import check_jagged, check_offsets, pad_jagged, unpad_jagged, visible_mask
+from gem_kernels._jfa_reference import BUCKET, PADDED_LIMIT, bucketed, padded_mask
 
 _BACKENDS = ("auto", "triton", "reference")
 # Tests set this to force the two-kernel dK/dV path for short kv too (both paths are tested).
@@ -177,6 +178,33 @@ def gdpa_reference(
     return torch.cat(outs, dim=0)
 
 
+def gdpa_padded(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    *,
+    activation: str,
+    scale: float,
+    divisor: float,
+    causal: bool,
+    window: int | None,
+) -> torch.Tensor:
+    """Batched GDPA on padded tensors (what `backend="reference"` runs); same contract as
+    `gdpa_reference`, which the tests hold it to."""
+    qp = pad_jagged(q, q_offsets, max_q_len).float().transpose(1, 2)  # [B, H, Lq, D]
+    kp = pad_jagged(k, kv_offsets, max_kv_len).float().transpose(1, 2)
+    vp = pad_jagged(v, kv_offsets, max_kv_len).float().transpose(1, 2)
+    mask = padded_mask(q_offsets, kv_offsets, max_q_len, max_kv_len, causal=causal, window=window)
+    s = torch.matmul(qp, kp.transpose(-1, -2)) * scale
+    p = _ActFn.apply(s, activation) * mask / divisor  # type: ignore[no-untyped-call]
+    out = torch.matmul(p, vp).transpose(1, 2)  # [B, Lq, H, D]
+    return unpad_jagged(out, q_offsets, total=q.shape[0]).to(q.dtype)
+
+
 def generalized_dot_product_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -264,10 +292,14 @@ def generalized_dot_product_attention(
     if backend == "auto":
         backend = "triton" if device.type == "cuda" else "reference"
     if backend == "reference":
-        return gdpa_reference(
-            q, k, v, q_offsets, kv_offsets, activation=activation, scale=float(scale),
-            divisor=float(divisor), causal=bool(causal), window=window,
-        )
+        kw: dict[str, Any] = dict(activation=activation, scale=float(scale), divisor=float(divisor),
+                                  causal=bool(causal), window=window)
+        b = q_offsets.shape[0] - 1
+        if device.type == "cpu" and b > BUCKET:
+            return bucketed(gdpa_padded, q, k, v, q_offsets, kv_offsets, **kw)
+        if b * q.shape[1] * max_q_len * max(max_kv_len, 1) <= PADDED_LIMIT:
+            return gdpa_padded(q, k, v, q_offsets, kv_offsets, max_q_len, max(max_kv_len, 1), **kw)
+        return gdpa_reference(q, k, v, q_offsets, kv_offsets, **kw)
     if q.shape[2] not in TRITON_HEAD_DIMS:
         raise ValueError(
             f"q.shape[2]={q.shape[2]} (head dim D) must be one of {TRITON_HEAD_DIMS} for backend='triton'"

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from gem_kernels._jagged import check_jagged, check_offsets
-from gem_kernels._jfa_reference import PADDED_LIMIT, jfa_padded, jfa_reference
+from gem_kernels._jfa_reference import BUCKET, PADDED_LIMIT, bucketed, jfa_padded, jfa_reference
 
 _BACKENDS = ("auto", "triton", "reference")
 TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -84,6 +84,9 @@ def jagged_flash_attention(
         backend = "triton" if device.type == "cuda" else "reference"
     if backend == "reference":
         b = q_offsets.shape[0] - 1
+        if device.type == "cpu" and b > BUCKET:
+            return bucketed(jfa_padded, q, k, v, q_offsets, kv_offsets,
+                            causal=bool(causal), window=window, scale=float(scale))
         if b * q.shape[1] * max_q_len * max_kv_len <= PADDED_LIMIT:
             return jfa_padded(
                 q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len,
