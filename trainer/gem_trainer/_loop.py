@@ -229,7 +229,7 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
                     break
                 continue
             bad_in_row = 0
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t2 = time.perf_counter()

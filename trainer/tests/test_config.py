@@ -1,0 +1,53 @@
+"""Config validation and the CLI's argument handling (no training)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gem_trainer.__main__ import main, parse_args
+from gem_trainer.config import PRESETS, TrainConfig, h200, multi, tiny
+
+
+def test_presets_are_frozen_and_valid() -> None:
+    for make in PRESETS.values():
+        cfg = make()
+        cfg.validate()
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            cfg.steps = 3  # type: ignore[misc]
+    assert tiny().preset == "tiny" and h200().preset == "h200" and multi().preset == "multi"
+    assert h200().precision == "bf16" and tiny().precision == "fp32"
+
+
+@pytest.mark.parametrize("field,value,rule", [
+    ("steps", 0, "steps=0 must be an int >= 1"),
+    ("batch_size", -1, "batch_size=-1 must be an int >= 1"),
+    ("batch_tokens", -5, "batch_tokens=-5 must be >= 0"),
+    ("lr", 0.0, "lr=0.0 must be > 0"),
+    ("data", "csv:x", "must be 'synthetic' or 'parquet:DIR'"),
+    ("data", "parquet:", "'parquet:' needs a directory"),
+    ("precision", "fp4", "precision='fp4' must be one of"),
+    ("preset", "huge", "preset='huge' must be one of"),
+])
+def test_bad_fields_name_the_field_and_rule(field: str, value: object, rule: str) -> None:
+    cfg = dataclasses.replace(TrainConfig(), **{field: value})
+    with pytest.raises(ValueError, match=rule.replace("(", r"\(").replace(")", r"\)")):
+        cfg.validate()
+
+
+def test_resume_needs_a_checkpoint_dir() -> None:
+    with pytest.raises(ValueError, match="resume=True needs ckpt_dir"):
+        tiny(resume=True).validate()
+
+
+def test_cli_overrides_map_onto_the_preset() -> None:
+    cfg = parse_args(["--preset", "h200", "--steps", "7", "--data", "parquet:/x", "--precision",
+                      "mxfp8_rceil", "--no-progress", "--resume", "--ckpt-dir", "/c"])
+    assert (cfg.preset, cfg.steps, cfg.data, cfg.precision, cfg.progress, cfg.resume, cfg.ckpt_dir) == (
+        "h200", 7, "parquet:/x", "mxfp8_rceil", False, True, "/c")
+    assert cfg.batch_tokens == h200().batch_tokens  # untouched fields keep the preset's value
+
+
+def test_cli_bad_value_exits_2_with_message(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--steps", "0"]) == 2
+    assert "steps=0 must be an int >= 1" in capsys.readouterr().err
