@@ -16,11 +16,12 @@ from gem_model import GEMModel, presets
 
 @pytest.mark.parametrize("name", list(KUNLUN))
 def test_each_kunlun_option_trains(name: str) -> None:
-    """Fit one fixed batch for 30 Adam steps: the loss must drop by at least 30 %."""
+    """Fit one fixed batch for 30 Adam steps: the mean of the last 5 losses must be at least
+    30 % below the first (a mean, because a fitted batch can spike under Adam)."""
     torch.manual_seed(0)
     model = GEMModel(tiny_config(use_torchrec=False, **KUNLUN[name]))
     batch = make_batch(16, max_len=20, seed=11)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
     losses = []
     for _ in range(30):
         loss = F.binary_cross_entropy_with_logits(model(batch), batch.labels)
@@ -29,7 +30,7 @@ def test_each_kunlun_option_trains(name: str) -> None:
         opt.step()
         losses.append(loss.item())
     assert all(torch.isfinite(torch.tensor(losses)))
-    assert losses[-1] < 0.7 * losses[0], losses
+    assert sum(losses[-5:]) / 5 < 0.7 * losses[0], losses
 
 
 def _train(model: torch.nn.Module, batches: list[Any], lr: float) -> None:
