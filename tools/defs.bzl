@@ -12,6 +12,36 @@ makes `//data` (py_library), one py_test per tests/test_*.py (pytest inside),
 "//kernels"); Bazel visibility enforces DESIGN.md's dependency direction.
 """
 
+# DESIGN.md §2's dependency direction, enforced at load time: a module may declare (as deps
+# or test_deps) only the modules listed here. Leaves reach only torch/triton/torchrec/fbgemm.
+ALLOWED_DEPS = {
+    "kernels": [],
+    "precision": [],
+    "comms": [],
+    "data": [],
+    "checkpoint": [],
+    "model": ["kernels", "precision", "data"],  # data: test_deps only (model never imports it)
+    "parallel": ["comms", "precision"],
+    "trainer": ["kernels", "precision", "comms", "data", "checkpoint", "model", "parallel"],
+}
+
+# Who may depend on a module's library inside this workspace. Leaves stay public so another
+# workspace can depend on @gem//kernels etc.; composite modules are internal to their users.
+_INTERNAL_USERS = {
+    "model": ["//trainer:__pkg__", "//tests:__pkg__"],
+    "parallel": ["//trainer:__pkg__", "//tests:__pkg__"],
+    "trainer": ["//trainer:__pkg__", "//tests:__pkg__"],
+}
+
+def _check_deps(name, labels):
+    allowed = ALLOWED_DEPS.get(name)
+    if allowed == None:
+        fail("gem_module(name = %r): add it to ALLOWED_DEPS in tools/defs.bzl" % name)
+    for label in labels:
+        dep = label.lstrip("/").split(":")[0]
+        if dep not in allowed:
+            fail("//%s may not depend on %s (DESIGN.md dependency direction; allowed: %s)" % (name, label, allowed))
+
 def _pkg(name):
     return "gem_" + name
 
@@ -23,9 +53,12 @@ def gem_module(
         test_data = [],
         test_size = "medium",
         large_tests = [],
-        visibility = ["//visibility:public"],
+        visibility = None,
         mypy_modules = None):
     pkg = _pkg(name)
+    _check_deps(name, deps + test_deps)
+    if visibility == None:
+        visibility = _INTERNAL_USERS.get(name, ["//visibility:public"])
     native.py_library(
         name = name,
         srcs = native.glob([pkg + "/**/*.py"], exclude = [pkg + "/bench/**"]),
