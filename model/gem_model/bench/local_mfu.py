@@ -116,10 +116,14 @@ def bench_modules(
 ) -> dict[str, dict[str, float]]:
     rows: dict[str, dict[str, float]] = {}
     for name, (mod, args, kwargs) in capture(model, batch, autocast).items():
-        def step(mod: nn.Module = mod, args: Any = args, kwargs: Any = kwargs) -> None:
+        leaves = [t for t in _tensors(args) if t.requires_grad]
+
+        def step(mod: nn.Module = mod, args: Any = args, kwargs: Any = kwargs, leaves: list[torch.Tensor] = leaves) -> None:
             mod.zero_grad(set_to_none=True)
+            for t in leaves:
+                t.grad = None
             with autocast():
-                outs = _tensors(mod(*_fresh(args), **kwargs))
+                outs = _tensors(mod(*args, **kwargs))
             outs = [o for o in outs if o.requires_grad]
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
 
@@ -211,7 +215,9 @@ def main(argv: list[str] | None = None) -> None:
     ok, diff = True, 0.0
     if "reference" in logits:
         diff = float((logits["kernels"] - logits["reference"]).abs().max())
-        ok = diff <= (5e-2 if cuda else 1e-4)
+        scale = float(logits["reference"].abs().max())
+        # bf16 through every layer on the GPU (Triton vs fp32-math reference attention).
+        ok = diff <= ((5e-2 + 5e-2 * scale) if cuda else 1e-4 * (1.0 + scale))
 
     fwd = model.flops_for(tuple(lengths))
     print(f"\nGEM local MFU — {torch.cuda.get_device_name() if cuda else 'CPU'}; B={b} tokens={sum(lengths)} "
