@@ -67,7 +67,9 @@ class GEMModel(nn.Module):
         self.mxfp8_converted: Any = None
         if cfg.mxfp8_recipe is not None:
             precision = importlib.import_module("gem_precision")
-            self.mxfp8_converted = precision.convert_to_mxfp8(self, cfg.mxfp8_recipe)
+            self.mxfp8_converted = precision.convert_to_mxfp8(
+                self, cfg.mxfp8_recipe, min_features=cfg.mxfp8_min_features, keep_bf16=("heads*",)
+            )
 
     def forward(self, batch: Any) -> torch.Tensor:
         offsets, max_len = _check_batch(batch)

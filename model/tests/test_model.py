@@ -235,3 +235,15 @@ def test_gpu_bf16_autocast_matches_reference_backend() -> None:
     torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
     a.sum().backward()
     assert all(p.grad is not None for p in fast.parameters())
+
+
+def test_mxfp8_recipe_converts_linears_and_trains() -> None:
+    torch.manual_seed(0)
+    model = GEMModel(tiny_config(d_model=64, mxfp8_recipe="mxfp8_rceil", mxfp8_min_features=64))
+    assert model.mxfp8_converted, "no linear was converted"
+    assert not any(n.startswith("heads") for n in model.mxfp8_converted)
+    batch = make_batch(4, lengths=[3, 0, 8, 5], seed=9)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(model(batch), batch.labels)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
