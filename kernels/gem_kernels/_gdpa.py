@@ -134,11 +134,11 @@ def gdpa_tiles(max_kv_len: int, head_dim: int, *, kind: str = "fwd") -> GdpaTile
     big = head_dim > 64
     if kind == "fwd":
         return GdpaTiles(block_m=128, block_n=64 if big else 128, num_warps=8 if big else 4, num_stages=3)
-    # Backward: narrow tiles on the inner side won the H200 sweep (bench `--sweep`, D=128:
-    # 1.61 ms fwd+bwd vs 2.39 ms for 64x64 tiles with 8 warps; BENCHMARKS.md).
-    if kind == "dq":
-        return GdpaTiles(block_m=64, block_n=32 if big else 64, num_warps=4, num_stages=3)
-    return GdpaTiles(block_m=32 if big else 64, block_n=64, num_warps=4, num_stages=3)
+    # Backward: the tiles the H200 GPU tests passed with. The sweep's faster narrow tiles
+    # (dq 64x32, dkdv 32x64, 4 warps, 3 stages: 1.61 ms vs 2.39 ms fwd+bwd at D=128) hit an
+    # illegal memory access in test_gpu_real_sizes[full-gelu] on the H200 (2026-11-29) and
+    # stay off until that is understood (kernels/BENCHMARKS.md).
+    return GdpaTiles(block_m=64, block_n=64 if big else 128, num_warps=8 if big else 4, num_stages=2)
 
 
 def gdpa_reference(
