@@ -267,9 +267,10 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
             ckpt.save(step, state)
             timers.ckpt_stall += time.perf_counter() - t4
         if ckpt is not None:
+            # Flushing the last background write is end-of-run time, not a training stall.
             t4 = time.perf_counter()
             ckpt.wait()
-            timers.ckpt_stall += time.perf_counter() - t4
+            timers.extra["ckpt_final_wait_s"] = time.perf_counter() - t4
     finally:
         stop.restore()
         if bar is not None:
@@ -289,6 +290,10 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
         "mfu": mfu(timers.model_flops * world, busy, ngpu),
         "data_wait_frac": timers.data_wait / busy if busy > 0 else 0.0,
         "ckpt_stall_s": timers.ckpt_stall,
+        "ckpt_final_wait_s": timers.extra.get("ckpt_final_wait_s", 0.0),
+        "compute_s": timers.compute,
+        "optimizer_s": timers.optimizer,
+        "data_wait_s": timers.data_wait,
         "time_to_first_step_s": timers.first_step,
         "world_size": world,
         "device": str(device),
