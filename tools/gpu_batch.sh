@@ -15,5 +15,8 @@ for s in "$@"; do case $s in
   data)  run data_gpu_tests 60 python3 -m pytest -q data/tests -k "cuda or gpu"
          run data_bench 90 python3 -m gem_data.bench.loader --quick ;;
   model) run model_bench 150 python3 -m gem_model.bench.local_mfu --quick ;;
-  trainer) run trainer_h200 180 python3 -m gem_trainer --preset h200 --steps 30 --eval-batches 2 --log-every 5 --no-progress ;;
+  ckpt_tests) run ckpt_gpu_tests 50 python3 -m pytest -q checkpoint/tests/test_gpu.py ;;
+  kernels_tests) run kernels_gpu_tests 120 python3 -m pytest -q -x kernels/tests -k "gpu or cuda" ;;
+  precision) run precision_bench 110 python3 -m gem_precision.bench.mxfp8 --quick ;;
+  trainer) run trainer_h200 180 python3 -m gem_trainer --preset h200 --steps 30 --eval-batches 2 --log-every 5 --no-progress --ckpt-dir /tmp/gem_ck --ckpt-every 10 --log-dir $OUT/trainer_logs ;;
 esac; done
