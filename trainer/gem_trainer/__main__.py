@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from gem_trainer.config import PRECISIONS, PRESETS, TrainConfig
+from gem_trainer.config import PRECISIONS, PRESETS, SPARSE_SHARDINGS, TrainConfig
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     p.add_argument("--log-every", type=int)
     p.add_argument("--eval-batches", type=int)
     p.add_argument("--max-bad-steps", type=int)
+    p.add_argument("--sparse-sharding", choices=SPARSE_SHARDINGS)
+    p.add_argument("--sparse-lr", type=float)
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None)
     a = vars(p.parse_args(argv))
     preset = a.pop("preset")

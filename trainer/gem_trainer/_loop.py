@@ -33,23 +33,76 @@ from gem_trainer.config import TrainConfig
 
 
 class _AppState:
-    """Model + optimizer as one Stateful through torch's `get_state_dict`/`set_state_dict`:
-    FQN-keyed optimizer state and DTensor shards, so DCP can reshard on a new world size."""
+    """Model + optimizer as one Stateful.
 
-    def __init__(self, model: torch.nn.Module, optim: torch.optim.Optimizer) -> None:
-        self.model, self.optim = model, optim
+    Default: torch's `get_state_dict`/`set_state_dict` (FQN-keyed optimizer state and
+    DTensor shards, so DCP can reshard on a new world size). With torchrec-sharded tables
+    (a DistributedModelParallel inside the model, which `get_state_dict` cannot name), the
+    modules' own state dicts: DTensor and ShardedTensor shards, resumable on the same
+    layout; the fused table optimizer is stateless (exact SGD).
+    """
+
+    def __init__(self, model: torch.nn.Module, optim: torch.optim.Optimizer, *, plain: bool = False) -> None:
+        self.model, self.optim, self.plain = model, optim, plain
 
     def state_dict(self) -> dict[str, Any]:
+        if self.plain:
+            from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+            # DCP loads in place: the optimizer's state must exist (a fresh one has none), and
+            # its int keys are kept as strings (DCP's flattened paths are strings).
+            _init_optim_state(self.optim)
+            osd = self.optim.state_dict()
+            # param_groups (hyper-parameters, param ids) come from the config on resume.
+            optim = {"state": {str(k): v for k, v in osd["state"].items()}}
+            return {"model": _children_state(self.model), "optim": optim}
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         m, o = get_state_dict(self.model, self.optim)
         return {"model": m, "optim": o}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
+        if self.plain:
+            _load_children_state(self.model, sd["model"])
+            osd = sd["optim"]
+            self.optim.load_state_dict({"state": {int(k): v for k, v in osd["state"].items()},
+                                        "param_groups": self.optim.state_dict()["param_groups"]})
+            return
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         set_state_dict(self.model, self.optim, model_state_dict=sd["model"],
                        optim_state_dict=sd["optim"])
+
+
+def _children_state(model: torch.nn.Module) -> dict[str, Any]:
+    """The model's state dict, built child by child. torchrec's DistributedModelParallel
+    rewrites the keys of a parent's state dict when it is nested (it expects to be the root),
+    so the sharded table collection (`sparse.ebc`) is asked for its own state dict directly."""
+    out: dict[str, Any] = {}
+    for name, child in model.named_children():
+        ebc: Any = getattr(child, "ebc", None)
+        if name == "sparse" and ebc is not None:
+            for pname, p in child.named_parameters(recurse=False):
+                out[f"sparse.{pname}"] = p.detach()
+            for k, v in ebc.state_dict().items():
+                out[f"sparse.ebc.{k}"] = v
+        else:
+            for k, v in child.state_dict().items():
+                out[f"{name}.{k}"] = v
+    return out
+
+
+def _load_children_state(model: torch.nn.Module, sd: dict[str, Any]) -> None:
+    for name, child in model.named_children():
+        sub = {k[len(name) + 1:]: v for k, v in sd.items() if k.startswith(name + ".")}
+        ebc: Any = getattr(child, "ebc", None)
+        if name == "sparse" and ebc is not None:
+            ebc.load_state_dict({k[len("ebc."):]: v for k, v in sub.items() if k.startswith("ebc.")})
+            with torch.no_grad():
+                for pname, p in child.named_parameters(recurse=False):
+                    p.copy_(sub[pname])
+        else:
+            child.load_state_dict(sub)
 
 
 class _StopFlag:
@@ -105,6 +158,59 @@ def _setup_dist(world: int) -> torch.device:
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend)
     return device
+
+
+def _parallelize(model: Any, cfg: TrainConfig, world: int,
+                 device: torch.device) -> tuple[Any, torch.optim.Optimizer]:
+    """Applies parallelism from outside the model (gem_parallel) and builds the optimizer.
+
+    - sparse_sharding != "none": the torchrec tables are sharded by gem_parallel's planner
+      and trained by torchrec's fused exact SGD (`sparse_lr`), in one process too (a world
+      of one), so 1 and N processes compute alike.
+    - world > 1: HSDP over everything else (shard inside the host, replicate across hosts).
+    """
+    sharded = cfg.sparse_sharding != "none"
+    ebc: Any = getattr(model.sparse, "ebc", None)
+    if sharded and ebc is None:
+        raise ValueError(f"sparse_sharding={cfg.sparse_sharding!r} needs torchrec tables "
+                         "(torchrec is not importable here); use sparse_sharding='none'")
+    if world == 1 and not sharded:
+        return model, torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    if world > 1 and sharded and cfg.ckpt_dir:
+        # Known gap: DCP loading of torchrec ShardedTensors next to the loader/RNG state fails
+        # in a multi-process world ("Missing key in checkpoint state_dict"); refuse up front
+        # rather than train for hours without a usable checkpoint.
+        raise ValueError(f"sparse_sharding={cfg.sparse_sharding!r} with {world} processes cannot be "
+                         "checkpointed yet: drop ckpt_dir or use sparse_sharding='none'")
+    import gem_parallel
+
+    if world == 1 and not dist.is_initialized():
+        # One process with torchrec tables: a world of one, so the code path (and the
+        # fused table optimizer) is the same as in the sharded multi-process run.
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
+    dims = gem_parallel.ParallelDims.from_env().validate()
+    meshes = dims.build_meshes(device.type)
+    ignored: set[torch.nn.Parameter] = set()
+    if sharded:
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+        model.sparse.ebc = gem_parallel.shard_embeddings(
+            ebc, dims, meshes, per_device_memory_bytes=_table_budget(device),
+            sharding_types=[cfg.sparse_sharding],
+            fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": cfg.sparse_lr},
+            device=device)
+        ignored = set(model.sparse.ebc.parameters())
+    if world > 1:
+        policy = gem_parallel.BF16_MIXED if device.type == "cuda" and cfg.precision != "fp32" else None
+        model = gem_parallel.apply_hsdp(model, meshes, mp_policy=policy, ignored_params=ignored or None)
+    ids = {id(p) for p in ignored}
+    return model, torch.optim.AdamW([p for p in model.parameters() if id(p) not in ids], lr=cfg.lr)
+
+
+def _table_budget(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory * 0.5)
+    return 8 << 30
 
 
 def _seed_all(seed: int) -> None:
@@ -171,21 +277,13 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
     dcfg = data_config(cfg)
     mcfg = model_config(cfg, dcfg)
     model = gem_model.GEMModel(mcfg).to(device)
-    if world > 1:
-        # Parallelism is applied from outside the model (gem_parallel): HSDP over the
-        # dense blocks, shard inside the host, replicate across hosts.
-        import gem_parallel
-
-        dims = gem_parallel.ParallelDims.from_env().validate()
-        meshes = dims.build_meshes(device.type)
-        policy = gem_parallel.BF16_MIXED if device.type == "cuda" and cfg.precision != "fp32" else None
-        model = gem_parallel.apply_hsdp(model, meshes, mp_policy=policy)  # type: ignore[assignment]
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    model, opt = _parallelize(model, cfg, world, device)
     loader = _make_loader(cfg, dcfg, rank, world, device)
 
     ckpt = Checkpointer(cfg.ckpt_dir, keep_last=cfg.keep_last) if cfg.ckpt_dir else None
     rng = RNGState()
-    state: dict[str, Any] = {"app": _AppState(model, opt), "loader": loader, "rng": rng}
+    state: dict[str, Any] = {"app": _AppState(model, opt, plain=cfg.sparse_sharding != "none"),
+                             "loader": loader, "rng": rng}
     step = 0
     if cfg.resume and ckpt is not None and ckpt.latest() is not None:
         step = ckpt.load(state)

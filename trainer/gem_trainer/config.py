@@ -32,6 +32,12 @@ class TrainConfig:
         max_bad_steps: consecutive non-finite losses that stop the run.
         compile: wrap the model in torch.compile (GPU presets).
         progress: show a progress bar when stdout is a terminal.
+        sparse_sharding: with several processes, shard the embedding tables with torchrec
+            through gem_parallel ("table_wise", "row_wise", "column_wise"; "none" = the tables
+            are dense parameters under HSDP like the rest). Sharded tables train with
+            torchrec's fused exact SGD at `sparse_lr`; with "none" they follow AdamW.
+        sparse_lr: learning rate of the fused table optimizer when sparse_sharding is on
+            (also used for the tables in a single process, so 1 and N processes agree).
     """
 
     preset: str = "tiny"
@@ -52,6 +58,8 @@ class TrainConfig:
     max_bad_steps: int = 5
     compile: bool = False
     progress: bool = True
+    sparse_sharding: str = "none"
+    sparse_lr: float = 0.05
 
     def validate(self) -> None:
         """Raises ValueError naming the field and the rule."""
@@ -73,10 +81,15 @@ class TrainConfig:
             raise ValueError(f"data={self.data!r}: 'parquet:' needs a directory")
         if self.resume and not self.ckpt_dir:
             raise ValueError("resume=True needs ckpt_dir")
+        if self.sparse_sharding not in SPARSE_SHARDINGS:
+            raise ValueError(f"sparse_sharding={self.sparse_sharding!r} must be one of {SPARSE_SHARDINGS}")
+        if not (self.sparse_lr > 0):
+            raise ValueError(f"sparse_lr={self.sparse_lr} must be > 0")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision={self.precision!r} must be one of {PRECISIONS}")
 
 
+SPARSE_SHARDINGS = ("none", "table_wise", "row_wise", "column_wise")
 PRECISIONS = ("fp32", "bf16", "mxfp8_floor", "mxfp8_rceil", "mxfp8_rceil_bf16_wgrad")
 
 
@@ -95,7 +108,7 @@ def h200(**overrides: object) -> TrainConfig:
 
 def multi(**overrides: object) -> TrainConfig:
     """Several GPUs (torchrun): the h200 model with HSDP + 2-D sparse sharding."""
-    base = dataclasses.replace(h200(), preset="multi")
+    base = dataclasses.replace(h200(), preset="multi", sparse_sharding="table_wise")
     return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
 
 
