@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from gem_kernels._jagged import check_jagged, check_offsets, pad_jagged, unpad_jagged, visible_mask
-from gem_kernels._jfa_reference import BUCKET, PADDED_LIMIT, bucketed, padded_mask
+from gem_kernels._jagged import check_attention, pad_jagged, unpad_jagged, visible_mask
+from gem_kernels._jfa_reference import padded_mask, run_reference
 
 _BACKENDS = ("auto", "triton", "reference")
 # Tests set this to force the two-kernel dK/dV path for short kv too (both paths are tested).
@@ -262,23 +262,7 @@ def generalized_dot_product_attention(
         )
     if backend not in _BACKENDS:
         raise ValueError(f"backend={backend!r} must be one of {_BACKENDS}")
-    device = check_jagged({"q": q, "k": k, "v": v})
-    if k.shape != v.shape:
-        raise ValueError(f"k.shape={tuple(k.shape)} and v.shape={tuple(v.shape)} must be equal")
-    if q.shape[1:] != k.shape[1:]:
-        raise ValueError(f"q.shape={tuple(q.shape)} and k.shape={tuple(k.shape)} must share [H, D]")
-    for name, off in (("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
-        if isinstance(off, torch.Tensor) and off.device != device:
-            raise ValueError(f"{name}.device={off.device} must be q's device {device}")
-    check_offsets(q_offsets, "q_offsets", total=q.shape[0], max_len=max_q_len, max_len_name="max_q_len")
-    check_offsets(kv_offsets, "kv_offsets", total=k.shape[0], max_len=max_kv_len, max_len_name="max_kv_len")
-    if q_offsets.shape != kv_offsets.shape:
-        raise ValueError(
-            f"q_offsets.shape={tuple(q_offsets.shape)} and kv_offsets.shape="
-            f"{tuple(kv_offsets.shape)} must be equal (one [B+1] per batch)"
-        )
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise ValueError(f"window={window!r} must be None or an int >= 1")
+    device = check_attention(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, window)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[2])
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
@@ -292,14 +276,9 @@ def generalized_dot_product_attention(
     if backend == "auto":
         backend = "triton" if device.type == "cuda" else "reference"
     if backend == "reference":
-        kw: dict[str, Any] = dict(activation=activation, scale=float(scale), divisor=float(divisor),
-                                  causal=bool(causal), window=window)
-        b = q_offsets.shape[0] - 1
-        if device.type == "cpu" and b > BUCKET:
-            return bucketed(gdpa_padded, q, k, v, q_offsets, kv_offsets, **kw)
-        if b * q.shape[1] * max_q_len * max(max_kv_len, 1) <= PADDED_LIMIT:
-            return gdpa_padded(q, k, v, q_offsets, kv_offsets, max_q_len, max(max_kv_len, 1), **kw)
-        return gdpa_reference(q, k, v, q_offsets, kv_offsets, **kw)
+        return run_reference(gdpa_padded, gdpa_reference, q, k, v, q_offsets, kv_offsets, max_q_len,
+                             max_kv_len, activation=activation, scale=float(scale),
+                             divisor=float(divisor), causal=bool(causal), window=window)
     if q.shape[2] not in TRITON_HEAD_DIMS:
         raise ValueError(
             f"q.shape[2]={q.shape[2]} (head dim D) must be one of {TRITON_HEAD_DIMS} for backend='triton'"

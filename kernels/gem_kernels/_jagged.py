@@ -194,3 +194,35 @@ def unpad_jagged(padded: torch.Tensor, offsets: torch.Tensor, total: int | None 
     seq = torch.searchsorted(offsets[1:].contiguous(), t, right=True).clamp(max=max(b - 1, 0))
     pos = (t - offsets[:-1][seq]).clamp(max=max(max_len - 1, 0))
     return padded[seq, pos]
+
+
+def check_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    window: int | None,
+) -> torch.device:
+    """The public-boundary checks every q/kv attention op shares (JFA, GDPA); returns the
+    common device. Errors name the argument and the rule."""
+    device = check_jagged({"q": q, "k": k, "v": v})
+    if k.shape != v.shape:
+        raise ValueError(f"k.shape={tuple(k.shape)} and v.shape={tuple(v.shape)} must be equal")
+    if q.shape[1:] != k.shape[1:]:
+        raise ValueError(f"q.shape={tuple(q.shape)} and k.shape={tuple(k.shape)} must share [H, D]")
+    for name, off in (("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
+        if isinstance(off, torch.Tensor) and off.device != device:
+            raise ValueError(f"{name}.device={off.device} must be q's device {device}")
+    check_offsets(q_offsets, "q_offsets", total=q.shape[0], max_len=max_q_len, max_len_name="max_q_len")
+    check_offsets(kv_offsets, "kv_offsets", total=k.shape[0], max_len=max_kv_len, max_len_name="max_kv_len")
+    if q_offsets.shape != kv_offsets.shape:
+        raise ValueError(
+            f"q_offsets.shape={tuple(q_offsets.shape)} and kv_offsets.shape="
+            f"{tuple(kv_offsets.shape)} must be equal (one [B+1] per batch)"
+        )
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window={window!r} must be None or an int >= 1")
+    return device

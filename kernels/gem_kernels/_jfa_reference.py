@@ -154,3 +154,27 @@ def bucketed(
         return out + 0.0 * (q.sum() + k.sum() + v.sum())
     rows = torch.cat([r for r, _ in pieces])
     return out.index_copy(0, rows, torch.cat([o for _, o in pieces]).to(out.dtype))
+
+
+def run_reference(
+    padded: Callable[..., torch.Tensor],
+    spec: Callable[..., torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    **kw: Any,
+) -> torch.Tensor:
+    """What `backend="reference"` runs: length-bucketed padded on CPU for more than `BUCKET`
+    sequences, one padded batch when its scores fit `PADDED_LIMIT`, else the per-sequence
+    specification. `padded(q, k, v, qo, ko, max_q, max_kv, **kw)`, `spec(q, k, v, qo, ko, **kw)`."""
+    b = q_offsets.shape[0] - 1
+    if q.device.type == "cpu" and b > BUCKET:
+        return bucketed(padded, q, k, v, q_offsets, kv_offsets, **kw)
+    mk = max(max_kv_len, 1)
+    if b * q.shape[1] * max_q_len * mk <= PADDED_LIMIT:
+        return padded(q, k, v, q_offsets, kv_offsets, max_q_len, mk, **kw)
+    return spec(q, k, v, q_offsets, kv_offsets, **kw)
