@@ -13,7 +13,7 @@ Reliability rules (DESIGN.md §4 trainer):
 """
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import math
 import os
 import signal
@@ -213,6 +213,11 @@ def _table_budget(device: torch.device) -> int:
     return 8 << 30
 
 
+def _autocast(bf16: bool) -> Any:
+    """bf16 autocast on CUDA for the non-fp32 precisions, else a no-op context."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+
 def _seed_all(seed: int) -> None:
     import random
 
@@ -293,8 +298,7 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
     stop = _StopFlag()
     stop.install()
     bar = _progress(cfg, rank, step)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-                and cfg.precision != "fp32" else None)
+    use_bf16 = device.type == "cuda" and cfg.precision != "fp32"
     bad_in_row = 0
     last_loss = math.nan
     it = iter(loader)
@@ -304,10 +308,7 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
             t0 = time.perf_counter()
             batch = next(it)
             t1 = time.perf_counter()
-            if autocast is not None:
-                with autocast:
-                    logits = model(batch)
-            else:
+            with _autocast(use_bf16):
                 logits = model(batch)
             loss = _loss(logits, batch.labels)
             # One host sync per step: the mean loss over ranks decides skip-or-step on every
@@ -374,7 +375,7 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
         if bar is not None:
             bar.close()
     timers.total = time.perf_counter() - t_start
-    tasks = evaluate(model, cfg, dcfg, rank, world, device, autocast)
+    tasks = evaluate(model, cfg, dcfg, rank, world, device, use_bf16)
     ngpu = world if device.type == "cuda" else 0
     busy = timers.compute + timers.optimizer + timers.data_wait
     summary: dict[str, Any] = {
@@ -402,7 +403,7 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
 
 
 def evaluate(model: Any, cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int, world: int,
-             device: torch.device, autocast: Any) -> dict[str, dict[str, float]]:
+             device: torch.device, use_bf16: bool) -> dict[str, dict[str, float]]:
     """Per-task NE/AUC on held-out batches, next to the planted task's Bayes-optimal values."""
     if cfg.eval_batches == 0:
         return {}
@@ -415,10 +416,7 @@ def evaluate(model: Any, cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int,
                 batch = next(it)
             except StopIteration:
                 break
-            if autocast is not None:
-                with autocast:
-                    logits = model(batch)
-            else:
+            with _autocast(use_bf16):
                 logits = model(batch)
             probs.append(torch.sigmoid(logits.float()).cpu())
             labels.append(batch.labels.cpu())
