@@ -34,6 +34,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -47,6 +48,11 @@ from torch.distributed.checkpoint.storage import WriteResult
 from gem_checkpoint import _fs
 from gem_checkpoint._fs import CheckpointCorruptError, CheckpointError
 from gem_checkpoint._state import Stager, check_state, is_stateful, to_plain
+
+try:  # what torchrec's sharded tables put in a state dict
+    from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+except ImportError:  # pragma: no cover
+    ShardedTensor = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger("gem_checkpoint")
 
@@ -397,7 +403,8 @@ class Checkpointer:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                dcp_load(template, storage_reader=FileSystemReader(folder), process_group=self._pg)
+                dcp_load(template, storage_reader=FileSystemReader(folder), process_group=self._pg,
+                         planner=_LoadPlanner())
             except CheckpointException as e:
                 causes = "; ".join(f"rank {r}: {_cause(v)}" for r, v in sorted(e.failures.items()))
                 raise CheckpointError(f"loading step {step} from {folder} failed: {causes}") from e
@@ -409,6 +416,30 @@ class Checkpointer:
                 value.load_state_dict(loaded)
             elif not isinstance(value, torch.Tensor):
                 state[key] = template[key]
+
+
+class _LoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, keeping ShardedTensors this rank holds no shard of.
+
+    torchrec's table-wise tables put a ShardedTensor for every table into every rank's state
+    dict, with a local shard only on the owner. DCP's `_flatten_sharded_tensors` drops the
+    shard-less ones from the planner's view, so the checkpoint has keys this rank "lacks";
+    DCP reads that as a pre-2.4 checkpoint and re-flattens the whole state dict the old way,
+    where a tensor-free dict (the loader's state) becomes one key ("loader") the checkpoint
+    does not have: "Missing key in checkpoint state_dict: loader" on every rank. Keeping the
+    empty ShardedTensors (they read nothing: no local chunks) avoids the false fallback.
+    """
+
+    def set_up_planner(self, state_dict: Any, metadata: Metadata | None = None,
+                       is_coordinator: bool = False) -> None:
+        super().set_up_planner(state_dict, metadata, is_coordinator)
+        if ShardedTensor is None or not (self.flatten_sharded_tensors and self.flatten_state_dict):
+            return
+        flat, mappings = flatten_state_dict(self.original_state_dict)
+        for fqn, value in flat.items():
+            if isinstance(value, ShardedTensor) and not value.local_shards() and fqn not in self.state_dict:
+                self.state_dict[fqn] = value
+                self.mappings[fqn] = mappings[fqn]
 
 
 def _add_missing(template: dict[str, Any], state: MutableMapping[str, Any], metadata: Metadata) -> None:

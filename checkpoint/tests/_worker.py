@@ -132,5 +132,52 @@ def dist_main(conn: Connection, mode: str, directory: str, seed: int, rank: int,
     dist.destroy_process_group()
 
 
+def table_state(seed: int, rank: int, zeros: bool) -> dict[str, object]:
+    """torchrec's table-wise layout: table "a" lives wholly on rank 0, "b" on rank 1, so each
+    rank holds a ShardedTensor with no local shard; next to them a tensor-free loader state."""
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor import Shard, init_from_local_shards
+
+    g = torch.Generator().manual_seed(seed)
+    full = {"a": torch.randn(7, 4, generator=g), "b": torch.randn(5, 3, generator=g)}
+    tables: dict[str, object] = {}
+    for owner, (name, t) in enumerate(full.items()):
+        local = t.clone() if not zeros else torch.zeros_like(t)
+        md = ShardMetadata(shard_offsets=[0, 0], shard_sizes=list(t.shape), placement=f"rank:{owner}/cpu")
+        shards = [Shard(local, md)] if rank == owner else []
+        tables[name] = init_from_local_shards(shards, *t.shape)
+    loader = {"cursor": 0 if zeros else seed % 97, "epoch": 0 if zeros else 3, "order": [] if zeros else [2, 0, 1]}
+    return {"tables": tables, "loader": loader, "full": full}
+
+
+def table_main(conn: Connection, directory: str, seed: int, rank: int, world: int, port: int) -> None:
+    """Save and load ShardedTensors that some ranks hold no shard of (torchrec table-wise)."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.pop(FAULT_ENV, None)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    dist.init_process_group("gloo")
+    saved = table_state(seed, rank, zeros=False)
+    ckpt = Checkpointer(directory)
+    ckpt.save(3, {"tables": saved["tables"], "loader": saved["loader"]})
+    ckpt.wait()
+    fresh = table_state(seed, rank, zeros=True)
+    state: dict[str, Any] = {"tables": fresh["tables"], "loader": fresh["loader"]}
+    out: dict[str, Any] = {"rank": rank}
+    try:
+        out["step"] = Checkpointer(directory).load(state)
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        out["error"] = repr(e)
+    out["loader"] = state["loader"] == saved["loader"]
+    full: Any = saved["full"]
+    out["tables"] = {n: all(torch.equal(s.tensor, full[n]) for s in st.local_shards())
+                     for n, st in state["tables"].items()}
+    out["local"] = {n: len(st.local_shards()) for n, st in state["tables"].items()}
+    conn.send(out)
+    dist.destroy_process_group()
+
+
 def entry(name: str, conn: Connection, *args: Any) -> None:
-    {"crash": crash, "fsize": fsize, "dist_save": dist_main, "dist_load": dist_main}[name](conn, *args)
+    {"crash": crash, "fsize": fsize, "dist_save": dist_main, "dist_load": dist_main,
+     "tables": table_main}[name](conn, *args)

@@ -176,12 +176,6 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
                          "(torchrec is not importable here); use sparse_sharding='none'")
     if world == 1 and not sharded:
         return model, torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    if world > 1 and sharded and cfg.ckpt_dir:
-        # Known gap: DCP loading of torchrec ShardedTensors next to the loader/RNG state fails
-        # in a multi-process world ("Missing key in checkpoint state_dict"); refuse up front
-        # rather than train for hours without a usable checkpoint.
-        raise ValueError(f"sparse_sharding={cfg.sparse_sharding!r} with {world} processes cannot be "
-                         "checkpointed yet: drop ckpt_dir or use sparse_sharding='none'")
     import gem_parallel
 
     if world == 1 and not dist.is_initialized():
@@ -312,12 +306,15 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
                 logits = model(batch)
             loss = _loss(logits, batch.labels)
             # One host sync per step: the mean loss over ranks decides skip-or-step on every
-            # rank alike (a rank-local decision would desynchronise the collectives).
-            lt = loss.detach().clone()
+            # rank alike, and a stop signal seen by any rank stops every rank after this
+            # step (rank-local decisions would desynchronise the collectives).
+            lt = torch.stack([loss.detach().float().reshape(()),
+                              torch.tensor(float(stop.signum or 0), device=loss.device)])
             if world > 1:
                 dist.all_reduce(lt)
-                lt /= world
-            step_loss = float(lt.item())
+                lt[0] /= world
+            step_loss, stop_sum = lt.tolist()
+            stop_signum = (stop.signum or int(stop_sum)) if stop_sum > 0 else 0
             finite = math.isfinite(step_loss)
             if not finite:
                 opt.zero_grad(set_to_none=True)
@@ -358,8 +355,8 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
                 t4 = time.perf_counter()
                 ckpt.save(step, state)
                 timers.ckpt_stall += time.perf_counter() - t4
-            if stop.signum is not None:
-                reason = f"signal {stop.signum}"
+            if stop_signum:
+                reason = f"signal {stop_signum}"
                 break
         if ckpt is not None and step > 0 and ckpt.latest() != step:
             t4 = time.perf_counter()
