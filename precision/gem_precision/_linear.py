@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from gem_precision._formats import MXTensor, ScaleMode, to_mx_reference
+from gem_precision._formats import MXTensor, ScaleMode
 from gem_precision._gemm import mx_mm
-from gem_precision._quant import Backend, resolve_backend, to_mx_2d_both
+from gem_precision._quant import Backend, resolve_backend
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -42,94 +42,88 @@ class MXLinearConfig:
     backend: Backend = "auto"
 
 
-def _both(t: torch.Tensor, elem_dtype: torch.dtype, cfg: MXLinearConfig, be: str) -> tuple[MXTensor, MXTensor]:
-    if be == "triton":
-        return to_mx_2d_both(t, elem_dtype=elem_dtype, scale_mode=cfg.scale_mode, backend="triton")
-    r = to_mx_reference(t, elem_dtype=elem_dtype, dim=1, scale_mode=cfg.scale_mode)
-    c = to_mx_reference(t.t(), elem_dtype=elem_dtype, dim=1, scale_mode=cfg.scale_mode)
-    return r, c
+def _both(t: torch.Tensor, elem_dtype: torch.dtype, mode: str, be: str) -> tuple[MXTensor, MXTensor]:
+    """t [R, C] -> (t along C, t.T along R), one read on the Triton path (custom op)."""
+    rd, rs, td, ts = torch.ops.gem_precision.quantize_both(t, elem_dtype, mode, be)
+    return _mx(rd, rs, elem_dtype), _mx(td, ts, elem_dtype)
 
 
-def _row(t: torch.Tensor, elem_dtype: torch.dtype, cfg: MXLinearConfig, be: str) -> MXTensor:
-    if be == "triton":
-        from gem_precision._triton_quant import quantize_2d
-        from gem_precision._formats import elem_format
+def _row(t: torch.Tensor, elem_dtype: torch.dtype, mode: str, be: str) -> MXTensor:
+    """t [R, C] blocked along C (custom op)."""
+    d, s = torch.ops.gem_precision.quantize(t, elem_dtype, 32, 1, mode, be)
+    return _mx(d, s, elem_dtype)
 
-        r, _ = quantize_2d(t, elem_format(elem_dtype), block_size=32, rceil=cfg.scale_mode == "rceil", row=True, col=None)
-        assert r is not None
-        return r
-    return to_mx_reference(t, elem_dtype=elem_dtype, dim=1, scale_mode=cfg.scale_mode)
+
+def _mx(codes: torch.Tensor, scale: torch.Tensor, elem_dtype: torch.dtype) -> MXTensor:
+    return MXTensor(data=codes.view(elem_dtype), scale=scale, dim=1, block_size=32, elem_dtype=elem_dtype)
 
 
 class _MXLinearFn(torch.autograd.Function):
-    # Autocast is switched off inside: the emulation's fp32 matmuls must stay fp32, and the
-    # operands are quantized from whatever dtype they arrive in.
+    # Written so torch.compile (Dynamo) can trace forward and backward into one graph: every
+    # kernel is a gem_precision custom op, the config arrives as plain arguments, and only
+    # tensors are saved (through save_for_backward). Autocast is switched off inside: the
+    # emulation's fp32 matmuls must stay fp32, and operands are quantized from whatever dtype
+    # they arrive in.
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                cfg: MXLinearConfig) -> torch.Tensor:
+                elem: torch.dtype, grad_elem: torch.dtype, mode: str, wgrad_bf16: bool, be: str) -> torch.Tensor:
         with torch.autocast(device_type=x.device.type, enabled=False):
-            return _MXLinearFn._forward(ctx, x, weight, bias, cfg)
+            K = x.shape[-1]
+            x2 = x.reshape(-1, K)
+            need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+            quant_dw = need_dw and not wgrad_bf16
+            if quant_dw:
+                xq, xq_t = _both(x2, elem, mode, be)
+            else:
+                xq = _row(x2, elem, mode, be)
+            if need_dx:
+                wq, wq_t = _both(weight, elem, mode, be)
+            else:
+                wq = _row(weight, elem, mode, be)
+            b = bias.to(torch.float32) if bias is not None else None
+            y = mx_mm(xq, wq, out_dtype=torch.bfloat16, bias=b, backend=be)  # type: ignore[arg-type]
+            saved: list[torch.Tensor] = []
+            if quant_dw:
+                saved += [xq_t.data.view(torch.uint8), xq_t.scale]  # FP8 x^T instead of bf16 x
+            if need_dx:
+                saved += [wq_t.data.view(torch.uint8), wq_t.scale]
+            if need_dw and wgrad_bf16:
+                saved.append(x2)
+            ctx.save_for_backward(*saved)
+            ctx.elem, ctx.grad_elem, ctx.mode, ctx.wgrad_bf16, ctx.be = elem, grad_elem, mode, wgrad_bf16, be
+            ctx.x_shape, ctx.w_dtype, ctx.has_bias = x.shape, weight.dtype, bias is not None
+            return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         with torch.autocast(device_type=dy.device.type, enabled=False):
-            return _MXLinearFn._backward(ctx, dy)
-
-    @staticmethod
-    def _forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 cfg: MXLinearConfig) -> torch.Tensor:
-        be = resolve_backend(cfg.backend, x)
-        K = x.shape[-1]
-        x2 = x.reshape(-1, K)
-        out_dtype = torch.bfloat16
-        need_dx = ctx.needs_input_grad[0]
-        need_dw = ctx.needs_input_grad[1]
-        xq_t: MXTensor | None = None
-        if need_dw and not cfg.wgrad_bf16:
-            xq, xq_t = _both(x2, cfg.elem_dtype, cfg, be)
-        else:
-            xq = _row(x2, cfg.elem_dtype, cfg, be)
-        wq_t: MXTensor | None = None
-        if need_dx:
-            wq, wq_t = _both(weight, cfg.elem_dtype, cfg, be)
-        else:
-            wq = _row(weight, cfg.elem_dtype, cfg, be)
-        b = bias.to(torch.float32) if bias is not None else None
-        y = mx_mm(xq, wq, out_dtype=out_dtype, bias=b, backend=be)
-        ctx.cfg, ctx.be, ctx.x_shape = cfg, be, x.shape
-        ctx.has_bias = bias is not None
-        ctx.xq_t, ctx.wq_t = xq_t, wq_t
-        ctx.save_for_backward(x2 if (need_dw and cfg.wgrad_bf16) else None)
-        ctx.w_dtype = weight.dtype
-        return y.reshape(*x.shape[:-1], weight.shape[0])
-
-    @staticmethod
-    def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        cfg: MXLinearConfig = ctx.cfg
-        be: Backend = ctx.be
-        (x2,) = ctx.saved_tensors
-        dy2 = dy.reshape(-1, dy.shape[-1])
-        if dy2.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            dy2 = dy2.float()
-        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        dx = dw = db = None
-        quant_dw = need_dw and not cfg.wgrad_bf16
-        if need_dx or quant_dw:
-            if quant_dw:
-                dyq, dyq_t = _both(dy2, cfg.grad_elem_dtype, cfg, be)
-            else:
-                dyq, dyq_t = _row(dy2, cfg.grad_elem_dtype, cfg, be), None
-            if need_dx:
-                dx = mx_mm(dyq, ctx.wq_t, out_dtype=torch.bfloat16, backend=be).reshape(ctx.x_shape)
-            if quant_dw:
-                assert dyq_t is not None
-                dw = mx_mm(dyq_t, ctx.xq_t, out_dtype=ctx.w_dtype, backend=be)
-        if need_dw and cfg.wgrad_bf16:
-            dw = (dy2.to(torch.bfloat16).t() @ x2.to(torch.bfloat16)).to(ctx.w_dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy2.float().sum(0).to(ctx.w_dtype)
-        ctx.xq_t = ctx.wq_t = None
-        return dx, dw, db, None
+            saved = list(ctx.saved_tensors)
+            need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+            quant_dw = need_dw and not ctx.wgrad_bf16
+            xq_t = _mx(saved.pop(0), saved.pop(0), ctx.elem) if quant_dw else None
+            wq_t = _mx(saved.pop(0), saved.pop(0), ctx.elem) if need_dx else None
+            x2 = saved.pop(0) if (need_dw and ctx.wgrad_bf16) else None
+            dy2 = dy.reshape(-1, dy.shape[-1])
+            if dy2.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+                dy2 = dy2.float()
+            dx = dw = db = None
+            if need_dx or quant_dw:
+                dyq_t: MXTensor | None = None
+                if quant_dw:
+                    dyq, dyq_t = _both(dy2, ctx.grad_elem, ctx.mode, ctx.be)
+                else:
+                    dyq = _row(dy2, ctx.grad_elem, ctx.mode, ctx.be)
+                if need_dx:
+                    assert wq_t is not None
+                    dx = mx_mm(dyq, wq_t, out_dtype=torch.bfloat16, backend=ctx.be).reshape(ctx.x_shape)
+                if quant_dw:
+                    assert dyq_t is not None and xq_t is not None
+                    dw = mx_mm(dyq_t, xq_t, out_dtype=ctx.w_dtype, backend=ctx.be)
+            if x2 is not None:
+                dw = (dy2.to(torch.bfloat16).t() @ x2.to(torch.bfloat16)).to(ctx.w_dtype)
+            if ctx.has_bias and ctx.needs_input_grad[2]:
+                db = dy2.float().sum(0).to(ctx.w_dtype)
+            return dx, dw, db, None, None, None, None, None
 
 
 class MXFP8Linear(nn.Linear):
@@ -164,7 +158,10 @@ class MXFP8Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"{x.shape=} must end in in_features={self.in_features}")
-        out: torch.Tensor = _MXLinearFn.apply(x, self.weight, self.bias, self.config)  # type: ignore[no-untyped-call]
+        c = self.config
+        be = resolve_backend(c.backend, x)
+        out: torch.Tensor = _MXLinearFn.apply(  # type: ignore[no-untyped-call]
+            x, self.weight, self.bias, c.elem_dtype, c.grad_elem_dtype, c.scale_mode, c.wgrad_bf16, be)
         return out
 
     def extra_repr(self) -> str:

@@ -72,6 +72,8 @@ def to_mx(
 ) -> MXTensor:
     """Quantize x to MX (OCP MX v1.0) along `dim`.
 
+    Runs the custom op `torch.ops.gem_precision.quantize`, so it traces under torch.compile.
+
     Args:
         x: [..., n, ...] fp32 / bf16 / fp16 tensor.
         elem_dtype: torch.float8_e4m3fn (max 448) or torch.float8_e5m2 (max 57344).
@@ -86,12 +88,39 @@ def to_mx(
     """
     d = check_mx_args(x, elem_dtype, block_size, dim, scale_mode, pad)
     be = resolve_backend(backend, x)
+    data, scale = torch.ops.gem_precision.quantize(x, elem_dtype, block_size, d, scale_mode, be)
+    return MXTensor(data=data.view(elem_dtype), scale=scale, dim=d, block_size=block_size, elem_dtype=elem_dtype)
+
+
+@torch.library.custom_op("gem_precision::quantize", mutates_args=())
+def quantize_op(x: torch.Tensor, elem_dtype: torch.dtype, block_size: int, dim: int, scale_mode: str,
+                backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """MX cast of x along `dim` (partial last block zero-padded) -> (data as uint8 codes, scale).
+
+    `backend` is "triton" or "reference" (already resolved); arguments are checked by `to_mx`.
+    """
+    t = _to_mx_impl(x, elem_dtype, block_size, dim % x.dim(), scale_mode, backend)
+    return t.data.view(torch.uint8), t.scale
+
+
+@quantize_op.register_fake
+def _quantize_fake(x: torch.Tensor, elem_dtype: torch.dtype, block_size: int, dim: int, scale_mode: str,
+                   backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    d = dim % x.dim()
+    sshape = list(x.shape)
+    sshape[d] = -(-sshape[d] // block_size)
+    return x.new_empty(x.shape, dtype=torch.uint8), x.new_empty(sshape, dtype=torch.uint8)
+
+
+def _to_mx_impl(x: torch.Tensor, elem_dtype: torch.dtype, block_size: int, d: int, scale_mode: str,
+                be: str) -> MXTensor:
+    mode: ScaleMode = "rceil" if scale_mode == "rceil" else "floor"
     if be == "reference" or block_size not in _TRITON_BLOCKS or x.numel() >= 2**31:
-        return to_mx_reference(x, elem_dtype=elem_dtype, block_size=block_size, dim=d, scale_mode=scale_mode)
+        return to_mx_reference(x, elem_dtype=elem_dtype, block_size=block_size, dim=d, scale_mode=mode)
     from gem_precision._triton_quant import quantize_2d
 
     fmt = elem_format(elem_dtype)
-    rceil = scale_mode == "rceil"
+    rceil = mode == "rceil"
     if d == x.dim() - 1:
         x2 = x.reshape(-1, x.shape[-1])
         r, _ = quantize_2d(x2, fmt, block_size=block_size, rceil=rceil, row=True, col=None)
@@ -111,8 +140,7 @@ def to_mx(
             dim=0, block_size=block_size, elem_dtype=elem_dtype,
         )
     # A middle dim: move it last, cast, move back.
-    t = to_mx(x.movedim(d, -1).contiguous(), elem_dtype=elem_dtype, block_size=block_size,
-              dim=-1, scale_mode=scale_mode, pad=pad, backend=be)
+    t = _to_mx_impl(x.movedim(d, -1).contiguous(), elem_dtype, block_size, x.dim() - 1, mode, be)
     return MXTensor(
         data=t.data.movedim(-1, d).contiguous(), scale=t.scale.movedim(-1, d).contiguous(),
         dim=d, block_size=block_size, elem_dtype=elem_dtype,
@@ -130,18 +158,40 @@ def to_mx_2d_both(
 
     Both outputs are K-major GEMM operands (their blocked dim is the last, contiguous one):
     a weight W [N, K] gives the forward operand (along K) and W.T for the input gradient
-    (along N). Partial last blocks are zero-padded (pad=True semantics).
+    (along N). Partial last blocks are zero-padded (pad=True semantics). Runs the custom op
+    `torch.ops.gem_precision.quantize_both`.
     """
     if x.dim() != 2:
         raise ValueError(f"{x.shape=} must be 2-D [R, C]")
     check_mx_args(x, elem_dtype, 32, -1, scale_mode, True)
     be = resolve_backend(backend, x)
-    if be == "reference":
-        r = to_mx_reference(x, elem_dtype=elem_dtype, dim=1, scale_mode=scale_mode)
-        c = to_mx_reference(x.t(), elem_dtype=elem_dtype, dim=1, scale_mode=scale_mode)
-        return r, c
-    from gem_precision._triton_quant import quantize_2d
+    rd, rs, td, ts = torch.ops.gem_precision.quantize_both(x, elem_dtype, scale_mode, be)
+    return (MXTensor(data=rd.view(elem_dtype), scale=rs, dim=1, block_size=32, elem_dtype=elem_dtype),
+            MXTensor(data=td.view(elem_dtype), scale=ts, dim=1, block_size=32, elem_dtype=elem_dtype))
 
-    r2, c2 = quantize_2d(x, elem_format(elem_dtype), block_size=32, rceil=scale_mode == "rceil", row=True, col="t")
-    assert r2 is not None and c2 is not None
-    return r2, c2
+
+@torch.library.custom_op("gem_precision::quantize_both", mutates_args=())
+def quantize_both_op(x: torch.Tensor, elem_dtype: torch.dtype, scale_mode: str,
+                     backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [R, C] -> (x along C: uint8 codes [R, C], scale [R, ceil(C/32)];
+    x.T along R: codes [C, R], scale [C, ceil(R/32)]), from one read on the Triton path."""
+    mode: ScaleMode = "rceil" if scale_mode == "rceil" else "floor"
+    if backend == "reference":
+        r = to_mx_reference(x, elem_dtype=elem_dtype, dim=1, scale_mode=mode)
+        c = to_mx_reference(x.t(), elem_dtype=elem_dtype, dim=1, scale_mode=mode)
+    else:
+        from gem_precision._triton_quant import quantize_2d
+
+        r2, c2 = quantize_2d(x, elem_format(elem_dtype), block_size=32, rceil=mode == "rceil", row=True, col="t")
+        assert r2 is not None and c2 is not None
+        r, c = r2, c2
+    return r.data.view(torch.uint8), r.scale, c.data.view(torch.uint8), c.scale
+
+
+@quantize_both_op.register_fake
+def _quantize_both_fake(x: torch.Tensor, elem_dtype: torch.dtype, scale_mode: str,
+                        backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    R, C = x.shape
+    u8 = torch.uint8
+    return (x.new_empty((R, C), dtype=u8), x.new_empty((R, -(-C // 32)), dtype=u8),
+            x.new_empty((C, R), dtype=u8), x.new_empty((C, -(-R // 32)), dtype=u8))
