@@ -1,14 +1,19 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def,misc"
-"""Triton MXFP8 GEMM for Hopper: C[M, N] = A[M, K] . B[N, K]^T with per-32 E8M0 scales.
+"""MXFP8 GEMM on Hopper: C[M, N] = A[M, K] . B[N, K]^T with per-32 E8M0 scales, two exact paths.
 
-Hopper has no block-scaled MMA, so every 32-wide K slice is one FP8 tensor-core dot (a single
-wgmma k32 step) whose fp32 result is multiplied by 2^(sa_i + sb_j) and added to the fp32
-accumulator. Scales are powers of two, so that multiply is exact: the result equals
-dequantize-then-fp32-matmul up to fp32 accumulation order (and the tensor core's internal
-accumulation inside one 32-long dot). SUB such slices are loaded per loop iteration so the
-software pipeliner has enough bytes in flight. The cost over a plain FP8 GEMM is the two
-CUDA-core fp32 ops per output element per 32 K (scale product, FMA), which competes with the
-tensor cores: see BENCHMARKS.md.
+Hopper has no block-scaled MMA. Both paths give dequantize-then-fp32-matmul up to fp32
+accumulation order:
+
+- "dequant" (default, `GEMM_PATH`): one Triton pass per operand writes its bf16
+  dequantization (an FP8 element times a power of two has <= 4 significant bits, so bf16 holds
+  it exactly for scale bytes >= 10), then cuBLAS multiplies in bf16 with fp32 accumulation.
+  Runs near the bf16 GEMM rate; costs one extra read + write of each operand.
+- "fused": one Triton kernel; every 32-wide K slice is one FP8 tensor-core dot (a wgmma k32
+  step) whose fp32 result is multiplied by 2^(sa_i + sb_j) (exact) and added to the fp32
+  accumulator. Exact for every scale, but the rescale needs each dot's result before the next
+  (two CUDA-core fp32 ops per output element per 32 K), which serialises the tensor cores:
+  ~0.16x bf16 on the H200. The design exploration (`gem_precision.bench.gemm_explore`, figures
+  in BENCHMARKS.md) found no Triton formulation that beats bf16 with per-32 scales.
 """
 
 from __future__ import annotations
@@ -26,6 +31,39 @@ def _e8m0_to_f32(byte):
     f = (tl.minimum(tl.maximum(b, 1), 254) << 23).to(tl.float32, bitcast=True)
     f = tl.where(b == 0, 5.877471754111438e-39, f)  # 2^-127, the E8M0 byte 0
     return tl.where(b == 255, float("nan"), f)
+
+
+@triton.jit
+def _dequant_bf16_kernel(d_ptr, s_ptr, o_ptr, R, C, sdr, sdc, ssr, ssc,
+                         BR: tl.constexpr, BC: tl.constexpr):
+    # o[R, C] (bf16, contiguous) = d[R, C] (fp8) * 2^(s[R, C/32] - 127), exact for scale bytes >= 10.
+    rr = tl.program_id(0) * BR + tl.arange(0, BR)
+    rc = tl.program_id(1) * BC + tl.arange(0, BC)
+    rb = tl.program_id(1) * (BC // 32) + tl.arange(0, BC // 32)
+    m = (rr < R)[:, None] & (rc < C)[None, :]
+    d = tl.load(d_ptr + rr[:, None] * sdr + rc[None, :] * sdc, mask=m, other=0.0).to(tl.float32)
+    sc = tl.load(s_ptr + rr[:, None] * ssr + rb[None, :] * ssc,
+                 mask=(rr < R)[:, None] & (rb < (C + 31) // 32)[None, :], other=127)
+    v = tl.reshape(tl.reshape(d, (BR, BC // 32, 32)) * _e8m0_to_f32(sc)[:, :, None], (BR, BC))
+    tl.store(o_ptr + rr[:, None] * C + rc[None, :], v.to(tl.bfloat16), mask=m)
+
+
+def dequantize_bf16(t: MXTensor) -> torch.Tensor:
+    """[R, C] MXTensor blocked along dim 1 -> bf16 [R, C] in one pass (Triton).
+
+    Exact (equal to the fp32 dequantization rounded to bf16, which loses nothing) whenever the
+    block's scale byte is >= 10 (scale >= 2^-117): an FP8 element has at most 4 significant
+    bits, and bf16 has fp32's exponent range; below that a bf16 subnormal can drop low bits.
+    """
+    R, C = t.data.shape
+    out = torch.empty((R, C), dtype=torch.bfloat16, device=t.data.device)
+    if R == 0 or C == 0:
+        return out
+    BR, BC = (32, 64) if not t.data.is_cuda else (32, 256)
+    _dequant_bf16_kernel[(triton.cdiv(R, BR), triton.cdiv(C, BC))](
+        t.data, t.scale, out, R, C, t.data.stride(0), t.data.stride(1),
+        t.scale.stride(0), t.scale.stride(1), BR=BR, BC=BC, num_warps=4)
+    return out
 
 
 @triton.jit
@@ -113,17 +151,10 @@ def _mx_gemm_kernel(
 # also prefetches the per-slice scale loads. Tuned once per shape on first use.
 _Cfg = tuple[int, int, int, int, int, bool, bool]
 _GPU_CONFIGS: list[_Cfg] = [
-    # The first three: best of the 2026-11-29 H200 run (BENCHMARKS.md); 64x128 won everywhere.
+    # The best two of the 2026-11-29 H200 runs (BENCHMARKS.md): 64x128 won at every shape;
+    # 128x128, 128x256, PAIR and tl.range-pipelined scale loads were all slower there.
     (64, 128, 2, 4, 5, False, False),
     (64, 128, 1, 4, 6, False, False),
-    (128, 128, 1, 8, 6, False, False),
-    # Not yet measured: scale loads pipelined too.
-    (64, 128, 2, 4, 5, False, True),
-    (64, 128, 1, 4, 6, False, True),
-    (128, 128, 1, 4, 5, False, True),
-    (128, 128, 2, 8, 4, False, True),
-    (128, 256, 1, 8, 4, False, True),
-    (128, 128, 2, 8, 4, True, True),
 ]
 _tuned: dict[tuple[int, int, int, bool, bool], _Cfg] = {}
 TUNE = {"enabled": True}
@@ -151,10 +182,38 @@ def _launch(a: MXTensor, b: MXTensor, out: torch.Tensor, bias: torch.Tensor | No
     )
 
 
+# Which CUDA path mx_gemm_triton takes: "dequant" (default) dequantizes both operands to bf16
+# in one Triton pass each (exact for scale bytes >= 10, see dequantize_bf16) and multiplies with
+# cuBLAS bf16 (fp32 accumulation); "fused" is the single Triton kernel above (FP8 tensor-core
+# dot + fp32 rescale per 32 K, exact for every scale). On the H200 the first runs at ~0.9x
+# bf16 and the second at ~0.16x (BENCHMARKS.md): Hopper has no block-scaled MMA.
+GEMM_PATH = {"path": "dequant"}
+_MM_OUT_DTYPE = {"ok": True}
+
+
+def _mm_fp32_out(a16: torch.Tensor, b16: torch.Tensor) -> torch.Tensor:
+    """bf16 a @ b with the fp32 accumulator returned unrounded (cuBLAS bf16 -> fp32 output)."""
+    if a16.is_cuda and _MM_OUT_DTYPE["ok"]:
+        try:
+            return torch.mm(a16, b16, out_dtype=torch.float32)
+        except (RuntimeError, TypeError, NotImplementedError):  # a torch without mm(out_dtype=)
+            _MM_OUT_DTYPE["ok"] = False
+    return torch.mm(a16.float(), b16.float())
+
+
 def mx_gemm_triton(a: MXTensor, b: MXTensor, out_dtype: torch.dtype, bias: torch.Tensor | None) -> torch.Tensor:
     """a: [M, K] blocked along K; b: [N, K] blocked along K -> [M, N] out_dtype (+ bias)."""
     M, K = a.data.shape
     N = b.data.shape[0]
+    if GEMM_PATH["path"] == "dequant" and M > 0 and N > 0:
+        a16, b16 = dequantize_bf16(a), dequantize_bf16(b)
+        if out_dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16):
+            # cuBLAS: fp32 accumulation, bias added in the fp32 epilogue, one rounding to bf16.
+            return torch.mm(a16, b16.t()) if bias is None else torch.addmm(bias, a16, b16.t())
+        y = _mm_fp32_out(a16, b16.t())  # fp32 result of the bf16 product (fp32 bias, fp32 out)
+        if bias is not None:
+            y += bias.float()
+        return y.to(out_dtype)
     out = torch.empty((M, N), dtype=out_dtype, device=a.data.device)
     if M == 0 or N == 0:
         return out

@@ -25,6 +25,17 @@ def _operands(M: int, N: int, K: int, seed: int, elem_a: torch.dtype = torch.flo
     return a, b
 
 
+@pytest.fixture(params=["dequant", "fused"])
+def gemm_path(request: pytest.FixtureRequest):
+    """Both CUDA/interpreter GEMM paths: dequantize-to-bf16 + cuBLAS, and the fused Triton kernel."""
+    from gem_precision import _triton_gemm
+
+    old = _triton_gemm.GEMM_PATH["path"]
+    _triton_gemm.GEMM_PATH["path"] = request.param
+    yield request.param
+    _triton_gemm.GEMM_PATH["path"] = old
+
+
 def _check(y: torch.Tensor, a, b, ref: torch.Tensor, rtol: float) -> None:
     # Error bound relative to sum_k |a_ik b_jk| (what fp32 reordering can move).
     den = a.dequantize().abs() @ b.dequantize().abs().t()
@@ -35,7 +46,7 @@ def _check(y: torch.Tensor, a, b, ref: torch.Tensor, rtol: float) -> None:
 @pytest.mark.skipif(not CAN_TRITON, reason="needs CUDA or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("M,N,K", [(64, 64, 128), (40, 70, 96), (1, 33, 32), (33, 1, 160), (17, 40, 40)])
 @pytest.mark.parametrize("elem_a", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_triton_matches_reference(M: int, N: int, K: int, elem_a: torch.dtype) -> None:
+def test_triton_matches_reference(M: int, N: int, K: int, elem_a: torch.dtype, gemm_path: str) -> None:
     a, b = _operands(M, N, K, seed=M * N + K, elem_a=elem_a)
     bias = torch.randn(N, device=DEV)
     y = mx_mm(a, b, out_dtype=torch.float32, bias=bias, backend="triton")
@@ -70,7 +81,7 @@ def test_bad_operands() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("M,N,K", [(4096, 4096, 4096), (8192, 1024, 2048), (1000, 520, 2080)])
-def test_gpu_fp8_path(M: int, N: int, K: int) -> None:
+def test_gpu_fp8_path(M: int, N: int, K: int, gemm_path: str) -> None:
     a, b = _operands(M, N, K, seed=K)
     y = mx_mm(a, b, out_dtype=torch.float32)
     _check(y, a, b, mx_mm_reference(a, b, out_dtype=torch.float32), FP32_TOL)
@@ -87,3 +98,25 @@ def test_pair_code_path_interpreter() -> None:
     finally:
         _triton_gemm.PAIR_INTERP["on"] = False
     _check(y, a, b, mx_mm_reference(a, b, out_dtype=torch.float32), FP32_TOL)
+
+
+@pytest.mark.skipif(not CAN_TRITON, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("elem", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_dequantize_bf16_exact(elem: torch.dtype) -> None:
+    from gem_precision._triton_gemm import dequantize_bf16
+
+    g = torch.Generator().manual_seed(11)
+    R, C = (70, 320) if DEV == "cpu" else (4099, 8192)
+    # Block magnitudes over the whole E8M0 range, plus NaN, zero and subnormal blocks.
+    x = torch.randn(R, C, generator=g) * torch.exp2(torch.randint(-126, 120, (R, 1), generator=g).float())
+    x[0, :32] = 0.0
+    x[1, 5] = float("nan")
+    x[2, 32:64] = 1e-39
+    q = to_mx(x.to(DEV), elem_dtype=elem)
+    d = dequantize_bf16(q)
+    assert d.dtype == torch.bfloat16 and d.shape == (R, C)
+    ref = q.dequantize(torch.float32)
+    exact = (q.scale >= 10).repeat_interleave(32, 1)  # the documented exactness range
+    assert exact.float().mean() > 0.8
+    assert torch.equal(d.float()[exact].nan_to_num(1.0), ref[exact].nan_to_num(1.0))
+    assert torch.isnan(d[1, 5])

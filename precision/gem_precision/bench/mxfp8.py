@@ -158,6 +158,16 @@ def gemm_rows(shapes: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
         row["MXFP8 ours (excl quant)"] = flop / _bench(lambda: mx_mm(a, b), rep) / 1e9
         row["MXFP8 ours (incl quant)"] = flop / _bench(lambda: mx_mm(to_mx(x), to_mx(w)), rep) / 1e9
         row["ours/bf16"] = row["MXFP8 ours (excl quant)"] / row["bf16 mm"]
+        # The single fused Triton kernel (FP8 dot + fp32 rescale per 32 K), same operands.
+        from gem_precision import _triton_gemm
+
+        _triton_gemm.GEMM_PATH["path"] = "fused"
+        try:
+            yf = mx_mm(a, b)
+            row["fused_rel_err_vs_dequant_path"] = float((yf.float() - y.float()).norm() / y.float().norm())
+            row["MXFP8 fused kernel (excl quant)"] = flop / _bench(lambda: mx_mm(a, b), rep) / 1e9
+        finally:
+            _triton_gemm.GEMM_PATH["path"] = "dequant"
         rows.append(row)
         print(_fmt_row(row), flush=True)
         del x, w, xq, wq, a, b, ref, y
@@ -170,7 +180,7 @@ def _fmt_row(r: dict[str, Any]) -> str:
 
     return (f"{r['M']:>6} {r['N']:>6} {r['K']:>6} | bf16 {f(r['bf16 mm'])} | fp8 row {f(r['fp8 rowwise'])} | "
             f"fp8 blk {f(r['fp8 blockwise 1x128/128x128'])} | MX excl {f(r['MXFP8 ours (excl quant)'])} "
-            f"incl {f(r['MXFP8 ours (incl quant)'])} | x{r['ours/bf16']:.2f} vs bf16")
+            f"incl {f(r['MXFP8 ours (incl quant)'])} | fused {f(r['MXFP8 fused kernel (excl quant)'])} | x{r['ours/bf16']:.2f} vs bf16")
 
 
 def linear_rows(shapes: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
