@@ -74,7 +74,14 @@ class Stager:
 
     def _stage(self, obj: Any, path: tuple[object, ...]) -> Any:
         if isinstance(obj, DTensor):
-            local = self._buffer(path, obj._local_tensor)
+            inner: Any = obj._local_tensor
+            if callable(getattr(inner, "local_shards", None)) and callable(getattr(inner, "local_offsets", None)):
+                # torchrec's LocalShardsWrapper (2-D sparse / DMPCollection tables): a wrapper
+                # over this rank's shards; stage each shard, rebuild the wrapper around them.
+                bufs = [self._buffer(path + (("shard", i),), t) for i, t in enumerate(inner.local_shards())]
+                local = type(inner)(bufs, inner.local_offsets())
+            else:
+                local = self._buffer(path, inner)
             return DTensor(local, obj._spec, requires_grad=False)  # type: ignore[no-untyped-call]
         if ShardedTensor is not None and isinstance(obj, ShardedTensor):
             # Rare on the hot path (torchrec tables); torch's own staging does the same.

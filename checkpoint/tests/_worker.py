@@ -178,6 +178,59 @@ def table_main(conn: Connection, directory: str, seed: int, rank: int, world: in
     dist.destroy_process_group()
 
 
+def wrapped_state(seed: int, rank: int, mesh: object, zeros: bool) -> dict[str, object]:
+    """DTensors over torchrec's LocalShardsWrapper, as DMPCollection (2-D sparse) saves its
+    tables: "rows" has one row block per rank; "cols" has two column shards on rank 0 and
+    none on rank 1."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torchrec.distributed.shards_wrapper import LocalShardsWrapper
+
+    g = torch.Generator().manual_seed(seed)
+    rows, cols = torch.randn(6, 4, generator=g), torch.randn(5, 4, generator=g)
+    if zeros:
+        rows, cols = torch.zeros_like(rows), torch.zeros_like(cols)
+    r_local = LocalShardsWrapper([rows[3 * rank:3 * rank + 3].clone()], [(3 * rank, 0)])
+    c_local = (LocalShardsWrapper([cols[:, :2].clone(), cols[:, 2:].clone()], [(0, 0), (0, 2)])
+               if rank == 0 else LocalShardsWrapper([], []))
+    return {
+        "rows": DTensor.from_local(r_local, mesh, [Shard(0)], run_check=False, shape=rows.shape, stride=rows.stride()),
+        "cols": DTensor.from_local(c_local, mesh, [Replicate()], run_check=False, shape=cols.shape, stride=cols.stride()),
+        "full": {"rows": rows, "cols": cols},
+    }
+
+
+def wrapped_main(conn: Connection, directory: str, seed: int, rank: int, world: int, port: int) -> None:
+    """Save (async staging) and load DTensors whose local tensor is a LocalShardsWrapper."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    os.environ.pop(FAULT_ENV, None)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (world,))
+    saved = wrapped_state(seed, rank, mesh, zeros=False)
+    ckpt = Checkpointer(directory)
+    ckpt.save(2, {"tables": {"rows": saved["rows"], "cols": saved["cols"]}, "loader": {"pos": seed % 89}})
+    for t in (saved["rows"], saved["cols"]):  # after save() returns, training may write
+        for shard in t._local_tensor.local_shards():  # type: ignore[attr-defined]
+            shard.fill_(7.0)
+    ckpt.wait()
+    fresh = wrapped_state(seed, rank, mesh, zeros=True)
+    state: dict[str, Any] = {"tables": {"rows": fresh["rows"], "cols": fresh["cols"]}, "loader": {"pos": -1}}
+    out: dict[str, Any] = {"rank": rank, "step": Checkpointer(directory).load(state)}
+    ref: Any = wrapped_state(seed, rank, mesh, zeros=False)["full"]
+    got = {"rows": [(o, t) for o, t in zip(state["tables"]["rows"]._local_tensor.local_offsets(),
+                                          state["tables"]["rows"]._local_tensor.local_shards())],
+           "cols": [(o, t) for o, t in zip(state["tables"]["cols"]._local_tensor.local_offsets(),
+                                          state["tables"]["cols"]._local_tensor.local_shards())]}
+    out["ok"] = {n: [torch.equal(t, ref[n][o[0]:o[0] + t.shape[0], o[1]:o[1] + t.shape[1]]) for o, t in v]
+                 for n, v in got.items()}
+    out["loader"] = state["loader"]["pos"] == seed % 89
+    conn.send(out)
+    dist.destroy_process_group()
+
+
 def entry(name: str, conn: Connection, *args: Any) -> None:
     {"crash": crash, "fsize": fsize, "dist_save": dist_main, "dist_load": dist_main,
-     "tables": table_main}[name](conn, *args)
+     "tables": table_main, "wrapped": wrapped_main}[name](conn, *args)

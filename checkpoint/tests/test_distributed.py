@@ -79,3 +79,17 @@ def test_sharded_tensor_absent_on_some_ranks(tmp_path: Path) -> None:
         assert "error" not in r, r
         assert r["step"] == 3 and r["loader"] and all(r["tables"].values()), r
     assert [r["local"] for r in results] == [{"a": 1, "b": 0}, {"a": 0, "b": 1}]
+
+
+def test_local_shards_wrapper_dtensors_round_trip(tmp_path: Path) -> None:
+    """torchrec's 2-D sparse tables (DMPCollection) are DTensors over a LocalShardsWrapper of
+    several (or no) local shards: staged per shard at save() time, written and read back."""
+    seed = random.randrange(1 << 30)
+    port = free_port()
+    procs = [start("wrapped", str(tmp_path), seed, rank, 2, port) for rank in range(2)]
+    results = [recv(conn, proc) for proc, conn in procs]
+    for proc, _ in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    assert [r["ok"] for r in results] == [{"rows": [True], "cols": [True, True]}, {"rows": [True], "cols": []}], results
+    assert all(r["step"] == 2 and r["loader"] for r in results)

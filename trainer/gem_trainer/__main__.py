@@ -33,6 +33,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     p.add_argument("--max-bad-steps", type=int)
     p.add_argument("--sparse-sharding", choices=SPARSE_SHARDINGS)
     p.add_argument("--sparse-lr", type=float)
+    p.add_argument("--sparse-mp", type=int,
+                   help="ranks per embedding model-parallel group; < world size = 2-D sparse "
+                        "parallelism (DMPCollection); 0 = every rank")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None)
     a = vars(p.parse_args(argv))
     preset = a.pop("preset")

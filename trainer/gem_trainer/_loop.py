@@ -167,6 +167,9 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
     - sparse_sharding != "none": the torchrec tables are sharded by gem_parallel's planner
       and trained by torchrec's fused exact SGD (`sparse_lr`), in one process too (a world
       of one), so 1 and N processes compute alike.
+    - sparse_mp < world: 2-D sparse parallelism (gem_parallel's DMPCollection): the tables
+      are sharded over groups of sparse_mp ranks and the groups are replicas; the caller
+      runs `_sparse_sync(model)` after every step to average the replicas.
     - world > 1: HSDP over everything else (shard inside the host, replicate across hosts).
     """
     sharded = cfg.sparse_sharding != "none"
@@ -182,13 +185,15 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
         # One process with torchrec tables: a world of one, so the code path (and the
         # fused table optimizer) is the same as in the sharded multi-process run.
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
-    dims = gem_parallel.ParallelDims.from_env().validate()
+    dims = gem_parallel.ParallelDims.from_env(sparse_mp=cfg.sparse_mp or world).validate()
     meshes = dims.build_meshes(device.type)
     ignored: set[torch.nn.Parameter] = set()
     if sharded:
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
-        model.sparse.ebc = gem_parallel.shard_embeddings(
+        two_d = dims.sparse_model_parallel < dims.world_size
+        shard = gem_parallel.shard_embeddings_2d if two_d else gem_parallel.shard_embeddings
+        model.sparse.ebc = shard(
             ebc, dims, meshes, per_device_memory_bytes=_table_budget(device),
             sharding_types=[cfg.sparse_sharding],
             fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": cfg.sparse_lr},
@@ -199,6 +204,21 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
         model = gem_parallel.apply_hsdp(model, meshes, mp_policy=policy, ignored_params=ignored or None)
     ids = {id(p) for p in ignored}
     return model, torch.optim.AdamW([p for p in model.parameters() if id(p) not in ids], lr=cfg.lr)
+
+
+def _sparse_summary(cfg: TrainConfig, world: int, synced: bool) -> dict[str, Any] | None:
+    """How the tables were placed: sharding type, model-parallel group size, replicas."""
+    if cfg.sparse_sharding == "none":
+        return None
+    mp = cfg.sparse_mp or world
+    return {"sharding": cfg.sparse_sharding, "mp": mp, "replicas": world // mp, "replica_sync": synced}
+
+
+def _sparse_sync(model: Any) -> Any:
+    """The replica sync of 2-D sparse tables (DMPCollection.sync), or None (1-D / none)."""
+    ebc: Any = getattr(getattr(model, "sparse", None), "ebc", None)
+    sync = getattr(ebc, "sync", None)
+    return sync if callable(sync) and hasattr(ebc, "_ctxs") else None
 
 
 def _table_budget(device: torch.device) -> int:
@@ -277,6 +297,7 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
     mcfg = model_config(cfg, dcfg)
     model = gem_model.GEMModel(mcfg).to(device)
     model, opt = _parallelize(model, cfg, world, device)
+    sparse_sync = _sparse_sync(model)
     loader = _make_loader(cfg, dcfg, rank, world, device)
 
     ckpt = Checkpointer(cfg.ckpt_dir, keep_last=cfg.keep_last) if cfg.ckpt_dir else None
@@ -331,6 +352,8 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
             t2 = time.perf_counter()
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if sparse_sync is not None:
+                sparse_sync()  # average the 2-D replicas' tables (their fused step ran in backward)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t3 = time.perf_counter()
@@ -392,6 +415,7 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
         "data_wait_s": timers.data_wait,
         "time_to_first_step_s": timers.first_step,
         "world_size": world,
+        "sparse": _sparse_summary(cfg, world, sparse_sync is not None),
         "device": str(device),
     }
     log.write(step, **{k: v for k, v in summary.items() if isinstance(v, (int, float))})

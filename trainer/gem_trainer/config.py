@@ -38,6 +38,11 @@ class TrainConfig:
             torchrec's fused exact SGD at `sparse_lr`; with "none" they follow AdamW.
         sparse_lr: learning rate of the fused table optimizer when sparse_sharding is on
             (also used for the tables in a single process, so 1 and N processes agree).
+        sparse_mp: size of the embedding model-parallel group; 0 = every rank (1-D sharding).
+            Smaller (it must divide the world size): 2-D sparse parallelism, torchrec
+            `DMPCollection` through gem_parallel — the tables are sharded (`sparse_sharding`)
+            over groups of `sparse_mp` ranks, each group a data-parallel replica whose
+            weights are averaged with the other replicas after every step.
     """
 
     preset: str = "tiny"
@@ -60,6 +65,7 @@ class TrainConfig:
     progress: bool = True
     sparse_sharding: str = "none"
     sparse_lr: float = 0.05
+    sparse_mp: int = 0
 
     def validate(self) -> None:
         """Raises ValueError naming the field and the rule."""
@@ -83,6 +89,11 @@ class TrainConfig:
             raise ValueError("resume=True needs ckpt_dir")
         if self.sparse_sharding not in SPARSE_SHARDINGS:
             raise ValueError(f"sparse_sharding={self.sparse_sharding!r} must be one of {SPARSE_SHARDINGS}")
+        if isinstance(self.sparse_mp, bool) or not isinstance(self.sparse_mp, int) or self.sparse_mp < 0:
+            raise ValueError(f"sparse_mp={self.sparse_mp!r} must be an int >= 0 (0 = every rank)")
+        if self.sparse_mp > 0 and self.sparse_sharding == "none":
+            raise ValueError(f"sparse_mp={self.sparse_mp} needs sparse_sharding other than 'none' "
+                             "(it sizes the group the tables are sharded over)")
         if not (self.sparse_lr > 0):
             raise ValueError(f"sparse_lr={self.sparse_lr} must be > 0")
         if self.precision not in PRECISIONS:
@@ -107,7 +118,8 @@ def h200(**overrides: object) -> TrainConfig:
 
 
 def multi(**overrides: object) -> TrainConfig:
-    """Several GPUs (torchrun): the h200 model with HSDP + 2-D sparse sharding."""
+    """Several GPUs (torchrun): the h200 model with HSDP + table-wise sparse sharding over
+    every rank (add `sparse_mp=<ranks per group>` for 2-D sparse parallelism)."""
     base = dataclasses.replace(h200(), preset="multi", sparse_sharding="table_wise")
     return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
 

@@ -28,6 +28,8 @@ def test_presets_are_frozen_and_valid() -> None:
     ("data", "parquet:", "'parquet:' needs a directory"),
     ("precision", "fp4", "precision='fp4' must be one of"),
     ("preset", "huge", "preset='huge' must be one of"),
+    ("sparse_mp", -1, "sparse_mp=-1 must be an int >= 0 (0 = every rank)"),
+    ("sparse_mp", 2, "sparse_mp=2 needs sparse_sharding other than 'none'"),
 ])
 def test_bad_fields_name_the_field_and_rule(field: str, value: object, rule: str) -> None:
     cfg = dataclasses.replace(TrainConfig(), **{field: value})
@@ -51,3 +53,10 @@ def test_cli_overrides_map_onto_the_preset() -> None:
 def test_cli_bad_value_exits_2_with_message(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--steps", "0"]) == 2
     assert "steps=0 must be an int >= 1" in capsys.readouterr().err
+
+
+def test_cli_sparse_mp_selects_2d() -> None:
+    cfg = parse_args(["--sparse-sharding", "row_wise", "--sparse-mp", "2"])
+    assert (cfg.sparse_sharding, cfg.sparse_mp) == ("row_wise", 2)
+    cfg.validate()
+    assert parse_args([]).sparse_mp == 0  # default: 1-D over every rank
