@@ -17,6 +17,7 @@ import contextlib
 import math
 import os
 import signal
+import statistics
 import sys
 import time
 from typing import Any
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 import gem_data
 import gem_model
 from gem_checkpoint import Checkpointer, RNGState
-from gem_trainer._metrics import MetricLog, Timers, mfu
+from gem_trainer._metrics import WARMUP_STEPS, MetricLog, Timers, mfu
 from gem_trainer.config import TrainConfig
 
 
@@ -295,7 +296,10 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
 
     dcfg = data_config(cfg)
     mcfg = model_config(cfg, dcfg)
-    model = gem_model.GEMModel(mcfg).to(device)
+    # Built on its device: initialising the GB-sized tables on the host and copying them took
+    # ~7 s of the H200 time to first step (normal_/uniform_ on CPU).
+    with torch.device(device):
+        model = gem_model.GEMModel(mcfg)
     model, opt = _parallelize(model, cfg, world, device)
     sparse_sync = _sparse_sync(model)
     loader = _make_loader(cfg, dcfg, rank, world, device)
@@ -318,6 +322,13 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
     last_loss = math.nan
     it = iter(loader)
     reason = "steps"
+    # Dense tables: the loss is checked after backward is queued, so the GPU runs backward while
+    # the host waits on the loss, and the optimizer runs while the host fetches the next batch
+    # (no other host sync in the step). A non-finite step then drops its gradients. Sharded
+    # tables update inside backward (fused optimizers), so there the check comes first.
+    late_check = sparse_sync is None and cfg.sparse_sharding == "none"
+    opt_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+    opt_gpu_s = 0.0  # optimizer time measured on the GPU (CUDA events), moved out of compute
     try:
         while step < cfg.steps:
             t0 = time.perf_counter()
@@ -326,6 +337,8 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
             with _autocast(use_bf16):
                 logits = model(batch)
             loss = _loss(logits, batch.labels)
+            if late_check:
+                loss.backward()  # type: ignore[no-untyped-call]
             # One host sync per step: the mean loss over ranks decides skip-or-step on every
             # rank alike, and a stop signal seen by any rank stops every rank after this
             # step (rank-local decisions would desynchronise the collectives).
@@ -335,6 +348,9 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
                 dist.all_reduce(lt)
                 lt[0] /= world
             step_loss, stop_sum = lt.tolist()
+            if opt_events is not None:  # the previous step's optimizer has finished by now
+                opt_gpu_s += opt_events[0].elapsed_time(opt_events[1]) / 1e3
+                opt_events = None
             stop_signum = (stop.signum or int(stop_sum)) if stop_sum > 0 else 0
             finite = math.isfinite(step_loss)
             if not finite:
@@ -346,16 +362,21 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
                     break
                 continue
             bad_in_row = 0
-            loss.backward()  # type: ignore[no-untyped-call]
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+            if not late_check:
+                loss.backward()  # type: ignore[no-untyped-call]
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
             t2 = time.perf_counter()
+            if device.type == "cuda":
+                opt_events = (torch.cuda.Event(enable_timing=True),  # type: ignore[no-untyped-call]
+                              torch.cuda.Event(enable_timing=True))  # type: ignore[no-untyped-call]
+                opt_events[0].record()
             opt.step()
             opt.zero_grad(set_to_none=True)
             if sparse_sync is not None:
                 sparse_sync()  # average the 2-D replicas' tables (their fused step ran in backward)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+            if opt_events is not None:
+                opt_events[1].record()
             t3 = time.perf_counter()
             step += 1
             last_loss = step_loss
@@ -369,6 +390,10 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
                 timers.first_step = t3 - t_start
             flops = float(model.flops(batch)["total"]) if hasattr(model, "flops") else 0.0
             timers.model_flops += 3.0 * flops
+            timers.step_s.append(t3 - t0)
+            if timers.steps_done > WARMUP_STEPS:
+                timers.steady_flops += 3.0 * flops
+                timers.steady_s += t3 - t0
             if step % cfg.log_every == 0 or step == cfg.steps:
                 log.write(step, loss=last_loss, samples=timers.samples, tokens=timers.tokens)
             if bar is not None:
@@ -377,10 +402,19 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
             if ckpt is not None and (step % cfg.ckpt_every == 0):
                 t4 = time.perf_counter()
                 ckpt.save(step, state)
-                timers.ckpt_stall += time.perf_counter() - t4
+                stall = time.perf_counter() - t4
+                timers.ckpt_stall += stall
+                if timers.steps_done > WARMUP_STEPS:
+                    timers.steady_s += stall  # end to end: checkpoint stalls count
             if stop_signum:
                 reason = f"signal {stop_signum}"
                 break
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            if opt_events is not None:
+                opt_gpu_s += opt_events[0].elapsed_time(opt_events[1]) / 1e3
+        timers.compute -= opt_gpu_s
+        timers.optimizer += opt_gpu_s
         if ckpt is not None and step > 0 and ckpt.latest() != step:
             t4 = time.perf_counter()
             ckpt.save(step, state)
@@ -407,6 +441,9 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
         "samples_per_s": timers.samples * world / busy if busy > 0 else 0.0,
         "tokens_per_s": timers.tokens * world / busy if busy > 0 else 0.0,
         "mfu": mfu(timers.model_flops * world, busy, ngpu),
+        # The same over the steps after the first WARMUP_STEPS (compilation excluded).
+        "mfu_steady": mfu(timers.steady_flops * world, timers.steady_s, ngpu),
+        "step_s_median": statistics.median(timers.step_s) if timers.step_s else None,
         "data_wait_frac": timers.data_wait / busy if busy > 0 else 0.0,
         "ckpt_stall_s": timers.ckpt_stall,
         "ckpt_final_wait_s": timers.extra.get("ckpt_final_wait_s", 0.0),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 PEAK_BF16_FLOPS = 989e12
+WARMUP_STEPS = 5
 
 
 @dataclass
@@ -30,6 +31,11 @@ class Timers:
     model_flops: float = 0.0
     bad_steps: int = 0
     steps_done: int = 0
+    # Steps after the first WARMUP_STEPS (Triton compilation, new-shape specialisations,
+    # allocator growth happen there): the steady-state MFU is computed over these.
+    steady_flops: float = 0.0
+    steady_s: float = 0.0
+    step_s: list[float] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)
 
 
