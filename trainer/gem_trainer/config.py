@@ -110,7 +110,7 @@ def tiny(**overrides: object) -> TrainConfig:
 
 
 def h200(**overrides: object) -> TrainConfig:
-    """One H200: the h200 model preset, GEM-like lengths, bf16, compiled."""
+    """One H200: the h200 model preset, GEM-like lengths, bf16, eager (compile=False)."""
     base = TrainConfig(preset="h200", steps=200, batch_size=64, batch_tokens=262144,
                        lr=1e-3, precision="bf16", ckpt_every=100, log_every=20,
                        eval_batches=4, compile=False)
