@@ -20,6 +20,7 @@ import triton.language as tl
 import triton.testing
 
 from gem_precision._formats import E8M0_NAN, FP8_NAN_CODE, ElemFormat, MXTensor, ScaleMode
+from gem_precision._quant import interpreting
 
 
 @triton.jit
@@ -79,13 +80,18 @@ def _mx_quant_kernel(
     DO_ROW: tl.constexpr, DO_COL: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
     RCEIL: tl.constexpr, INT_CVT: tl.constexpr, E5M2: tl.constexpr, MAXV: tl.constexpr,
+    EVEN: tl.constexpr = False,
 ):
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     rows = pid_r * BR + tl.arange(0, BR)
     cols = pid_c * BC + tl.arange(0, BC)
-    mask = (rows[:, None] < R) & (cols[None, :] < C)
-    x = tl.load(x_ptr + rows[:, None] * sxr + cols[None, :] * sxc, mask=mask, other=0.0).to(tl.float32)
+    if EVEN:  # the tile divides the shape: no masks
+        mask = None
+        x = tl.load(x_ptr + rows[:, None] * sxr + cols[None, :] * sxc).to(tl.float32)
+    else:
+        mask = (rows[:, None] < R) & (cols[None, :] < C)
+        x = tl.load(x_ptr + rows[:, None] * sxr + cols[None, :] * sxc, mask=mask, other=0.0).to(tl.float32)
     bits = x.to(tl.int32, bitcast=True)
     if DO_ROW:  # blocks of BLOCK along the columns
         b3 = tl.reshape(bits, (BR, BC // BLOCK, BLOCK))
@@ -97,7 +103,7 @@ def _mx_quant_kernel(
             code = tl.reshape(_encode_hw(x3, byte[:, :, None], E5M2, MAXV), (BR, BC))
         tl.store(qr_ptr + rows[:, None] * sqr_r + cols[None, :] * sqr_c, code.to(tl.uint8), mask=mask)
         bcol = pid_c * (BC // BLOCK) + tl.arange(0, BC // BLOCK)
-        smask = (rows[:, None] < R) & (bcol[None, :] < tl.cdiv(C, BLOCK))
+        smask = None if EVEN else (rows[:, None] < R) & (bcol[None, :] < tl.cdiv(C, BLOCK))
         tl.store(sr_ptr + rows[:, None] * ssr_r + bcol[None, :] * ssr_c, byte.to(tl.uint8), mask=smask)
     if DO_COL:  # blocks of BLOCK along the rows
         b3 = tl.reshape(bits, (BR // BLOCK, BLOCK, BC))
@@ -109,17 +115,200 @@ def _mx_quant_kernel(
             code = tl.reshape(_encode_hw(x3, byte[:, None, :], E5M2, MAXV), (BR, BC))
         tl.store(qc_ptr + rows[:, None] * sqc_r + cols[None, :] * sqc_c, code.to(tl.uint8), mask=mask)
         brow = pid_r * (BR // BLOCK) + tl.arange(0, BR // BLOCK)
-        smask = (brow[:, None] < tl.cdiv(R, BLOCK)) & (cols[None, :] < C)
+        smask = None if EVEN else (brow[:, None] < tl.cdiv(R, BLOCK)) & (cols[None, :] < C)
         tl.store(sc_ptr + brow[:, None] * ssc_r + cols[None, :] * ssc_c, byte.to(tl.uint8), mask=smask)
 
 
-_Tile = tuple[int, int, int]  # (BR, BC, num_warps)
+@triton.jit
+def _abs_bits(x_ptr, offs, mask, EVEN: tl.constexpr):
+    # Loads x, returns (x as fp32, the int pattern of |x| for a NaN-propagating int max).
+    if EVEN:
+        xf = tl.load(x_ptr + offs).to(tl.float32)
+    else:
+        xf = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return xf, xf.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
+def _mx_quant_col_loop_kernel(
+    x_ptr, R, C, sxr, sxc, q_ptr, sq_r, sq_c, s_ptr, ss_r, ss_c,
+    BC: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+    RCEIL: tl.constexpr, INT_CVT: tl.constexpr, E5M2: tl.constexpr, MAXV: tl.constexpr,
+):
+    # Blocks along dim 0, output in x's layout ("col same"), without any cross-thread work:
+    # the program walks NB blocks of BLOCK rows over BC columns one row vector at a time. Pass
+    # 1 keeps a running max per column (BLOCK independent row loads in flight), pass 2
+    # reloads the same rows (L1/L2 hits: DRAM traffic is still one read), encodes and stores.
+    # Every tensor is 1-D [BC], so there is no reduction layout, shared memory or barrier.
+    pid_r = tl.program_id(0)
+    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    cmask = cols < C
+    for nb in tl.static_range(NB):
+        blk = pid_r * NB + nb
+        amax = tl.zeros([BC], dtype=tl.int32)
+        for i in tl.static_range(BLOCK):
+            r = blk * BLOCK + i
+            _, ab = _abs_bits(x_ptr, r * sxr + cols * sxc, cmask & (r < R), EVEN)
+            amax = tl.maximum(amax, ab)
+        byte = _scale_byte(amax, EMAX, RCEIL)
+        for i in tl.static_range(BLOCK):
+            r = blk * BLOCK + i
+            xf, ab = _abs_bits(x_ptr, r * sxr + cols * sxc, cmask & (r < R), EVEN)
+            if INT_CVT:
+                code = _encode(xf.to(tl.int32, bitcast=True), byte, MBITS, EMIN, MAX_CODE)
+            else:
+                code = _encode_hw(xf, byte, E5M2, MAXV)
+            if EVEN:
+                tl.store(q_ptr + r * sq_r + cols * sq_c, code.to(tl.uint8))
+            else:
+                tl.store(q_ptr + r * sq_r + cols * sq_c, code.to(tl.uint8), mask=cmask & (r < R))
+        if EVEN:
+            tl.store(s_ptr + blk * ss_r + cols * ss_c, byte.to(tl.uint8))
+        else:
+            tl.store(s_ptr + blk * ss_r + cols * ss_c, byte.to(tl.uint8), mask=cmask & (blk < tl.cdiv(R, BLOCK)))
+
+
+@triton.jit
+def _mx_quant_both_t_kernel(
+    x_ptr, R, C, sxr, sxc, qr_ptr, sqr_r, sr_ptr, ssr_r, qt_ptr, sqt_c, st_ptr, sst_c,
+    BR: tl.constexpr, BC: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+    RCEIL: tl.constexpr, INT_CVT: tl.constexpr, E5M2: tl.constexpr, MAXV: tl.constexpr,
+):
+    # One read of a [BR, BC] tile -> x blocked along C (as in _mx_quant_kernel) and x^T [C, R]
+    # blocked along R. The transposed half works on tl.trans(x) [BC, BR] and reduces along its
+    # last axis, so the compiler moves the tile once into a layout that is contiguous along R
+    # (one shared-memory transpose) where the block max is in-thread/in-warp and the FP8
+    # stores are wide, instead of reducing across warps and then transposing the codes.
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    mask = (rows[:, None] < R) & (cols[None, :] < C)
+    x, bits = _abs_bits(x_ptr, rows[:, None] * sxr + cols[None, :] * sxc, mask, EVEN)
+    # x blocked along C: [BR, BC // BLOCK, BLOCK], max over the last axis.
+    byte = _scale_byte(tl.max(tl.reshape(bits, (BR, BC // BLOCK, BLOCK)), axis=2), EMAX, RCEIL)
+    x3 = tl.reshape(x, (BR, BC // BLOCK, BLOCK))
+    if INT_CVT:
+        code = _encode(x3.to(tl.int32, bitcast=True), byte[:, :, None], MBITS, EMIN, MAX_CODE)
+    else:
+        code = _encode_hw(x3, byte[:, :, None], E5M2, MAXV)
+    code = tl.reshape(code, (BR, BC)).to(tl.uint8)
+    bcol = tl.program_id(1) * (BC // BLOCK) + tl.arange(0, BC // BLOCK)
+    if EVEN:
+        tl.store(qr_ptr + rows[:, None] * sqr_r + cols[None, :], code)
+        tl.store(sr_ptr + rows[:, None] * ssr_r + bcol[None, :], byte.to(tl.uint8))
+    else:
+        tl.store(qr_ptr + rows[:, None] * sqr_r + cols[None, :], code, mask=mask)
+        smask = (rows[:, None] < R) & (bcol[None, :] < tl.cdiv(C, BLOCK))
+        tl.store(sr_ptr + rows[:, None] * ssr_r + bcol[None, :], byte.to(tl.uint8), mask=smask)
+    # x^T blocked along R: [BC, BR // BLOCK, BLOCK], max over the last axis.
+    xt = tl.reshape(tl.trans(x), (BC, BR // BLOCK, BLOCK))
+    bt = xt.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    byte_t = _scale_byte(tl.max(bt, axis=2), EMAX, RCEIL)
+    if INT_CVT:
+        code_t = _encode(xt.to(tl.int32, bitcast=True), byte_t[:, :, None], MBITS, EMIN, MAX_CODE)
+    else:
+        code_t = _encode_hw(xt, byte_t[:, :, None], E5M2, MAXV)
+    code_t = tl.reshape(code_t, (BC, BR)).to(tl.uint8)
+    brow = tl.program_id(0) * (BR // BLOCK) + tl.arange(0, BR // BLOCK)
+    if EVEN:
+        tl.store(qt_ptr + cols[:, None] * sqt_c + rows[None, :], code_t)
+        tl.store(st_ptr + cols[:, None] * sst_c + brow[None, :], byte_t.to(tl.uint8))
+    else:
+        tmask = (cols[:, None] < C) & (rows[None, :] < R)
+        tl.store(qt_ptr + cols[:, None] * sqt_c + rows[None, :], code_t, mask=tmask)
+        stmask = (cols[:, None] < C) & (brow[None, :] < tl.cdiv(R, BLOCK))
+        tl.store(st_ptr + cols[:, None] * sst_c + brow[None, :], byte_t.to(tl.uint8), mask=stmask)
+
+
+@triton.jit
+def _mx_quant_both_3d_kernel(
+    x_ptr, R, C, sxr, sxc, qr_ptr, sqr_r, sr_ptr, ssr_r, qt_ptr, sqt_c, st_ptr, sst_c,
+    BR: tl.constexpr, G: tl.constexpr, VEC: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+    RCEIL: tl.constexpr, INT_CVT: tl.constexpr, E5M2: tl.constexpr, MAXV: tl.constexpr,
+    DO_ROW: tl.constexpr = True, T_OUT: tl.constexpr = True,
+):
+    # DO_ROW=False, T_OUT=False: only x blocked along R, written in x's layout ("col same",
+    # to_mx(x, dim=0)); then load and store share one layout and nothing is converted.
+    # One read of a [BR, G * VEC] tile held as [BR, G, VEC]: rows first, then G column groups
+    # of VEC contiguous columns. Triton lays a load out by contiguity (VEC wide vectors, then
+    # threads and warps along G), so with G >= 32 * num_warps every thread holds all BR rows of
+    # its VEC columns: the max along R (x^T's blocks) is in-thread, the max along C (x's
+    # blocks: 32 / VEC threads) a few shuffles, and nothing goes through shared memory except
+    # what the compiler needs for the wide transposed store.
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    r3 = rows[:, None, None]
+    c3 = tl.program_id(1) * (G * VEC) + tl.arange(0, G)[None, :, None] * VEC + tl.arange(0, VEC)[None, None, :]
+    mask = (r3 < R) & (c3 < C)
+    x, bits = _abs_bits(x_ptr, r3 * sxr + c3 * sxc, mask, EVEN)
+    if DO_ROW:  # x blocked along C: [BR, G*VEC/BLOCK, BLOCK/VEC, VEC].
+        NBC: tl.constexpr = G * VEC // BLOCK
+        b4 = tl.reshape(bits, (BR, NBC, BLOCK // VEC, VEC))
+        byte = _scale_byte(tl.max(tl.max(b4, axis=3), axis=2), EMAX, RCEIL)
+        x4 = tl.reshape(x, (BR, NBC, BLOCK // VEC, VEC))
+        if INT_CVT:
+            code = _encode(x4.to(tl.int32, bitcast=True), byte[:, :, None, None], MBITS, EMIN, MAX_CODE)
+        else:
+            code = _encode_hw(x4, byte[:, :, None, None], E5M2, MAXV)
+        code = tl.reshape(code, (BR, G, VEC)).to(tl.uint8)
+        bcol = tl.program_id(1) * NBC + tl.arange(0, NBC)
+        if EVEN:
+            tl.store(qr_ptr + r3 * sqr_r + c3, code)
+            tl.store(sr_ptr + rows[:, None] * ssr_r + bcol[None, :], byte.to(tl.uint8))
+        else:
+            tl.store(qr_ptr + r3 * sqr_r + c3, code, mask=mask)
+            smask = (rows[:, None] < R) & (bcol[None, :] < tl.cdiv(C, BLOCK))
+            tl.store(sr_ptr + rows[:, None] * ssr_r + bcol[None, :], byte.to(tl.uint8), mask=smask)
+    # x^T blocked along R: [BR/BLOCK, BLOCK, G, VEC], max over axis 1 (in-thread).
+    NBR: tl.constexpr = BR // BLOCK
+    bt = tl.reshape(bits, (NBR, BLOCK, G, VEC))
+    byte_t = _scale_byte(tl.max(bt, axis=1), EMAX, RCEIL)
+    xt = tl.reshape(x, (NBR, BLOCK, G, VEC))
+    if INT_CVT:
+        code_t = _encode(xt.to(tl.int32, bitcast=True), byte_t[:, None, :, :], MBITS, EMIN, MAX_CODE)
+    else:
+        code_t = _encode_hw(xt, byte_t[:, None, :, :], E5M2, MAXV)
+    code_t = tl.reshape(code_t, (BR, G, VEC)).to(tl.uint8)
+    brow = tl.program_id(0) * NBR + tl.arange(0, NBR)[:, None, None]
+    if T_OUT:  # x^T [C, R]: sqt_c = its row stride, scales [C, ceil(R/BLOCK)] with row stride sst_c
+        q_offs = c3 * sqt_c + r3
+        s_offs = c3 * sst_c + brow
+    else:  # x's layout [R, C]: sqt_c = its row stride, scales [ceil(R/BLOCK), C] with row stride sst_c
+        q_offs = r3 * sqt_c + c3
+        s_offs = brow * sst_c + c3
+    if EVEN:
+        tl.store(qt_ptr + q_offs, code_t)
+        tl.store(st_ptr + s_offs, byte_t.to(tl.uint8))
+    else:
+        tl.store(qt_ptr + q_offs, code_t, mask=mask)
+        stmask = (c3 < C) & (brow < tl.cdiv(R, BLOCK))
+        tl.store(st_ptr + s_offs, byte_t.to(tl.uint8), mask=stmask)
+
+
+# A candidate launch: (variant, a, b, num_warps).
+#   "v1"   _mx_quant_kernel, tile (a, b) = (BR, BC) with masks (the kernel measured 2026-11-29)
+#   "v1e"  the same kernel without masks when (BR, BC) divides the shape (else it is v1)
+#   "loop" _mx_quant_col_loop_kernel, (a, b) = (NB blocks of 32 rows per program, BC columns)
+#   "3d"   _mx_quant_both_3d_kernel, (a, b) = (G column groups, VEC columns each), 32 rows
+# On CUDA the first call per shape (>= 4M elements) times every candidate of its kind and
+# keeps the fastest (TILE_LOG records the times); the first entry is the default otherwise.
+# The new variants ("loop", "3d"; block size 32 only) are unmeasured on a GPU as of this
+# writing: the v1 entries stay first so small shapes keep the measured kernel.
+_Tile = tuple[str, int, int, int]
+VARIANTS = ("v1", "v1e", "loop", "3d")
 _TILES: dict[str, list[_Tile]] = {
-    # First entry = default for small inputs; ordered by the 2026-11-29 H200 run.
-    "row": [(8, 1024, 8), (16, 512, 8), (32, 256, 8), (32, 512, 8), (64, 128, 4)],
-    "col": [(32, 256, 4), (32, 128, 4), (64, 128, 4), (32, 512, 8), (128, 64, 4)],
-    "both": [(32, 128, 4), (32, 64, 4), (64, 64, 4), (32, 256, 8), (64, 128, 8)],
+    "row": [("v1", 8, 1024, 8), ("v1", 16, 512, 8), ("v1", 32, 256, 8), ("v1", 32, 512, 8), ("v1", 64, 128, 4),
+            ("v1e", 8, 1024, 8), ("v1e", 16, 512, 8), ("v1e", 32, 256, 8)],
+    "col": [("v1", 32, 256, 4), ("v1", 32, 128, 4), ("v1", 64, 128, 4), ("v1", 32, 512, 8), ("v1", 128, 64, 4),
+            ("loop", 1, 512, 4), ("loop", 1, 1024, 8), ("loop", 1, 256, 2),
+            ("3d", 128, 2, 4), ("3d", 256, 2, 8), ("3d", 64, 4, 2)],
+    "both": [("v1", 32, 128, 4), ("v1", 32, 64, 4), ("v1", 64, 64, 4), ("v1", 32, 256, 8), ("v1", 64, 128, 8),
+             ("v1e", 32, 128, 4), ("3d", 128, 2, 4), ("3d", 256, 2, 8), ("3d", 64, 4, 2), ("3d", 128, 4, 4)],
 }
+# Restrict the candidates to one variant ("v1", "v1e", "loop", "3d"; None = all): the bench
+# sets it to show the variants side by side; a kind without that variant keeps its list.
+FORCE_VARIANT: dict[str, str | None] = {"variant": None}
 _tile_cache: dict[tuple[object, ...], _Tile] = {}
 TILE_LOG: dict[tuple[object, ...], list[tuple[_Tile, float]]] = {}
 _hw_state: dict[str, bool] = {}
@@ -161,6 +350,19 @@ def hw_cvt_ok(device: torch.device) -> bool:
     return _hw_state[key]
 
 
+def _usable(tile: _Tile, kind: str, col: str | None, block_size: int, gpu_int_cvt: bool) -> bool:
+    variant, a, b, _ = tile
+    if variant in ("v1", "v1e"):
+        return True
+    if block_size != 32:  # the new kernels hold a whole block per thread: 32 rows only
+        return False
+    if gpu_int_cvt:  # integer path compiled for a GPU: the unrolled new kernels take 30 s+ to build
+        return False
+    if variant == "loop":
+        return kind == "col" and col == "same"
+    return (a * b) % block_size == 0 or kind == "col"  # "3d": whole row-blocks per program
+
+
 def quantize_2d(
     x: torch.Tensor,
     fmt: ElemFormat,
@@ -170,6 +372,7 @@ def quantize_2d(
     row: bool,
     col: str | None,
     int_cvt: bool | None = None,
+    variant: str | None = None,
 ) -> tuple[MXTensor | None, MXTensor | None]:
     """Quantize a 2-D [R, C] tensor with one read.
 
@@ -179,6 +382,8 @@ def quantize_2d(
         col: None; "same" for x blocked along R with data [R, C], scale [ceil(R/b), C];
             or "t" for x.T blocked along its last dim, written contiguously: data [C, R],
             scale [C, ceil(R/b)] (the K-major operand layout the GEMM wants).
+        int_cvt: force the integer (True) or hardware (False) element path; None = probe.
+        variant: only this kernel variant (see _TILES; None = FORCE_VARIANT, else all).
     Returns:
         (row MXTensor or None, col MXTensor or None).
     """
@@ -207,10 +412,31 @@ def quantize_2d(
     if int_cvt is None:
         int_cvt = not (x.is_cuda and hw_cvt_ok(x.device))
 
+    consts = dict(MBITS=fmt.mbits, EMIN=fmt.emin, EMAX=fmt.emax, MAX_CODE=fmt.max_code, RCEIL=rceil,
+                  INT_CVT=int_cvt, E5M2=fmt.dtype == torch.float8_e5m2, MAXV=fmt.max_normal)
+
     def launch(tile: _Tile) -> None:
-        br, bc, warps = tile
-        br = max(br, block_size) if col else br
-        bc = max(bc, block_size) if row else bc
+        kv, a, b, warps = tile
+        if kv == "loop":  # col == "same" only
+            assert qc is not None and sc is not None
+            even = R % (a * block_size) == 0 and C % b == 0
+            _mx_quant_col_loop_kernel[(triton.cdiv(R, a * block_size), triton.cdiv(C, b))](
+                x, R, C, x.stride(0), x.stride(1), qc, qc.stride(0), qc.stride(1), sc, sc.stride(0), sc.stride(1),
+                BC=b, NB=a, BLOCK=block_size, EVEN=even, num_warps=warps, **consts)
+            return
+        if kv == "3d":  # col is not None; qr, qc, their scales contiguous
+            assert qc is not None and sc is not None
+            even = R % block_size == 0 and C % (a * b) == 0
+            _mx_quant_both_3d_kernel[(triton.cdiv(R, block_size), triton.cdiv(C, a * b))](
+                x, R, C, x.stride(0), x.stride(1),
+                qr if qr is not None else dummy, qr.stride(0) if qr is not None else 0,
+                sr if sr is not None else dummy, sr.stride(0) if sr is not None else 0,
+                qc, qc.stride(0), sc, sc.stride(0),
+                BR=block_size, G=a, VEC=b, BLOCK=block_size, EVEN=even, DO_ROW=row, T_OUT=col == "t",
+                num_warps=warps, **consts)
+            return
+        br = max(a, block_size) if col else a
+        bc = max(b, block_size) if row else b
         grid = (triton.cdiv(R, br), triton.cdiv(C, bc))
         _mx_quant_kernel[grid](
             x, R, C, x.stride(0), x.stride(1),
@@ -221,20 +447,23 @@ def quantize_2d(
             qc if qc is not None else dummy, *qc_strides,
             sc if sc is not None else dummy, *sc_strides,
             BR=br, BC=bc, BLOCK=block_size, DO_ROW=row, DO_COL=col is not None,
-            MBITS=fmt.mbits, EMIN=fmt.emin, EMAX=fmt.emax, MAX_CODE=fmt.max_code,
-            RCEIL=rceil, INT_CVT=int_cvt, E5M2=fmt.dtype == torch.float8_e5m2, MAXV=fmt.max_normal,
-            num_warps=warps,
+            EVEN=kv == "v1e" and R % br == 0 and C % bc == 0, num_warps=warps, **consts,
         )
 
     if R > 0 and C > 0:
         kind = "both" if (row and col) else ("row" if row else "col")
-        key = (kind, R, C, x.dtype, x.stride(), int_cvt, str(x.device))
+        force = variant if variant is not None else FORCE_VARIANT["variant"]
+        gpu_int = int_cvt and not interpreting()
+        cands = [t for t in _TILES[kind] if _usable(t, kind, col, block_size, gpu_int)]
+        if force is not None:
+            cands = [t for t in cands if t[0] == force] or cands
+        key = (kind, R, C, x.dtype, x.stride(), int_cvt, str(x.device), force)
         if key not in _tile_cache:
-            _tile_cache[key] = _TILES[kind][0]
-            if x.is_cuda and R * C >= 2**22:
+            _tile_cache[key] = cands[0]
+            if x.is_cuda and R * C >= 2**22 and len(cands) > 1:
                 best: tuple[float, _Tile] | None = None
-                for tile in _TILES[kind]:
-                    ms = triton.testing.do_bench(lambda: launch(tile), warmup=3, rep=10)
+                for tile in cands:
+                    ms = triton.testing.do_bench(lambda: launch(tile), warmup=5, rep=20)
                     TILE_LOG.setdefault(key, []).append((tile, ms))
                     if best is None or ms < best[0]:
                         best = (ms, tile)

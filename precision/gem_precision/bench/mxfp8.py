@@ -42,7 +42,8 @@ def _mixed(shape: tuple[int, int], dtype: torch.dtype, device: str) -> torch.Ten
 
 
 def _codes_equal(a: Any, b: Any) -> bool:
-    return bool(torch.equal(a.scale.cpu(), b.scale.cpu()) and torch.equal(a.data.view(torch.uint8).cpu(), b.data.view(torch.uint8).cpu()))
+    d = a.data.device
+    return bool(torch.equal(a.scale, b.scale.to(d)) and torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8).to(d)))
 
 
 def correctness(dev: str) -> dict[str, Any]:
@@ -57,6 +58,24 @@ def correctness(dev: str) -> dict[str, Any]:
         ok &= _codes_equal(c, to_mx_reference(xc.t(), scale_mode=mode))
         ok &= _codes_equal(to_mx(x, dim=0, scale_mode=mode), to_mx_reference(xc, dim=0, scale_mode=mode))
     out["quant_bit_exact"] = bool(ok)
+    from gem_precision import _triton_quant as tq
+
+    per_variant = {}
+    for v in tq.VARIANTS:  # each variant's default tile (small shape: no tuning)
+        tq.FORCE_VARIANT["variant"] = v
+        try:
+            r, c = to_mx_2d_both(x, scale_mode="rceil")
+            okv = _codes_equal(r, to_mx_reference(xc, scale_mode="rceil"))
+            okv &= _codes_equal(c, to_mx_reference(xc.t(), scale_mode="rceil"))
+            okv &= _codes_equal(to_mx(x, dim=0), to_mx_reference(xc, dim=0))
+        finally:
+            tq.FORCE_VARIANT["variant"] = None
+        per_variant[v] = bool(okv)
+    out["quant_variants_bit_exact"] = per_variant
+    # quant_bw checks against the reference computed on the GPU: is it the CPU one?
+    out["gpu_reference_equals_cpu"] = all(
+        _codes_equal(to_mx_reference(x, dim=d, scale_mode=m), to_mx_reference(xc, dim=d, scale_mode=m))
+        for d in (0, 1) for m in ("floor", "rceil"))
     from gem_precision._triton_quant import hw_cvt_ok
 
     out["quant_hw_fp8_cvt_path"] = hw_cvt_ok(x.device)  # False: the exact integer path is used
@@ -81,22 +100,51 @@ def correctness(dev: str) -> dict[str, Any]:
     return out
 
 
-def quant_bw(shape: tuple[int, int]) -> list[dict[str, Any]]:
-    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+QUANT_VARIANTS: dict[str, tuple[str, ...]] = {  # which kernel variants each cast has (_triton_quant._TILES)
+    "row": ("v1", "v1e"), "col": ("v1", "loop", "3d"), "both": ("v1", "v1e", "3d"),
+}
+
+
+def quant_bw(shape: tuple[int, int], device: str = "cuda") -> list[dict[str, Any]]:
+    """GB/s of each cast, for the tuner's pick over all variants ("auto") and for each kernel
+    variant forced, side by side; every timed output is checked bit for bit against the
+    reference (computed on the GPU; `correctness` checks that GPU reference = CPU reference)."""
+    from gem_precision import _triton_quant as tq
+
+    x = _mixed(shape, torch.bfloat16, device)
     n = x.numel()
     rows: list[dict[str, Any]] = []
     y = torch.empty_like(x)
     t = _bench(lambda: y.copy_(x))
-    rows.append({"op": "copy bf16 (baseline)", "ms": t, "GB/s": 2 * 2 * n / t / 1e6})
-    cases: list[tuple[str, Callable[[], Any], float]] = [
-        ("quant dim -1", lambda: to_mx(x), 2 * n + n + n / 32),
-        ("quant dim 0", lambda: to_mx(x, dim=0), 2 * n + n + n / 32),
-        ("quant both (one read)", lambda: to_mx_2d_both(x), 2 * n + 2 * n + 2 * n / 32),
-        ("quant dim -1 rceil", lambda: to_mx(x, scale_mode="rceil"), 2 * n + n + n / 32),
+    rows.append({"op": "copy bf16 (baseline)", "variant": "-", "ms": t, "GB/s": 2 * 2 * n / t / 1e6, "bit_exact": True})
+    ref = {
+        "row floor": (to_mx_reference(x),), "row rceil": (to_mx_reference(x, scale_mode="rceil"),),
+        "col": (to_mx_reference(x, dim=0),), "both": (to_mx_reference(x), to_mx_reference(x.t())),
+    }
+    cases: list[tuple[str, str, Callable[[], Any], float]] = [
+        ("quant dim -1 floor", "row floor", lambda: (to_mx(x),), 2 * n + n + n / 32),
+        ("quant dim -1 rceil", "row rceil", lambda: (to_mx(x, scale_mode="rceil"),), 2 * n + n + n / 32),
+        ("quant dim 0", "col", lambda: (to_mx(x, dim=0),), 2 * n + n + n / 32),
+        ("quant both (one read)", "both", lambda: to_mx_2d_both(x), 2 * n + 2 * n + 2 * n / 32),
     ]
-    for name, fn, nbytes in cases:
-        t = _bench(fn)
-        rows.append({"op": name, "ms": t, "GB/s": nbytes / t / 1e6})
+    forced: list[tuple[str, str | None]] = [(v, v) for v in tq.VARIANTS]
+    passes: list[tuple[str, str | None]] = [("auto", None), *forced, ("auto (again)", None)]
+    try:
+        for label, variant in passes:
+            tq.FORCE_VARIANT["variant"] = variant
+            for name, rk, fn, nbytes in cases:
+                kind = rk.split()[0]
+                if variant is not None and variant not in QUANT_VARIANTS[kind]:
+                    continue
+                outs = fn()  # tunes on the first call per (shape, variant)
+                exact = all(_codes_equal(o, r) for o, r in zip(outs, ref[rk]))
+                t = _bench(fn)
+                picked = [v for k, v in tq._tile_cache.items() if k[0] == kind and k[1:3] == shape and k[-1] == variant]
+                rows.append({"op": name, "variant": label, "tile": picked[0] if picked else None, "ms": t,
+                             "GB/s": nbytes / t / 1e6, "bit_exact": exact})
+                del outs
+    finally:
+        tq.FORCE_VARIANT["variant"] = None
     for r in rows:
         r["% of 4.22 TB/s"] = 100 * r["GB/s"] / (COPY_CEILING_TBS * 1000)
     return rows
@@ -244,9 +292,11 @@ def main(argv: list[str] | None = None) -> None:
     print("correctness:", corr, flush=True)
     qshape = (8192, 8192) if args.quick else (16384, 8192)
     qrows = quant_bw(qshape)
-    print(f"\nquantization, bf16 {qshape} -> MXFP8 E4M3 (bytes read + written)")
+    print(f"\nquantization, bf16 {qshape} -> MXFP8 E4M3 (bytes read + written); variant 'auto' = the tuner's "
+          "pick over all kernel variants, then each variant forced (its best tile)")
     for r in qrows:
-        print(f"  {r['op']:<24} {r['ms']:8.3f} ms {r['GB/s']:8.0f} GB/s {r['% of 4.22 TB/s']:5.1f} % of 4.22 TB/s")
+        print(f"  {r['op']:<22} {r['variant']:<13} {r['ms']:8.3f} ms {r['GB/s']:8.0f} GB/s {r['% of 4.22 TB/s']:5.1f} % "
+              f"bit-exact {r['bit_exact']}  tile {r.get('tile')}")
     cube = [(8192, 8192, 8192)] if args.quick else [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 16384, 16384)]
     rec_kn = [(1024, 1024), (2048, 512)] if args.quick else [(k, n) for k in (512, 1024, 2048) for n in (512, 1024, 2048)]
     shapes = cube + [(65536, n, k) for k, n in rec_kn]
@@ -256,9 +306,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from gem_precision._triton_quant import TILE_LOG
 
-    print("\nquant tile tuning (BR, BC, warps) -> ms:")
+    print("\nquant tile tuning ((variant, a, b, warps) -> ms; key: kind, R, C, ..., forced variant):")
     for qk, qv in TILE_LOG.items():
-        print(f"  {qk[:3]}: " + ", ".join(f"{c}={ms:.3f}" for c, ms in qv))
+        print(f"  {qk[:3] + qk[-1:]}: " + ", ".join(f"{c}={ms:.3f}" for c, ms in qv))
     print("\nMX GEMM tuning (BM, BN, SUB, warps, stages) -> ms:")
     for k, v in TUNE_LOG.items():
         print(f"  {k}: " + ", ".join(f"{c}={ms:.3f}" for c, ms in v))
