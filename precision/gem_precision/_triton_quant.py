@@ -309,6 +309,7 @@ _TILES: dict[str, list[_Tile]] = {
 # Restrict the candidates to one variant ("v1", "v1e", "loop", "3d"; None = all): the bench
 # sets it to show the variants side by side; a kind without that variant keeps its list.
 FORCE_VARIANT: dict[str, str | None] = {"variant": None}
+TUNE: dict[str, bool] = {"enabled": True}  # False: always the first candidate (no timing)
 _tile_cache: dict[tuple[object, ...], _Tile] = {}
 TILE_LOG: dict[tuple[object, ...], list[tuple[_Tile, float]]] = {}
 _hw_state: dict[str, bool] = {}
@@ -460,7 +461,7 @@ def quantize_2d(
         key = (kind, R, C, x.dtype, x.stride(), int_cvt, str(x.device), force)
         if key not in _tile_cache:
             _tile_cache[key] = cands[0]
-            if x.is_cuda and R * C >= 2**22 and len(cands) > 1:
+            if TUNE["enabled"] and x.is_cuda and R * C >= 2**22 and len(cands) > 1:
                 best: tuple[float, _Tile] | None = None
                 for tile in cands:
                     ms = triton.testing.do_bench(lambda: launch(tile), warmup=5, rep=20)

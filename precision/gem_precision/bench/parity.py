@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from typing import Any
@@ -81,7 +82,7 @@ def train(cfg: ParityConfig, recipe: MXRecipe | None, device: str, init_seed: in
     g = torch.Generator(device=device).manual_seed(99)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * 0.5 * (1 + torch.cos(torch.tensor(torch.pi * s / cfg.steps)).item()))
+        opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * s / cfg.steps)))
     losses: list[torch.Tensor] = []
     dev_type = "cuda" if device.startswith("cuda") else "cpu"
 
@@ -117,12 +118,32 @@ def train(cfg: ParityConfig, recipe: MXRecipe | None, device: str, init_seed: in
     }
 
 
+def _tuning_off() -> None:
+    """First-candidate kernels: tile choice changes speed, not results (the same FP8 codes,
+    and the GEMM's fp32 sums only in order), and timing every candidate costs ~30 s at start."""
+    from gem_precision import _triton_quant
+
+    _triton_quant.TUNE["enabled"] = False
+    try:
+        from gem_precision import _triton_gemm
+    except ImportError:
+        return
+    tune = getattr(_triton_gemm, "TUNE", None)
+    if isinstance(tune, dict) and "enabled" in tune:
+        tune["enabled"] = False
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--quick", action="store_true", help="smaller batch, fewer steps")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--batch", type=int, default=None)
+    p.add_argument("--tune", action="store_true",
+                   help="let the quant and GEMM kernels time their tile candidates on first use (slower start; "
+                        "by default the first candidate is used: numerics are the same either way)")
     args = p.parse_args(argv)
+    if not args.tune:
+        _tuning_off()
     t_start = time.time()
     if torch.cuda.is_available():
         import triton
@@ -161,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     mx = [n for n in results if n.startswith("mxfp8")]
     verdict = all(results[n]["within_1pct"] for n in mx)
     print(f"\nMXFP8 converted layers: {results[mx[0]]['converted']}; all MXFP8 runs within 1 % of bf16: {verdict}")
-    summary = {"where": where, "device": device, "quick": args.quick, "config": dataclasses.asdict(cfg),
+    summary = {"where": where, "device": device, "quick": args.quick, "tuned": args.tune, "config": dataclasses.asdict(cfg),
                "runs": {n: {k: v for k, v in r.items() if k != "curve"} for n, r in results.items()},
                "all_within_1pct": verdict, "seconds": round(time.time() - t_start, 1)}
     print(f"total {summary['seconds']} s")
