@@ -60,8 +60,9 @@ def mx_mm_op(a_codes: torch.Tensor, a_scale: torch.Tensor, a_elem: torch.dtype, 
 
     a_codes [M, K] / b_codes [N, K]: FP8 element codes as uint8 (the elements are a_elem /
     b_elem; uint8 because torch's op checks cannot compare fp8 tensors); a_scale
-    [M, ceil(K/32)] / b_scale [N, ceil(K/32)] E8M0 bytes; `backend` "triton" (the Triton kernel) or "reference" (dequantize, fp32 matmul).
-    Arguments are checked by `mx_mm`.
+    [M, ceil(K/32)] / b_scale [N, ceil(K/32)] E8M0 bytes. `backend`: "triton" =
+    `mx_gemm_triton` (on CUDA the path `_triton_gemm.GEMM_PATH` selects), "reference" =
+    dequantize, fp32 matmul. Arguments are checked by `mx_mm`.
     """
     a = MXTensor(data=a_codes.view(a_elem), scale=a_scale, dim=1, block_size=32, elem_dtype=a_elem)
     b = MXTensor(data=b_codes.view(b_elem), scale=b_scale, dim=1, block_size=32, elem_dtype=b_elem)
