@@ -46,6 +46,12 @@ def mx_mm(
     if bias is not None and bias.shape != (b.shape[0],):
         raise ValueError(f"{bias.shape=} must be [{b.shape[0]}]")
     be = resolve_backend(backend, a.data)
+    if not torch.compiler.is_compiling():  # eager: skip the op dispatch (~0.1 ms of host time)
+        if be == "reference":
+            return mx_mm_reference(a, b, out_dtype=out_dtype, bias=bias)
+        from gem_precision._triton_gemm import mx_gemm_triton
+
+        return mx_gemm_triton(a, b, out_dtype, bias)
     u8 = torch.uint8
     out: torch.Tensor = torch.ops.gem_precision.mx_mm(
         a.data.view(u8), a.scale, a.elem_dtype, b.data.view(u8), b.scale, b.elem_dtype, out_dtype, bias, be)

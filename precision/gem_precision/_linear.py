@@ -19,7 +19,7 @@ from torch import nn
 
 from gem_precision._formats import MXTensor, ScaleMode
 from gem_precision._gemm import mx_mm
-from gem_precision._quant import Backend, resolve_backend
+from gem_precision._quant import Backend, _quantize_both_impl, _to_mx_impl, resolve_backend
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -44,12 +44,16 @@ class MXLinearConfig:
 
 def _both(t: torch.Tensor, elem_dtype: torch.dtype, mode: str, be: str) -> tuple[MXTensor, MXTensor]:
     """t [R, C] -> (t along C, t.T along R), one read on the Triton path (custom op)."""
+    if not torch.compiler.is_compiling():  # eager: skip the op dispatch
+        return _quantize_both_impl(t, elem_dtype, mode, be)
     rd, rs, td, ts = torch.ops.gem_precision.quantize_both(t, elem_dtype, mode, be)
     return _mx(rd, rs, elem_dtype), _mx(td, ts, elem_dtype)
 
 
 def _row(t: torch.Tensor, elem_dtype: torch.dtype, mode: str, be: str) -> MXTensor:
     """t [R, C] blocked along C (custom op)."""
+    if not torch.compiler.is_compiling():  # eager: skip the op dispatch
+        return _to_mx_impl(t, elem_dtype, 32, 1, mode, be)
     d, s = torch.ops.gem_precision.quantize(t, elem_dtype, 32, 1, mode, be)
     return _mx(d, s, elem_dtype)
 

@@ -88,6 +88,8 @@ def to_mx(
     """
     d = check_mx_args(x, elem_dtype, block_size, dim, scale_mode, pad)
     be = resolve_backend(backend, x)
+    if not torch.compiler.is_compiling():  # eager: skip the op dispatch (~0.1 ms of host time)
+        return _to_mx_impl(x, elem_dtype, block_size, d % x.dim(), scale_mode, be)
     data, scale = torch.ops.gem_precision.quantize(x, elem_dtype, block_size, d, scale_mode, be)
     return MXTensor(data=data.view(elem_dtype), scale=scale, dim=d, block_size=block_size, elem_dtype=elem_dtype)
 
@@ -165,6 +167,8 @@ def to_mx_2d_both(
         raise ValueError(f"{x.shape=} must be 2-D [R, C]")
     check_mx_args(x, elem_dtype, 32, -1, scale_mode, True)
     be = resolve_backend(backend, x)
+    if not torch.compiler.is_compiling():  # eager: skip the op dispatch
+        return _quantize_both_impl(x, elem_dtype, scale_mode, be)
     rd, rs, td, ts = torch.ops.gem_precision.quantize_both(x, elem_dtype, scale_mode, be)
     return (MXTensor(data=rd.view(elem_dtype), scale=rs, dim=1, block_size=32, elem_dtype=elem_dtype),
             MXTensor(data=td.view(elem_dtype), scale=ts, dim=1, block_size=32, elem_dtype=elem_dtype))
@@ -175,17 +179,21 @@ def quantize_both_op(x: torch.Tensor, elem_dtype: torch.dtype, scale_mode: str,
                      backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [R, C] -> (x along C: uint8 codes [R, C], scale [R, ceil(C/32)];
     x.T along R: codes [C, R], scale [C, ceil(R/32)]), from one read on the Triton path."""
+    r, c = _quantize_both_impl(x, elem_dtype, scale_mode, backend)
+    return r.data.view(torch.uint8), r.scale, c.data.view(torch.uint8), c.scale
+
+
+def _quantize_both_impl(x: torch.Tensor, elem_dtype: torch.dtype, scale_mode: str,
+                        backend: str) -> tuple[MXTensor, MXTensor]:
     mode: ScaleMode = "rceil" if scale_mode == "rceil" else "floor"
     if backend == "reference":
-        r = to_mx_reference(x, elem_dtype=elem_dtype, dim=1, scale_mode=mode)
-        c = to_mx_reference(x.t(), elem_dtype=elem_dtype, dim=1, scale_mode=mode)
-    else:
-        from gem_precision._triton_quant import quantize_2d
+        return (to_mx_reference(x, elem_dtype=elem_dtype, dim=1, scale_mode=mode),
+                to_mx_reference(x.t(), elem_dtype=elem_dtype, dim=1, scale_mode=mode))
+    from gem_precision._triton_quant import quantize_2d
 
-        r2, c2 = quantize_2d(x, elem_format(elem_dtype), block_size=32, rceil=mode == "rceil", row=True, col="t")
-        assert r2 is not None and c2 is not None
-        r, c = r2, c2
-    return r.data.view(torch.uint8), r.scale, c.data.view(torch.uint8), c.scale
+    r2, c2 = quantize_2d(x, elem_format(elem_dtype), block_size=32, rceil=mode == "rceil", row=True, col="t")
+    assert r2 is not None and c2 is not None
+    return r2, c2
 
 
 @quantize_both_op.register_fake
