@@ -220,7 +220,9 @@ def mx_gemm_triton(a: MXTensor, b: MXTensor, out_dtype: torch.dtype, bias: torch
     if not a.data.is_cuda:  # TRITON_INTERPRET=1: one small config
         _launch(a, b, out, bias, (32, 32, 2, 4, 2, PAIR_INTERP["on"], PAIR_INTERP["on"]))
         return out
-    key = (M, N, K, a.elem_dtype == torch.float8_e5m2, b.elem_dtype == torch.float8_e5m2)
+    # M bucketed to a power of two: jagged batches (a new token count per step) tune once per
+    # size class instead of on every call.
+    key = (1 << max(M - 1, 0).bit_length(), N, K, a.elem_dtype == torch.float8_e5m2, b.elem_dtype == torch.float8_e5m2)
     if key not in _tuned:
         if not TUNE["enabled"] or M * N * K < 2**30:
             _tuned[key] = _GPU_CONFIGS[0]

@@ -363,6 +363,17 @@ def _usable(tile: _Tile, kind: str, col: str | None, block_size: int, gpu_int_cv
     return (a * b) % block_size == 0 or kind == "col"  # "3d": whole row-blocks per program
 
 
+def _bucket(n: int) -> int:
+    """n rounded up to a power of two: the tile choice depends on the size class, not on n."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _tile_key(kind: str, R: int, C: int, x: torch.Tensor, int_cvt: bool, force: str | None) -> tuple[object, ...]:
+    """Cache key of the tuned tile. Sizes are bucketed to powers of two so that a stream of
+    jagged batches (a new token count every step) tunes once per size class, not every call."""
+    return (kind, _bucket(R), _bucket(C), x.dtype, x.stride(1) == 1, int_cvt, str(x.device), force)
+
+
 def quantize_2d(
     x: torch.Tensor,
     fmt: ElemFormat,
@@ -457,7 +468,7 @@ def quantize_2d(
         cands = [t for t in _TILES[kind] if _usable(t, kind, col, block_size, gpu_int)]
         if force is not None:
             cands = [t for t in cands if t[0] == force] or cands
-        key = (kind, R, C, x.dtype, x.stride(), int_cvt, str(x.device), force)
+        key = _tile_key(kind, R, C, x, int_cvt, force)
         if key not in _tile_cache:
             _tile_cache[key] = cands[0]
             if TUNE["enabled"] and x.is_cuda and R * C >= 2**22 and len(cands) > 1:

@@ -113,3 +113,17 @@ def test_gpu_large_bit_exact() -> None:
                 assert_mx_equal(to_mx(x, dim=0, scale_mode=mode), to_mx_reference(x, dim=0, scale_mode=mode))
         finally:
             _tq.FORCE_VARIANT["variant"] = None
+
+
+def test_tile_cache_buckets_jagged_row_counts() -> None:
+    """A new token count every step must not mean a new tile search every step."""
+    _tq._tile_cache.clear()
+    try:
+        for rows in (33, 40, 64):  # one size class (33..64)
+            x = torch.randn(rows, 64, device=DEV)
+            assert_mx_equal(to_mx(x, backend="triton"), to_mx_reference(x))
+        assert len([k for k in _tq._tile_cache if k[0] == "row"]) == 1
+        to_mx(torch.randn(65, 64, device=DEV), backend="triton")  # the next class
+        assert len([k for k in _tq._tile_cache if k[0] == "row"]) == 2
+    finally:
+        _tq._tile_cache.clear()
