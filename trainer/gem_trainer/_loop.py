@@ -136,7 +136,7 @@ def model_config(cfg: TrainConfig, dcfg: gem_data.DataConfig) -> gem_model.GEMCo
     """The model preset, with the feature sizes copied from the data config."""
     sizes: dict[str, Any] = gem_model.presets.feature_sizes(dcfg)
     if cfg.precision.startswith("mxfp8"):
-        sizes["mxfp8_recipe"] = cfg.precision[len("mxfp8_"):]
+        sizes["mxfp8_recipe"] = cfg.precision  # a gem_precision recipe name
     make = gem_model.presets.tiny if cfg.preset == "tiny" else gem_model.presets.h200
     return make(**sizes)
 

@@ -101,7 +101,8 @@ class TrainConfig:
 
 
 SPARSE_SHARDINGS = ("none", "table_wise", "row_wise", "column_wise")
-PRECISIONS = ("fp32", "bf16", "mxfp8_floor", "mxfp8_rceil", "mxfp8_rceil_bf16_wgrad")
+# The mxfp8_* values are gem_precision recipe names (MXRecipe values), passed through as is.
+PRECISIONS = ("fp32", "bf16", "mxfp8_floor", "mxfp8_rceil", "mxfp8_rceil_wgrad_bf16")
 
 
 def tiny(**overrides: object) -> TrainConfig:
