@@ -221,91 +221,24 @@ def _mx_quant_both_t_kernel(
         tl.store(st_ptr + cols[:, None] * sst_c + brow[None, :], byte_t.to(tl.uint8), mask=stmask)
 
 
-@triton.jit
-def _mx_quant_both_3d_kernel(
-    x_ptr, R, C, sxr, sxc, qr_ptr, sqr_r, sr_ptr, ssr_r, qt_ptr, sqt_c, st_ptr, sst_c,
-    BR: tl.constexpr, G: tl.constexpr, VEC: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
-    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
-    RCEIL: tl.constexpr, INT_CVT: tl.constexpr, E5M2: tl.constexpr, MAXV: tl.constexpr,
-    DO_ROW: tl.constexpr = True, T_OUT: tl.constexpr = True,
-):
-    # DO_ROW=False, T_OUT=False: only x blocked along R, written in x's layout ("col same",
-    # to_mx(x, dim=0)); then load and store share one layout and nothing is converted.
-    # One read of a [BR, G * VEC] tile held as [BR, G, VEC]: rows first, then G column groups
-    # of VEC contiguous columns. Triton lays a load out by contiguity (VEC wide vectors, then
-    # threads and warps along G), so with G >= 32 * num_warps every thread holds all BR rows of
-    # its VEC columns: the max along R (x^T's blocks) is in-thread, the max along C (x's
-    # blocks: 32 / VEC threads) a few shuffles, and nothing goes through shared memory except
-    # what the compiler needs for the wide transposed store.
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    r3 = rows[:, None, None]
-    c3 = tl.program_id(1) * (G * VEC) + tl.arange(0, G)[None, :, None] * VEC + tl.arange(0, VEC)[None, None, :]
-    mask = (r3 < R) & (c3 < C)
-    x, bits = _abs_bits(x_ptr, r3 * sxr + c3 * sxc, mask, EVEN)
-    if DO_ROW:  # x blocked along C: [BR, G*VEC/BLOCK, BLOCK/VEC, VEC].
-        NBC: tl.constexpr = G * VEC // BLOCK
-        b4 = tl.reshape(bits, (BR, NBC, BLOCK // VEC, VEC))
-        byte = _scale_byte(tl.max(tl.max(b4, axis=3), axis=2), EMAX, RCEIL)
-        x4 = tl.reshape(x, (BR, NBC, BLOCK // VEC, VEC))
-        if INT_CVT:
-            code = _encode(x4.to(tl.int32, bitcast=True), byte[:, :, None, None], MBITS, EMIN, MAX_CODE)
-        else:
-            code = _encode_hw(x4, byte[:, :, None, None], E5M2, MAXV)
-        code = tl.reshape(code, (BR, G, VEC)).to(tl.uint8)
-        bcol = tl.program_id(1) * NBC + tl.arange(0, NBC)
-        if EVEN:
-            tl.store(qr_ptr + r3 * sqr_r + c3, code)
-            tl.store(sr_ptr + rows[:, None] * ssr_r + bcol[None, :], byte.to(tl.uint8))
-        else:
-            tl.store(qr_ptr + r3 * sqr_r + c3, code, mask=mask)
-            smask = (rows[:, None] < R) & (bcol[None, :] < tl.cdiv(C, BLOCK))
-            tl.store(sr_ptr + rows[:, None] * ssr_r + bcol[None, :], byte.to(tl.uint8), mask=smask)
-    # x^T blocked along R: [BR/BLOCK, BLOCK, G, VEC], max over axis 1 (in-thread).
-    NBR: tl.constexpr = BR // BLOCK
-    bt = tl.reshape(bits, (NBR, BLOCK, G, VEC))
-    byte_t = _scale_byte(tl.max(bt, axis=1), EMAX, RCEIL)
-    xt = tl.reshape(x, (NBR, BLOCK, G, VEC))
-    if INT_CVT:
-        code_t = _encode(xt.to(tl.int32, bitcast=True), byte_t[:, None, :, :], MBITS, EMIN, MAX_CODE)
-    else:
-        code_t = _encode_hw(xt, byte_t[:, None, :, :], E5M2, MAXV)
-    code_t = tl.reshape(code_t, (BR, G, VEC)).to(tl.uint8)
-    brow = tl.program_id(0) * NBR + tl.arange(0, NBR)[:, None, None]
-    if T_OUT:  # x^T [C, R]: sqt_c = its row stride, scales [C, ceil(R/BLOCK)] with row stride sst_c
-        q_offs = c3 * sqt_c + r3
-        s_offs = c3 * sst_c + brow
-    else:  # x's layout [R, C]: sqt_c = its row stride, scales [ceil(R/BLOCK), C] with row stride sst_c
-        q_offs = r3 * sqt_c + c3
-        s_offs = brow * sst_c + c3
-    if EVEN:
-        tl.store(qt_ptr + q_offs, code_t)
-        tl.store(st_ptr + s_offs, byte_t.to(tl.uint8))
-    else:
-        tl.store(qt_ptr + q_offs, code_t, mask=mask)
-        stmask = (c3 < C) & (brow < tl.cdiv(R, BLOCK))
-        tl.store(st_ptr + s_offs, byte_t.to(tl.uint8), mask=stmask)
-
-
 # A candidate launch: (variant, a, b, num_warps).
-#   "v1"   _mx_quant_kernel, tile (a, b) = (BR, BC) with masks (the kernel measured 2026-11-29)
+#   "v1"   _mx_quant_kernel, tile (a, b) = (BR, BC) with masks
 #   "v1e"  the same kernel without masks when (BR, BC) divides the shape (else it is v1)
 #   "loop" _mx_quant_col_loop_kernel, (a, b) = (NB blocks of 32 rows per program, BC columns)
-#   "3d"   _mx_quant_both_3d_kernel, (a, b) = (G column groups, VEC columns each), 32 rows
-# On CUDA the first call per shape (>= 4M elements) times every candidate of its kind and
+# On CUDA the first call per size class (>= 4M elements) times every candidate of its kind and
 # keeps the fastest (TILE_LOG records the times); the first entry is the default otherwise.
-# The new variants ("loop", "3d"; block size 32 only) are unmeasured on a GPU as of this
-# writing: the v1 entries stay first so small shapes keep the measured kernel.
+# Order and membership from the 2026-11-29 H200 runs (BENCHMARKS.md), fastest first: dim -1
+# v1e 8x1024 (85.6 % of copy bandwidth), dim 0 loop 1x512 (60 %), dual v1 32x128 (44 %). A
+# 3-D in-thread variant measured 9-13 % and was removed; few candidates keep the first-call
+# compile short (the trainer's time to first step with --precision mxfp8_*).
 _Tile = tuple[str, int, int, int]
-VARIANTS = ("v1", "v1e", "loop", "3d")
+VARIANTS = ("v1", "v1e", "loop")
 _TILES: dict[str, list[_Tile]] = {
-    "row": [("v1", 8, 1024, 8), ("v1", 16, 512, 8), ("v1", 32, 256, 8), ("v1", 32, 512, 8), ("v1", 64, 128, 4),
-            ("v1e", 8, 1024, 8), ("v1e", 16, 512, 8)],
-    "col": [("v1", 32, 256, 4), ("v1", 32, 128, 4), ("v1", 64, 128, 4), ("v1", 32, 512, 8), ("v1", 128, 64, 4),
-            ("loop", 1, 512, 4), ("loop", 1, 1024, 8), ("3d", 128, 2, 4), ("3d", 256, 2, 8)],
-    "both": [("v1", 32, 128, 4), ("v1", 32, 64, 4), ("v1", 64, 64, 4), ("v1", 32, 256, 8), ("v1", 64, 128, 8),
-             ("v1e", 32, 128, 4), ("3d", 128, 2, 4), ("3d", 256, 2, 8), ("3d", 128, 4, 4)],
+    "row": [("v1e", 8, 1024, 8), ("v1e", 16, 512, 8), ("v1", 32, 256, 8)],
+    "col": [("loop", 1, 512, 4), ("loop", 1, 1024, 8), ("v1", 32, 256, 4)],
+    "both": [("v1", 32, 128, 4), ("v1e", 32, 128, 4), ("v1", 32, 64, 4)],
 }
-# Restrict the candidates to one variant ("v1", "v1e", "loop", "3d"; None = all): the bench
+# Restrict the candidates to one variant ("v1", "v1e", "loop"; None = all): the bench
 # sets it to show the variants side by side; a kind without that variant keeps its list.
 FORCE_VARIANT: dict[str, str | None] = {"variant": None}
 TUNE: dict[str, bool] = {"enabled": True}  # False: always the first candidate (no timing)
@@ -358,9 +291,7 @@ def _usable(tile: _Tile, kind: str, col: str | None, block_size: int, gpu_int_cv
         return False
     if gpu_int_cvt:  # integer path compiled for a GPU: the unrolled new kernels take 30 s+ to build
         return False
-    if variant == "loop":
-        return kind == "col" and col == "same"
-    return (a * b) % block_size == 0 or kind == "col"  # "3d": whole row-blocks per program
+    return variant == "loop" and kind == "col" and col == "same"
 
 
 def _bucket(n: int) -> int:
@@ -434,17 +365,6 @@ def quantize_2d(
             _mx_quant_col_loop_kernel[(triton.cdiv(R, a * block_size), triton.cdiv(C, b))](
                 x, R, C, x.stride(0), x.stride(1), qc, qc.stride(0), qc.stride(1), sc, sc.stride(0), sc.stride(1),
                 BC=b, NB=a, BLOCK=block_size, EVEN=even, num_warps=warps, **consts)
-            return
-        if kv == "3d":  # col is not None; qr, qc, their scales contiguous
-            assert qc is not None and sc is not None
-            even = R % block_size == 0 and C % (a * b) == 0
-            _mx_quant_both_3d_kernel[(triton.cdiv(R, block_size), triton.cdiv(C, a * b))](
-                x, R, C, x.stride(0), x.stride(1),
-                qr if qr is not None else dummy, qr.stride(0) if qr is not None else 0,
-                sr if sr is not None else dummy, sr.stride(0) if sr is not None else 0,
-                qc, qc.stride(0), sc, sc.stride(0),
-                BR=block_size, G=a, VEC=b, BLOCK=block_size, EVEN=even, DO_ROW=row, T_OUT=col == "t",
-                num_warps=warps, **consts)
             return
         br = max(a, block_size) if col else a
         bc = max(b, block_size) if row else b

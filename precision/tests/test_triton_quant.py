@@ -93,7 +93,7 @@ def test_force_variant_restricts_candidates() -> None:
             assert_mx_equal(c, to_mx_reference(x.t()))
             assert_mx_equal(to_mx(x, dim=0, backend="triton"), to_mx_reference(x, dim=0))
         used = {key[-1]: tile[0] for key, tile in _tq._tile_cache.items() if key[0] == "both"}
-        assert used == {"v1": "v1", "v1e": "v1e", "loop": "v1", "3d": "3d"}  # "loop" has no dual cast
+        assert used == {"v1": "v1", "v1e": "v1e", "loop": "v1"}  # "loop" has no dual cast
     finally:
         _tq.FORCE_VARIANT["variant"] = None
         _tq._tile_cache.clear()

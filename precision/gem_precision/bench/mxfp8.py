@@ -101,7 +101,7 @@ def correctness(dev: str) -> dict[str, Any]:
 
 
 QUANT_VARIANTS: dict[str, tuple[str, ...]] = {  # which kernel variants each cast has (_triton_quant._TILES)
-    "row": ("v1", "v1e"), "col": ("v1", "loop", "3d"), "both": ("v1", "v1e", "3d"),
+    "row": ("v1", "v1e"), "col": ("v1", "loop"), "both": ("v1", "v1e"),
 }
 
 
