@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,15 @@ def gem(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess
 def gem_popen(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "gem_trainer", *args], env=env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def torchrun_cmd(nproc: int, *args: str) -> list[str]:
+    """`torchrun --nproc-per-node nproc ... -m gem_trainer args` on a free local port (gloo on CPU)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "gem_trainer", *args]
 
 
 def summary(out: str) -> dict[str, Any]:

@@ -1,28 +1,18 @@
 """torchrun with 2 gloo processes (HSDP via gem_parallel) matches 1 process on the same data."""
 from __future__ import annotations
 
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
-from _run import env, gem, losses
+from _run import env, gem, losses, torchrun_cmd
 
 COMMON = ["--steps", "4", "--eval-batches", "0", "--log-every", "1", "--no-progress", "--lr", "1e-3"]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_two_process_gloo_matches_one_process(tmp_path: Path) -> None:
     one = gem(*COMMON, "--batch-size", "32", "--log-dir", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr[-3000:]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(_port()),
-           "-m", "gem_trainer", *COMMON, "--batch-size", "16", "--log-dir", str(tmp_path / "two")]
+    cmd = torchrun_cmd(2, *COMMON, "--batch-size", "16", "--log-dir", str(tmp_path / "two"))
     two = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=900)
     assert two.returncode == 0, two.stderr[-5000:]
     a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
@@ -37,9 +27,7 @@ def test_two_process_sharded_tables_match_one_process(tmp_path: Path) -> None:
     sparse = ["--sparse-sharding", "table_wise"]
     one = gem(*COMMON, *sparse, "--batch-size", "32", "--log-dir", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr[-3000:]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(_port()),
-           "-m", "gem_trainer", *COMMON, *sparse, "--batch-size", "16", "--log-dir", str(tmp_path / "two")]
+    cmd = torchrun_cmd(2, *COMMON, *sparse, "--batch-size", "16", "--log-dir", str(tmp_path / "two"))
     two = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=900)
     assert two.returncode == 0, two.stderr[-5000:]
     a, b = losses(tmp_path / "one"), losses(tmp_path / "two")

@@ -11,29 +11,18 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from _run import env, losses
+from _run import env, losses, torchrun_cmd
 
 STEPS = 16
 COMMON = ["--eval-batches", "0", "--log-every", "1", "--no-progress", "--lr", "1e-3",
           "--batch-size", "16", "--sparse-sharding", "table_wise"]
 
 
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _torchrun(*args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-            "--master-addr", "127.0.0.1", "--master-port", str(_port()), "-m", "gem_trainer",
-            *COMMON, *args]
+    return torchrun_cmd(2, *COMMON, *args)
 
 
 def _committed(ckpt: Path) -> list[int]:

@@ -12,28 +12,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
-from _run import env, gem, losses
+from _run import env, gem, losses, torchrun_cmd
 
 STEPS = 5
 COMMON = ["--eval-batches", "0", "--log-every", "1", "--no-progress", "--lr", "1e-3",
           "--sparse-sharding", "table_wise", "--sparse-lr", "1.0"]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _four(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-           "--master-addr", "127.0.0.1", "--master-port", str(_port()), "-m", "gem_trainer",
-           *COMMON, "--batch-size", "16", "--sparse-mp", "2", *args]
+    cmd = torchrun_cmd(4, *COMMON, "--batch-size", "16", "--sparse-mp", "2", *args)
     return subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=600)
 
 

@@ -109,6 +109,18 @@ def _kstep(acc, a_ptr, as_ptr, b_ptr, bs_ptr, rm, rn, rk, mmask, nmask, k0, K,
 
 
 @triton.jit
+def grouped_tile_ids(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """(tile row, tile column) of this program, GROUP_M tile rows at a time (L2 reuse of B)."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    gsize = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % group) % gsize, (pid % group) // gsize
+
+
+@triton.jit
 def _mx_gemm_kernel(
     a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, bias_ptr,
     M, N, K,
@@ -116,14 +128,7 @@ def _mx_gemm_kernel(
     BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr, GROUP_M: tl.constexpr,
     PAIR: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, RANGE_STAGES: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    gsize = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % gsize
-    pid_n = (pid % group) // gsize
+    pid_m, pid_n = grouped_tile_ids(M, N, BM, BN, GROUP_M)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, 32)

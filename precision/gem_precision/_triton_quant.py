@@ -169,58 +169,6 @@ def _mx_quant_col_loop_kernel(
             tl.store(s_ptr + blk * ss_r + cols * ss_c, byte.to(tl.uint8), mask=cmask & (blk < tl.cdiv(R, BLOCK)))
 
 
-@triton.jit
-def _mx_quant_both_t_kernel(
-    x_ptr, R, C, sxr, sxc, qr_ptr, sqr_r, sr_ptr, ssr_r, qt_ptr, sqt_c, st_ptr, sst_c,
-    BR: tl.constexpr, BC: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
-    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
-    RCEIL: tl.constexpr, INT_CVT: tl.constexpr, E5M2: tl.constexpr, MAXV: tl.constexpr,
-):
-    # One read of a [BR, BC] tile -> x blocked along C (as in _mx_quant_kernel) and x^T [C, R]
-    # blocked along R. The transposed half works on tl.trans(x) [BC, BR] and reduces along its
-    # last axis, so the compiler moves the tile once into a layout that is contiguous along R
-    # (one shared-memory transpose) where the block max is in-thread/in-warp and the FP8
-    # stores are wide, instead of reducing across warps and then transposing the codes.
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    cols = tl.program_id(1) * BC + tl.arange(0, BC)
-    mask = (rows[:, None] < R) & (cols[None, :] < C)
-    x, bits = _abs_bits(x_ptr, rows[:, None] * sxr + cols[None, :] * sxc, mask, EVEN)
-    # x blocked along C: [BR, BC // BLOCK, BLOCK], max over the last axis.
-    byte = _scale_byte(tl.max(tl.reshape(bits, (BR, BC // BLOCK, BLOCK)), axis=2), EMAX, RCEIL)
-    x3 = tl.reshape(x, (BR, BC // BLOCK, BLOCK))
-    if INT_CVT:
-        code = _encode(x3.to(tl.int32, bitcast=True), byte[:, :, None], MBITS, EMIN, MAX_CODE)
-    else:
-        code = _encode_hw(x3, byte[:, :, None], E5M2, MAXV)
-    code = tl.reshape(code, (BR, BC)).to(tl.uint8)
-    bcol = tl.program_id(1) * (BC // BLOCK) + tl.arange(0, BC // BLOCK)
-    if EVEN:
-        tl.store(qr_ptr + rows[:, None] * sqr_r + cols[None, :], code)
-        tl.store(sr_ptr + rows[:, None] * ssr_r + bcol[None, :], byte.to(tl.uint8))
-    else:
-        tl.store(qr_ptr + rows[:, None] * sqr_r + cols[None, :], code, mask=mask)
-        smask = (rows[:, None] < R) & (bcol[None, :] < tl.cdiv(C, BLOCK))
-        tl.store(sr_ptr + rows[:, None] * ssr_r + bcol[None, :], byte.to(tl.uint8), mask=smask)
-    # x^T blocked along R: [BC, BR // BLOCK, BLOCK], max over the last axis.
-    xt = tl.reshape(tl.trans(x), (BC, BR // BLOCK, BLOCK))
-    bt = xt.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    byte_t = _scale_byte(tl.max(bt, axis=2), EMAX, RCEIL)
-    if INT_CVT:
-        code_t = _encode(xt.to(tl.int32, bitcast=True), byte_t[:, :, None], MBITS, EMIN, MAX_CODE)
-    else:
-        code_t = _encode_hw(xt, byte_t[:, :, None], E5M2, MAXV)
-    code_t = tl.reshape(code_t, (BC, BR)).to(tl.uint8)
-    brow = tl.program_id(0) * (BR // BLOCK) + tl.arange(0, BR // BLOCK)
-    if EVEN:
-        tl.store(qt_ptr + cols[:, None] * sqt_c + rows[None, :], code_t)
-        tl.store(st_ptr + cols[:, None] * sst_c + brow[None, :], byte_t.to(tl.uint8))
-    else:
-        tmask = (cols[:, None] < C) & (rows[None, :] < R)
-        tl.store(qt_ptr + cols[:, None] * sqt_c + rows[None, :], code_t, mask=tmask)
-        stmask = (cols[:, None] < C) & (brow[None, :] < tl.cdiv(R, BLOCK))
-        tl.store(st_ptr + cols[:, None] * sst_c + brow[None, :], byte_t.to(tl.uint8), mask=stmask)
-
-
 # A candidate launch: (variant, a, b, num_warps).
 #   "v1"   _mx_quant_kernel, tile (a, b) = (BR, BC) with masks
 #   "v1e"  the same kernel without masks when (BR, BC) divides the shape (else it is v1)

@@ -19,25 +19,14 @@ import torch
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _grid_ids(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    gsize = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % gsize
-    pid_n = (pid % group) // gsize
-    return pid_m, pid_n
+from gem_precision._triton_gemm import grouped_tile_ids
 
 
 @triton.jit
 def _fp8_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, c_ptr, M, N, K,
                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SCALE: tl.constexpr):
     # a [M, K], b [N, K] row-major fp8; SCALE: 0 none, 1 per-128 fp32 scales a_s [M, K/128], b_s [N, K/128]
-    pid_m, pid_n = _grid_ids(M, N, BM, BN, 8)
+    pid_m, pid_n = grouped_tile_ids(M, N, BM, BN, 8)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -64,7 +53,7 @@ def _e8m0_f32(byte):
 def _mx_bf16_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, c_ptr, M, N, K,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BITS: tl.constexpr,
                     MMA_DTYPE: tl.constexpr = tl.bfloat16):
-    pid_m, pid_n = _grid_ids(M, N, BM, BN, 8)
+    pid_m, pid_n = grouped_tile_ids(M, N, BM, BN, 8)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -138,20 +127,13 @@ def main() -> None:
                 return None
             return float((c.float() - ref).abs().max() / ref.abs().max())
 
-        for name, BM, BN, BK, warps, stages in [
-            ("fp8_plain_128x256x128", 128, 256, 128, 8, 3),
-            ("fp8_plain_128x128x128", 128, 128, 128, 8, 4),
+        for name, BM, BN, BK, warps, stages, scale in [
+            ("fp8_plain_128x256x128", 128, 256, 128, 8, 3, 0),
+            ("fp8_plain_128x128x128", 128, 128, 128, 8, 4, 0),
+            ("fp8_s128_128x128x128", 128, 128, 128, 8, 4, 1),
+            ("fp8_s128_64x128x128", 64, 128, 128, 4, 4, 1),
         ]:
-            fn = lambda: _fp8_kernel[(M // BM * (N // BN),)](a8, b8, sa128, sb128, c, M, N, K, BM=BM, BN=BN, BK=BK, SCALE=0, num_warps=warps, num_stages=stages)  # noqa: E731,B023
-            try:
-                res[name] = tf(_ms(fn))
-            except Exception as e:  # noqa: BLE001
-                res[name] = f"fail {type(e).__name__}"
-        for name, BM, BN, BK, warps, stages in [
-            ("fp8_s128_128x128x128", 128, 128, 128, 8, 4),
-            ("fp8_s128_64x128x128", 64, 128, 128, 4, 4),
-        ]:
-            fn = lambda: _fp8_kernel[(M // BM * (N // BN),)](a8, b8, sa128, sb128, c, M, N, K, BM=BM, BN=BN, BK=BK, SCALE=1, num_warps=warps, num_stages=stages)  # noqa: E731,B023
+            fn = lambda: _fp8_kernel[(M // BM * (N // BN),)](a8, b8, sa128, sb128, c, M, N, K, BM=BM, BN=BN, BK=BK, SCALE=scale, num_warps=warps, num_stages=stages)  # noqa: E731,B023
             try:
                 res[name] = tf(_ms(fn))
             except Exception as e:  # noqa: BLE001
