@@ -62,19 +62,25 @@ def test_save_on_2_load_on_3_and_1(tmp_path: Path) -> None:
     assert torch.equal(torch.rand(4), torch.load(tmp_path / "rand_rank0.pt"))
 
 
+def _two_ranks(scenario: str, tmp_path: Path) -> list[dict[str, Any]]:
+    """Runs a worker scenario on 2 gloo ranks (fresh seed) and returns each rank's report."""
+    seed = random.randrange(1 << 30)
+    port = free_port()
+    procs = [start(scenario, str(tmp_path), seed, rank, 2, port) for rank in range(2)]
+    results = [recv(conn, proc) for proc, conn in procs]
+    for proc, _ in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    return results
+
+
 def test_sharded_tensor_absent_on_some_ranks(tmp_path: Path) -> None:
     """torchrec table-wise tables: every rank has a ShardedTensor per table, but only the
     owner holds a shard. DCP's load planner drops shard-less ShardedTensors from its view,
     sees checkpoint keys it lacks and falls back to the pre-2.4 key layout, where tensor-free
     dicts (a loader's state) become one unknown key ("Missing key ...: loader"). Both ranks
     load their own table and the loader state."""
-    seed = random.randrange(1 << 30)
-    port = free_port()
-    procs = [start("tables", str(tmp_path), seed, rank, 2, port) for rank in range(2)]
-    results = [recv(conn, proc) for proc, conn in procs]
-    for proc, _ in procs:
-        proc.join(60)
-        assert proc.exitcode == 0
+    results = _two_ranks("tables", tmp_path)
     for r in results:
         assert "error" not in r, r
         assert r["step"] == 3 and r["loader"] and all(r["tables"].values()), r
@@ -84,12 +90,6 @@ def test_sharded_tensor_absent_on_some_ranks(tmp_path: Path) -> None:
 def test_local_shards_wrapper_dtensors_round_trip(tmp_path: Path) -> None:
     """torchrec's 2-D sparse tables (DMPCollection) are DTensors over a LocalShardsWrapper of
     several (or no) local shards: staged per shard at save() time, written and read back."""
-    seed = random.randrange(1 << 30)
-    port = free_port()
-    procs = [start("wrapped", str(tmp_path), seed, rank, 2, port) for rank in range(2)]
-    results = [recv(conn, proc) for proc, conn in procs]
-    for proc, _ in procs:
-        proc.join(60)
-        assert proc.exitcode == 0
+    results = _two_ranks("wrapped", tmp_path)
     assert [r["ok"] for r in results] == [{"rows": [True], "cols": [True, True]}, {"rows": [True], "cols": []}], results
     assert all(r["step"] == 2 and r["loader"] for r in results)
