@@ -22,10 +22,11 @@ def test_synthetic_summary_fields(tmp_path: Path) -> None:
     res = gem("--steps", "3", "--batch-size", "16", "--eval-batches", "1", "--no-progress")
     assert res.returncode == 0, res.stderr[-3000:]
     s = summary(res.stdout)
-    for key in ("steps", "loss", "tasks", "samples_per_s", "tokens_per_s", "mfu", "data_wait_frac",
-                "ckpt_stall_s", "time_to_first_step_s"):
+    for key in ("steps", "loss", "tasks", "samples_per_s", "tokens_per_s", "mfu", "mfu_steady",
+                "step_s_median", "data_wait_frac", "ckpt_stall_s", "time_to_first_step_s"):
         assert key in s
-    assert s["mfu"] is None  # CPU
+    assert s["mfu"] is None and s["mfu_steady"] is None  # CPU
+    assert 0 < s["step_s_median"] < s["time_to_first_step_s"] + 60
     assert set(s["tasks"]) == {"click", "conversion"}
     for m in s["tasks"].values():
         assert {"ne", "auc", "auc_bayes"} <= set(m)

@@ -210,7 +210,10 @@ def mx_gemm_triton(a: MXTensor, b: MXTensor, out_dtype: torch.dtype, bias: torch
     """a: [M, K] blocked along K; b: [N, K] blocked along K -> [M, N] out_dtype (+ bias)."""
     M, K = a.data.shape
     N = b.data.shape[0]
-    if GEMM_PATH["path"] == "dequant" and M > 0 and N > 0:
+    path = GEMM_PATH["path"]
+    if path not in ("dequant", "fused"):
+        raise ValueError(f"_triton_gemm.GEMM_PATH['path']={path!r} must be 'dequant' or 'fused'")
+    if path == "dequant" and M > 0 and N > 0:
         a16, b16 = dequantize_bf16(a), dequantize_bf16(b)
         if out_dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16):
             # cuBLAS: fp32 accumulation, bias added in the fp32 epilogue, one rounding to bf16.

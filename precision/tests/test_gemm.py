@@ -120,3 +120,16 @@ def test_dequantize_bf16_exact(elem: torch.dtype) -> None:
     assert exact.float().mean() > 0.8
     assert torch.equal(d.float()[exact].nan_to_num(1.0), ref[exact].nan_to_num(1.0))
     assert torch.isnan(d[1, 5])
+
+
+def test_unknown_gemm_path_is_refused() -> None:
+    from gem_precision import _triton_gemm
+
+    a, b = _operands(8, 16, 64, seed=3)
+    old = _triton_gemm.GEMM_PATH["path"]
+    _triton_gemm.GEMM_PATH["path"] = "fast"
+    try:
+        with pytest.raises(ValueError, match="GEMM_PATH.*must be 'dequant' or 'fused'"):
+            _triton_gemm.mx_gemm_triton(a, b, torch.bfloat16, None)
+    finally:
+        _triton_gemm.GEMM_PATH["path"] = old
