@@ -2,6 +2,7 @@
 """Design exploration for the MXFP8 GEMM on Hopper (GPU only; not part of the package API).
 
     PYTHONPATH=precision python3 -m gem_precision.bench.gemm_explore
+    bazel run //precision:bench_gemm_explore      (on a GPU machine; on CPU it says so and exits)
 
 Variants at the same shapes, same run:
   fp8_plain   FP8 Triton GEMM without scales (the ceiling of Triton's FP8 path here)
@@ -104,7 +105,9 @@ def main() -> None:
     from gem_precision import mx_mm_reference, to_mx
     from gem_precision import _triton_gemm as tg
 
-    assert torch.cuda.is_available(), "GPU only"
+    if not torch.cuda.is_available():
+        print("gemm_explore: a GPU design study (FP8 tensor cores); nothing to measure on CPU.")
+        return
     dev = "cuda"
     shapes = [(8192, 8192, 8192), (65536, 1024, 1024)]
     rows = []

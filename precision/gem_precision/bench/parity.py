@@ -14,7 +14,7 @@ init seed shows how much two bf16 runs differ on their own.
 
 Reported per run: final train loss (mean of the last 10 % of steps), held-out loss on a fixed
 batch, relative difference vs bf16 (target: within 1 %), ms per step. On CUDA: d=2048, 4
-layers (the MXFP8 GEMMs are the Triton kernels); without CUDA: a toy size with the
+layers (the MXFP8 GEMMs take the CUDA path: Triton casts, exact bf16 dequantization, cuBLAS); without CUDA: a toy size with the
 dequantize-and-matmul emulation, and it says so.
 """
 
