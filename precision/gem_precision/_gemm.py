@@ -47,11 +47,7 @@ def mx_mm(
         raise ValueError(f"{bias.shape=} must be [{b.shape[0]}]")
     be = resolve_backend(backend, a.data)
     if not torch.compiler.is_compiling():  # eager: skip the op dispatch (~0.1 ms of host time)
-        if be == "reference":
-            return mx_mm_reference(a, b, out_dtype=out_dtype, bias=bias)
-        from gem_precision._triton_gemm import mx_gemm_triton
-
-        return mx_gemm_triton(a, b, out_dtype, bias)
+        return _mx_mm_impl(a, b, out_dtype, bias, be)
     u8 = torch.uint8
     out: torch.Tensor = torch.ops.gem_precision.mx_mm(
         a.data.view(u8), a.scale, a.elem_dtype, b.data.view(u8), b.scale, b.elem_dtype, out_dtype, bias, be)
@@ -72,6 +68,12 @@ def mx_mm_op(a_codes: torch.Tensor, a_scale: torch.Tensor, a_elem: torch.dtype, 
     """
     a = MXTensor(data=a_codes.view(a_elem), scale=a_scale, dim=1, block_size=32, elem_dtype=a_elem)
     b = MXTensor(data=b_codes.view(b_elem), scale=b_scale, dim=1, block_size=32, elem_dtype=b_elem)
+    return _mx_mm_impl(a, b, out_dtype, bias, backend)
+
+
+def _mx_mm_impl(a: MXTensor, b: MXTensor, out_dtype: torch.dtype, bias: torch.Tensor | None,
+                backend: str) -> torch.Tensor:
+    """The op's body (eager calls come here directly): the reference or the CUDA/Triton path."""
     if backend == "reference":
         return mx_mm_reference(a, b, out_dtype=out_dtype, bias=bias)
     from gem_precision._triton_gemm import mx_gemm_triton

@@ -19,7 +19,7 @@ from torch import nn
 
 from gem_precision._formats import MXTensor, ScaleMode
 from gem_precision._gemm import mx_mm
-from gem_precision._quant import Backend, _quantize_both_impl, _to_mx_impl, resolve_backend
+from gem_precision._quant import Backend, resolve_backend, to_mx, to_mx_2d_both
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -42,20 +42,14 @@ class MXLinearConfig:
     backend: Backend = "auto"
 
 
-def _both(t: torch.Tensor, elem_dtype: torch.dtype, mode: str, be: str) -> tuple[MXTensor, MXTensor]:
-    """t [R, C] -> (t along C, t.T along R), one read on the Triton path (custom op)."""
-    if not torch.compiler.is_compiling():  # eager: skip the op dispatch
-        return _quantize_both_impl(t, elem_dtype, mode, be)
-    rd, rs, td, ts = torch.ops.gem_precision.quantize_both(t, elem_dtype, mode, be)
-    return _mx(rd, rs, elem_dtype), _mx(td, ts, elem_dtype)
+def _both(t: torch.Tensor, elem_dtype: torch.dtype, mode: ScaleMode, be: Backend) -> tuple[MXTensor, MXTensor]:
+    """t [R, C] -> (t along C, t.T along R), one read on the Triton path (custom op when compiling)."""
+    return to_mx_2d_both(t, elem_dtype=elem_dtype, scale_mode=mode, backend=be)
 
 
-def _row(t: torch.Tensor, elem_dtype: torch.dtype, mode: str, be: str) -> MXTensor:
-    """t [R, C] blocked along C (custom op)."""
-    if not torch.compiler.is_compiling():  # eager: skip the op dispatch
-        return _to_mx_impl(t, elem_dtype, 32, 1, mode, be)
-    d, s = torch.ops.gem_precision.quantize(t, elem_dtype, 32, 1, mode, be)
-    return _mx(d, s, elem_dtype)
+def _row(t: torch.Tensor, elem_dtype: torch.dtype, mode: ScaleMode, be: Backend) -> MXTensor:
+    """t [R, C] blocked along C (custom op when compiling)."""
+    return to_mx(t, elem_dtype=elem_dtype, dim=1, scale_mode=mode, pad=True, backend=be)
 
 
 def _mx(codes: torch.Tensor, scale: torch.Tensor, elem_dtype: torch.dtype) -> MXTensor:
@@ -70,7 +64,7 @@ class _MXLinearFn(torch.autograd.Function):
     # they arrive in.
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                elem: torch.dtype, grad_elem: torch.dtype, mode: str, wgrad_bf16: bool, be: str) -> torch.Tensor:
+                elem: torch.dtype, grad_elem: torch.dtype, mode: ScaleMode, wgrad_bf16: bool, be: Backend) -> torch.Tensor:
         with torch.autocast(device_type=x.device.type, enabled=False):
             K = x.shape[-1]
             x2 = x.reshape(-1, K)
@@ -85,7 +79,7 @@ class _MXLinearFn(torch.autograd.Function):
             else:
                 wq = _row(weight, elem, mode, be)
             b = bias.to(torch.float32) if bias is not None else None
-            y = mx_mm(xq, wq, out_dtype=torch.bfloat16, bias=b, backend=be)  # type: ignore[arg-type]
+            y = mx_mm(xq, wq, out_dtype=torch.bfloat16, bias=b, backend=be)
             saved: list[torch.Tensor] = []
             if quant_dw:
                 saved += [xq_t.data.view(torch.uint8), xq_t.scale]  # FP8 x^T instead of bf16 x

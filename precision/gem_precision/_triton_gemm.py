@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from gem_precision._formats import MXTensor
+from gem_precision._triton_quant import size_class
 
 
 @triton.jit
@@ -230,7 +231,7 @@ def mx_gemm_triton(a: MXTensor, b: MXTensor, out_dtype: torch.dtype, bias: torch
         return out
     # M bucketed to a power of two: jagged batches (a new token count per step) tune once per
     # size class instead of on every call.
-    key = (1 << max(M - 1, 0).bit_length(), N, K, a.elem_dtype == torch.float8_e5m2, b.elem_dtype == torch.float8_e5m2)
+    key = (size_class(M), N, K, a.elem_dtype == torch.float8_e5m2, b.elem_dtype == torch.float8_e5m2)
     if key not in _tuned:
         if not TUNE["enabled"] or M * N * K < 2**30:
             _tuned[key] = _GPU_CONFIGS[0]

@@ -242,7 +242,7 @@ def _usable(tile: _Tile, kind: str, col: str | None, block_size: int, gpu_int_cv
     return variant == "loop" and kind == "col" and col == "same"
 
 
-def _bucket(n: int) -> int:
+def size_class(n: int) -> int:
     """n rounded up to a power of two: the tile choice depends on the size class, not on n."""
     return 1 << max(n - 1, 0).bit_length()
 
@@ -250,7 +250,7 @@ def _bucket(n: int) -> int:
 def _tile_key(kind: str, R: int, C: int, x: torch.Tensor, int_cvt: bool, force: str | None) -> tuple[object, ...]:
     """Cache key of the tuned tile. Sizes are bucketed to powers of two so that a stream of
     jagged batches (a new token count every step) tunes once per size class, not every call."""
-    return (kind, _bucket(R), _bucket(C), x.dtype, x.stride(1) == 1, int_cvt, str(x.device), force)
+    return (kind, size_class(R), size_class(C), x.dtype, x.stride(1) == 1, int_cvt, str(x.device), force)
 
 
 def quantize_2d(

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gem_precision._triton_gemm import grouped_tile_ids
+from gem_precision._triton_gemm import _e8m0_to_f32, grouped_tile_ids
 
 
 @triton.jit
@@ -42,12 +42,6 @@ def _fp8_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, c_ptr, M, N, K,
             sb = tl.load(bs_ptr + rn * (K // 128) + k // 128)
             acc += tl.dot(a, b) * (sa[:, None] * sb[None, :])
     tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc.to(tl.bfloat16))
-
-
-@triton.jit
-def _e8m0_f32(byte):
-    b = byte.to(tl.int32)
-    return (tl.maximum(b, 1) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -87,8 +81,8 @@ def _mx_bf16_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, c_ptr, M, N, K,
         else:
             af = a.to(tl.float32)
             bf = b.to(tl.float32)
-            fa = _e8m0_f32(sa)
-            fb = _e8m0_f32(sb)
+            fa = _e8m0_to_f32(sa)
+            fb = _e8m0_to_f32(sb)
         af = tl.reshape(af, (BM, BK // 32, 32)) * fa[:, :, None]
         bf = tl.reshape(bf, (BK // 32, 32, BN)) * fb[:, None, :]
         a16 = tl.reshape(af, (BM, BK)).to(MMA_DTYPE)
