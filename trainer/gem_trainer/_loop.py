@@ -326,7 +326,7 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
     # the host waits on the loss, and the optimizer runs while the host fetches the next batch
     # (no other host sync in the step). A non-finite step then drops its gradients. Sharded
     # tables update inside backward (fused optimizers), so there the check comes first.
-    late_check = sparse_sync is None and cfg.sparse_sharding == "none"
+    late_check = cfg.sparse_sharding == "none"  # (2-D replica sync implies sharded tables)
     opt_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
     opt_gpu_s = 0.0  # optimizer time measured on the GPU (CUDA events), moved out of compute
     try:
