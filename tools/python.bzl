@@ -1,12 +1,22 @@
-"""A Python toolchain whose interpreter is the project venv (.venv).
+"""A Python toolchain whose interpreter is the project venv (.venv), or a given interpreter.
 
 Bazel 4.2.3's native py_runtime accepts interpreter_path and stub_shebang; pointing
 both at the venv makes `bazel test` and `bazel run` use the same interpreter.
+Used through gem_dependencies() in tools/deps.bzl.
 """
 
 def _venv_python_impl(rctx):
-    root = rctx.path(Label("//:BUILD")).dirname
-    py = "%s/.venv/bin/python3" % root
+    py = rctx.attr.interpreter
+    if not py:
+        # Label("//:BUILD") names the gem checkout's root even when another workspace loads
+        # this file, so the default is the .venv that ./bazelw builds there.
+        py = "%s/.venv/bin/python3" % rctx.path(Label("//:BUILD")).dirname
+    if not py.startswith("/"):
+        fail("gem_dependencies(python = %r): must be an absolute path to a Python interpreter" % py)
+    if not rctx.path(py).exists:
+        fail(("gem_python: interpreter %s does not exist. Run ./bazelw once in the gem " +
+              "checkout to build its .venv, or pass gem_dependencies(python = \"/abs/python3\") " +
+              "with torch and triton installed.") % py)
     rctx.file("BUILD", """
 load("@bazel_tools//tools/python:toolchain.bzl", "py_runtime_pair")
 py_runtime(
@@ -23,4 +33,8 @@ toolchain(
 )
 """.format(py = py))
 
-venv_python = repository_rule(implementation = _venv_python_impl, local = True)
+venv_python = repository_rule(
+    implementation = _venv_python_impl,
+    attrs = {"interpreter": attr.string(default = "")},
+    local = True,
+)
