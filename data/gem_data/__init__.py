@@ -11,11 +11,12 @@ from gem_data._batch import Batch, SparseFeatures
 from gem_data._balance import attention_cost, imbalance, shuffle_base_batches, token_budget_batches
 from gem_data._config import DataConfig
 from gem_data._loader import JaggedLoader
-from gem_data._parquet import DataError, ParquetSource, write_parquet
+from gem_data._checks import DataError
+from gem_data._parquet import ParquetSource, write_parquet
 from gem_data._metrics import auc, bayes_metrics, normalized_entropy
 from gem_data._synthetic import SyntheticSource
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = [
     "Batch",
     "DataConfig",

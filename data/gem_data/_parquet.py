@@ -19,7 +19,7 @@ import os
 import threading
 import uuid
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +32,12 @@ except ImportError:  # synthetic data and the loader work without pyarrow
     pa = pq = None
 
 from gem_data._batch import Batch
+from gem_data._checks import BOUNDS_CHECK_MODES, BoundsCheck, DataError, check_values
+from gem_data._config import DataConfig
 from gem_data._host import HostBatch, offsets_of
 
 SCHEMA_VERSION = 1
 _META_KEY = b"gem_data.schema"
-
-
-class DataError(ValueError):
-    """A bad data file: names the file and, when known, the column."""
-
-    def __init__(self, path: str | os.PathLike[str], column: str | None, reason: str) -> None:
-        self.path, self.column, self.reason = str(path), column, reason
-        where = f"column {column!r}" if column else "file"
-        super().__init__(f"{self.path}: {where}: {reason}")
 
 
 def _need_pyarrow() -> None:
@@ -207,22 +200,36 @@ class ParquetSource:
 
     Args:
         paths: a directory (all `*.parquet` inside, sorted) or a list of files.
-        on_error: "raise" (default): a bad file raises DataError naming the file and column.
-            "skip": a bad shard (unreadable footer, wrong schema) or a bad row group is
-            skipped with a warning and counted in `skipped` (never silently).
-        columns_check: the expected schema is taken from the first readable file; every other
-            file must match it column by column.
+        on_error: "raise" (default): a bad file or row group raises DataError naming the file,
+            the column and the rule. "skip": a bad shard (unreadable footer, corrupt or
+            incomplete metadata, wrong schema, not what `expect` asks for) or a bad row group
+            (checksum, nulls, a value breaking a rule) is skipped with a warning and counted
+            in `skipped` (never silently). A source left with no row group raises either way.
+        expect: the DataConfig the model was built from. Every file's dense width, task list
+            and sparse feature names must equal it (checked when opening, so a mismatch fails
+            at start-up, naming both), and ids are checked against its vocabularies.
+        bounds_check: with `expect`, what an id >= its table size does, after fbgemm's
+            BoundsCheckMode: "fatal" (default) raises DataError naming the feature and file;
+            "warn" replaces it by 0, counts it in `bounds.replaced` and warns once per
+            (file, feature).
+
+    The expected columns are those of `expect`, else of the first readable file; every
+    other file must match them column by column. Values are checked per row group (ids >= 0,
+    timestamps non-decreasing within a sequence, labels 0/1, probs in [0, 1], finite dense).
 
     Attributes:
         num_blocks: number of row groups (units).
         skipped: list of (path, reason) of what was skipped.
+        bounds: the id bounds check (None without `expect`).
     """
 
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
-                 on_error: str = "raise") -> None:
+                 on_error: str = "raise", expect: DataConfig | None = None, bounds_check: str = "fatal") -> None:
         _need_pyarrow()
         if on_error not in ("raise", "skip"):
             raise ValueError(f"{on_error=} must be 'raise' or 'skip'")
+        if expect is not None and not isinstance(expect, DataConfig):
+            raise TypeError(f"expect must be a gem_data.DataConfig or None, got {type(expect).__name__}")
         if isinstance(paths, (str, os.PathLike)):
             p = Path(paths)
             if not p.is_dir():
@@ -232,7 +239,18 @@ class ParquetSource:
             files = [str(f) for f in paths]
         if not files:
             raise ValueError(f"no Parquet files in {paths!r}")
+        if bounds_check not in BOUNDS_CHECK_MODES:
+            raise ValueError(f"{bounds_check=} must be one of {BOUNDS_CHECK_MODES}")
         self.on_error = on_error
+        self.expect = expect
+        self.bounds: BoundsCheck | None = None
+        if expect is not None:
+            vocab = {"event_ids": expect.event_vocab, "event_types": expect.num_event_types,
+                     "domain": expect.num_domains}
+            vocab.update({_sparse_col(n): v for n, v in expect.sparse_features})
+            self.bounds = BoundsCheck(vocab, bounds_check)
+        elif bounds_check != "fatal":
+            raise ValueError(f"{bounds_check=} needs expect=DataConfig (the table sizes to check ids against)")
         self.skipped: list[tuple[str, str]] = []
         self.files: list[str] = []
         self._units: list[tuple[int, int]] = []
@@ -247,8 +265,10 @@ class ParquetSource:
             fi = len(self.files)
             self.files.append(f)
             self._units += [(fi, g) for g in range(pf.metadata.num_row_groups)]
-        if not self._units and on_error == "raise":
-            raise ValueError(f"no row groups in {files[:3]}...")
+        if not self._units:
+            why = f"; skipped: {self.skipped[0][1]}" + (f" (+{len(self.skipped) - 1} more)" if len(self.skipped) > 1 else "")
+            raise ValueError(f"no row groups to read in {len(files)} file(s) {files[:3]}"
+                             + (why if self.skipped else ""))
         self._lengths: dict[int, np.ndarray] = {}
         self._local = threading.local()
 
@@ -268,30 +288,77 @@ class ParquetSource:
         self.skipped.append((e.path, str(e)))
         warnings.warn(f"gem_data: skipping bad data ({len(self.skipped)} skipped so far): {e}", stacklevel=3)
 
+    @staticmethod
+    def _meta_of(f: str, schema: pa.Schema) -> dict[str, Any]:
+        """The file's gem_data.schema metadata, parsed and checked field by field."""
+        key = _META_KEY.decode()
+        raw = (schema.metadata or {}).get(_META_KEY)
+        if raw is None:
+            raise DataError(f, None, f"no {key} metadata: not written by gem_data.write_parquet")
+        try:
+            meta = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise DataError(f, None, f"{key} metadata is not valid JSON ({e}): corrupt file metadata") from e
+        if not isinstance(meta, dict):
+            raise DataError(f, None, f"{key} metadata must be a JSON object, got {type(meta).__name__}")
+        if meta.get("version") != SCHEMA_VERSION:
+            raise DataError(f, None, f"{key} metadata: schema version {meta.get('version')!r} != {SCHEMA_VERSION}")
+        rules: dict[str, tuple[Callable[[Any], bool], str]] = {
+            "sparse_keys": (lambda v: isinstance(v, list) and all(isinstance(k, str) and k for k in v)
+                            and len(set(v)) == len(v), "a list of unique non-empty names"),
+            "num_dense": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an int >= 0"),
+            "tasks": (lambda v: isinstance(v, list) and bool(v) and all(isinstance(t, str) for t in v)
+                      and len(set(v)) == len(v), "a non-empty list of unique names"),
+        }
+        for name, (ok, rule) in rules.items():
+            if name not in meta:
+                raise DataError(f, None, f"{key} metadata has no {name!r} (needs version, sparse_keys, num_dense, "
+                                         f"tasks): incomplete file metadata")
+            if not ok(meta[name]):
+                raise DataError(f, None, f"{key} metadata: {name}={meta[name]!r} must be {rule}")
+        return meta
+
+    def _check_expect(self, f: str, meta: dict[str, Any]) -> None:
+        exp = self.expect
+        assert exp is not None
+        if meta["num_dense"] != exp.num_dense:
+            raise DataError(f, "dense", f"dense width {meta['num_dense']} in the data != num_dense={exp.num_dense} "
+                                        f"the model was built for")
+        if tuple(meta["tasks"]) != exp.tasks:
+            raise DataError(f, "labels", f"tasks {tuple(meta['tasks'])} in the data != tasks={exp.tasks} "
+                                         f"the model was built for (same names, same order)")
+        if set(meta["sparse_keys"]) != set(exp.sparse_names):
+            raise DataError(f, None, f"sparse features {tuple(meta['sparse_keys'])} in the data != "
+                                     f"{exp.sparse_names} the model was built for")
+
     def _open(self, f: str) -> pq.ParquetFile:
         try:
             pf = pq.ParquetFile(f, page_checksum_verification=True)
             schema = pf.schema_arrow
         except (pa.ArrowException, OSError) as e:
             raise DataError(f, None, f"unreadable Parquet footer/metadata (corrupt or truncated): {e}") from e
-        raw = (schema.metadata or {}).get(_META_KEY)
-        if raw is None:
-            raise DataError(f, None, f"no {_META_KEY.decode()} metadata: not written by gem_data.write_parquet")
-        meta = json.loads(raw)
-        if meta.get("version") != SCHEMA_VERSION:
-            raise DataError(f, None, f"schema version {meta.get('version')} != {SCHEMA_VERSION}")
-        if self.schema is None:
-            expect = arrow_schema(meta["sparse_keys"], meta["num_dense"], meta["tasks"], "probs" in schema.names)
-            self.schema, self.meta = expect, meta
-        for field in self.schema:
+        meta = self._meta_of(f, schema)
+        if self.expect is not None:
+            self._check_expect(f, meta)
+        expected, first = self.schema, self.meta
+        if expected is None:  # this file sets the columns every other file must have
+            if self.expect is not None:  # the model's key order
+                meta = {**meta, "sparse_keys": list(self.expect.sparse_names)}
+            expected = arrow_schema(meta["sparse_keys"], meta["num_dense"], meta["tasks"], "probs" in schema.names)
+            first = meta
+        elif meta["tasks"] != first["tasks"]:
+            raise DataError(f, "labels", f"tasks {meta['tasks']} != {first['tasks']} of {self.files[0]} "
+                                         f"(all files must have the same tasks)")
+        for field in expected:
             if field.name not in schema.names:
                 raise DataError(f, field.name, "missing")
             got = schema.field(field.name).type
             if got != field.type:
                 raise DataError(f, field.name, f"type {got} != expected {field.type}")
-        extra = set(schema.names) - set(self.schema.names)
+        extra = set(schema.names) - set(expected.names)
         if extra:
             raise DataError(f, sorted(extra)[0], "unexpected column (schema mismatch)")
+        self.schema, self.meta = expected, first
         return pf
 
     @property
@@ -368,7 +435,9 @@ class ParquetSource:
         labels = _fixed_np(col("labels"), path, "labels", nt)
         probs = _fixed_np(col("probs"), path, "probs", nt) if "probs" in self.schema.names else None
         domain = col("domain").to_numpy().astype(np.int64)
-        return HostBatch(keys, lengths, ids, types, ts, sl, sv, dense, domain, labels, probs)
+        h = HostBatch(keys, lengths, ids, types, ts, sl, sv, dense, domain, labels, probs)
+        check_values(h, path, g)
+        return h if self.bounds is None else self.bounds.apply(h, path, g)
 
     def split(self, rank: int = 0, world_size: int = 1, worker: int = 0, num_workers: int = 1) -> list[str]:
         """The shard files of (rank, worker): files[rank * num_workers + worker :: world_size * num_workers]."""
