@@ -157,7 +157,7 @@ class Checkpointer:
         self._stager = Stager()
         self._thread: threading.Thread | None = None
         self._inflight: int | None = None
-        self._error: tuple[int, BaseException] | None = None
+        self._error: tuple[int, BaseException, str] | None = None
         self.last_stall_s = 0.0
         """Seconds the last save() blocked the caller (incl. waiting for the previous write)."""
         self.last_write_s = 0.0
@@ -290,9 +290,9 @@ class Checkpointer:
 
     def _raise_error(self) -> None:
         if self._error is not None:
-            step, err = self._error
+            step, err, detail = self._error
             self._error = None
-            raise CheckpointWriteError(f"saving step {step} to {self.root} failed, nothing was committed: {err!r}") from err
+            raise CheckpointWriteError(f"saving step {step} to {self.root} failed, nothing was committed: {detail}") from err
 
     def _write(self, step: int, state_dict: dict[str, Any]) -> None:
         """Runs on every rank (writer thread or inline); records any failure in self._error."""
@@ -310,11 +310,13 @@ class Checkpointer:
         except BaseException as e:  # noqa: BLE001 - reported via save()/wait()
             local_err = _unwrap(e, self.rank)
         error: BaseException | None = local_err
+        detail = "" if local_err is None else describe_write_error(local_err, tmp, self.root)
         try:
-            results = self._all_gather((local_err is None, files if local_err is None else repr(local_err)))
+            results = self._all_gather((local_err is None, files if local_err is None else detail))
             bad = [(r, msg) for r, (ok, msg) in enumerate(results) if not ok]
             if error is None and bad:
                 error = CheckpointWriteError(f"rank {bad[0][0]} failed: {bad[0][1]}")
+                detail = str(error)
             commit_err: str | None = None
             if self.rank == 0:
                 if error is None:
@@ -325,7 +327,7 @@ class Checkpointer:
                         self._commit(step, tmp, merged)
                     except BaseException as e:  # noqa: BLE001
                         error = e
-                        commit_err = repr(e)
+                        detail = commit_err = describe_write_error(e, tmp, self.root)
                 if error is not None:
                     shutil.rmtree(tmp, ignore_errors=True)
                     if _fs.read_marker(_fs.step_dir(self.root, step)) is None:
@@ -333,11 +335,13 @@ class Checkpointer:
             status = self._all_gather(commit_err)
             if error is None and status[0] is not None:
                 error = CheckpointWriteError(f"rank 0 failed to commit: {status[0]}")
+                detail = str(error)
         except BaseException as e:  # noqa: BLE001 - e.g. the group itself broke
-            error = error or e
+            if error is None:
+                error, detail = e, describe_write_error(e, tmp, self.root)
         if error is not None:
-            self._error = (step, error)
-            log.error("checkpoint step %d failed: %r", step, error)
+            self._error = (step, error, detail)
+            log.error("checkpoint step %d failed: %s", step, detail)
         self.last_write_s = time.perf_counter() - t0
 
     def _commit(self, step: int, tmp: Path, files: dict[str, dict[str, int]]) -> None:
@@ -472,6 +476,66 @@ def _cause(failure: object) -> str:
     # DCP wraps each rank's exception as (exception, traceback).
     exc = failure[0] if isinstance(failure, tuple) and failure else failure
     return repr(exc)
+
+
+_OS_ERRORS = {
+    errno.ENOSPC: "the disk is full (ENOSPC)",
+    errno.EDQUOT: "the disk quota is exceeded (EDQUOT)",
+    errno.EFBIG: "a file outgrew the size limit (EFBIG: RLIMIT_FSIZE or the file system's maximum)",
+    errno.EROFS: "the file system is read-only (EROFS)",
+    errno.EACCES: "permission denied (EACCES)",
+}
+
+
+def _os_error_in(err: BaseException) -> OSError | None:
+    """The first OSError with an errno in err's cause/context chain (torch's zip writer wraps a
+    failed write() in RuntimeError('unexpected pos ...') and keeps the OSError as context)."""
+    todo: list[BaseException | None] = [err]
+    seen: set[int] = set()
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno is not None:
+            return e
+        todo += [e.__cause__, e.__context__]
+    return None
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    x, unit = float(n), "B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        x /= 1024
+        if x < 1024:
+            break
+    return f"{x:.1f} {unit}"
+
+
+def describe_write_error(err: BaseException, folder: Path, root: Path) -> str:
+    """One sentence for a failed save: what the OS said, where, and the free space left.
+
+    Without this, a full disk surfaces as torch's "unexpected pos 704 vs 598".
+    """
+    os_err = _os_error_in(err)
+    if os_err is None and "unexpected pos" not in str(err):
+        return repr(err)
+    try:
+        du = shutil.disk_usage(root)
+        space = f"{_size(du.free)} free of {_size(du.total)} on the file system of {root}"
+    except OSError:
+        space = f"free space of {root} unknown"
+    where = os_err.filename if os_err is not None and os_err.filename else folder
+    if os_err is None:  # a short write without the OSError kept: most often a full disk
+        what = f"a write came up short ({err}; the disk may be full)"
+    else:
+        assert os_err.errno is not None
+        name = errno.errorcode.get(os_err.errno, str(os_err.errno))
+        what = _OS_ERRORS.get(os_err.errno, f"{name}: {os_err.strerror}")
+    return (f"{what} while writing {where} ({space}); earlier checkpoints are untouched — free space or lower "
+            f"keep_last/keep_every and save again [{type(err).__name__}: {err}]")
 
 
 def _unwrap(err: BaseException, rank: int) -> BaseException:

@@ -57,7 +57,7 @@ def fsize(conn: Connection, directory: str) -> None:
         ckpt.wait()
         out["error"] = None
     except CheckpointWriteError as e:
-        out["error"] = repr(e.__cause__)
+        out["error"] = str(e)
     out["latest_after_failure"] = ckpt.latest()
     out["entries_after_failure"] = sorted(os.listdir(directory))
     resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
