@@ -10,7 +10,8 @@ def _venv_python_impl(rctx):
     if not py:
         # Label("//:BUILD") names the gem checkout's root even when another workspace loads
         # this file, so the default is the .venv that ./bazelw builds there.
-        py = "%s/.venv/bin/python3" % rctx.path(Label("//:BUILD")).dirname
+        # realpath: in another workspace the label resolves through external/gem, a symlink.
+        py = "%s/.venv/bin/python3" % rctx.path(Label("//:BUILD")).realpath.dirname
     if not py.startswith("/"):
         fail("gem_dependencies(python = %r): must be an absolute path to a Python interpreter" % py)
     if not rctx.path(py).exists:
