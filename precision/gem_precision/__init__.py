@@ -5,7 +5,7 @@ from gem_precision._linear import MXFP8Linear, MXLinearConfig
 from gem_precision._quant import to_mx, to_mx_2d_both
 from gem_precision._recipes import MXRecipe, convert_to_mxfp8, default_module_filter, mx_recipe_config
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"
 __all__ = [
     "MXFP8Linear",
     "MXLinearConfig",

@@ -11,7 +11,9 @@ decodes to X * P_i (spec §6.2). Conversion (spec §6.3):
   block can exceed the element max (448 / 57344) and saturate.
 * scale rule "rceil" (NVIDIA's cuBLAS/Blackwell rule): X = the smallest power of two with
   amax / X <= max_elem; nothing saturates. Computed exactly from amax's exponent and
-  mantissa (max_elem = 1.75 * 2^emax for both formats).
+  mantissa (max_elem = 1.75 * 2^emax for both formats). Near fp32's max (amax > 1.9375 *
+  2^127) an element can round up to X * P = 2^128, beyond fp32: `dequantize` saturates it to
+  fp32's max rather than return Inf (floor mode saturates the element instead).
 * the exponent is clamped to the E8M0 range [-127, 127]; an all-zero block gets byte 0.
 * elements: x / X rounded to nearest, ties to even, then saturated to +-max_elem (the spec's
   "saturating" conversion; E4M3FN has no Inf). Signed zeros keep their sign.
@@ -86,8 +88,9 @@ class MXTensor:
         return self.data.shape
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Decode to `dtype` (exact in fp32: every X * P_i is an fp32 number)."""
-        return dequantize_reference(self).to(dtype)
+        """Decode to `dtype`: exact in fp32, saturated to +-max where X * P_i is beyond `dtype`'s
+        range (see `dequantize_reference`; only "rceil" blocks near fp32's max reach it in fp32)."""
+        return dequantize_reference(self, dtype)
 
 
 def scale_to_float(scale: torch.Tensor) -> torch.Tensor:
@@ -157,9 +160,23 @@ def to_mx_reference(
     )
 
 
-def dequantize_reference(t: MXTensor) -> torch.Tensor:
-    """fp32 X * P_i for every element (exact); NaN-scale blocks decode to NaN."""
+def dequantize_reference(t: MXTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """X * P_i for every element in `dtype`, saturated to +-finfo(dtype).max.
+
+    Exact in fp32 except where X * P_i is beyond fp32's range: "rceil" can round a block
+    whose amax is within 1/16 of fp32's max up to 2^128 (e.g. amax 3.3e38: X = 2^120, the
+    element 255 rounds to 256), a valid MX value that fp32 cannot hold. Like the spec's
+    saturating element conversion, such a finite MX value decodes to +-max, never to Inf
+    (also when `dtype`'s range is smaller, e.g. fp16). NaN-scale blocks decode to NaN; an
+    E5M2 Inf element (never written by `to_mx`) stays Inf.
+    """
     s = scale_to_float(t.scale).movedim(t.dim, -1)
     n = t.data.shape[t.dim]
     s = s.repeat_interleave(t.block_size, dim=-1)[..., :n].movedim(-1, t.dim)
-    return t.data.float() * s
+    p = t.data.float()
+    out = (p * s).to(dtype)
+    big = torch.finfo(dtype).max
+    sat = out.nan_to_num_(nan=float("nan"), posinf=big, neginf=-big)
+    if t.elem_dtype == torch.float8_e5m2:
+        sat = torch.where(p.isinf(), p.to(dtype), sat)
+    return sat

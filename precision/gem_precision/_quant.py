@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Literal
 
@@ -123,8 +124,9 @@ def _to_mx_impl(x: torch.Tensor, elem_dtype: torch.dtype, block_size: int, d: in
 
     fmt = elem_format(elem_dtype)
     rceil = mode == "rceil"
+    # 2-D views with explicit sizes: reshape(-1, n) is ambiguous for an empty x ([4, 0])
     if d == x.dim() - 1:
-        x2 = x.reshape(-1, x.shape[-1])
+        x2 = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
         r, _ = quantize_2d(x2, fmt, block_size=block_size, rceil=rceil, row=True, col=None)
         assert r is not None
         return MXTensor(
@@ -133,7 +135,7 @@ def _to_mx_impl(x: torch.Tensor, elem_dtype: torch.dtype, block_size: int, d: in
             dim=d, block_size=block_size, elem_dtype=elem_dtype,
         )
     if d == 0:
-        x2 = x.reshape(x.shape[0], -1)
+        x2 = x.reshape(x.shape[0], math.prod(x.shape[1:]))
         _, c = quantize_2d(x2, fmt, block_size=block_size, rceil=rceil, row=False, col="same")
         assert c is not None
         return MXTensor(
