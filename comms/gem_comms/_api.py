@@ -17,7 +17,7 @@ pays off when SM time is scarcer than memory and bandwidth. It is offered, label
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
@@ -89,7 +89,7 @@ def resolve_backend(
         raise ValueError(f"{backend=} needs an initialized process group (torch.distributed.init_process_group)")
     if b != "auto":
         if b == "copy_engine" and dev.type == "cuda":
-            pg = _peer.get_peer_group(group, dev, timeout or _peer.DEFAULT_TIMEOUT_S)
+            pg = _peer.get_peer_group(group, dev, _limit(timeout))
             if not (pg.one_host and pg.peer_access):
                 raise ValueError(
                     "backend='copy_engine' needs all ranks on one host with GPU peer access; "
@@ -102,20 +102,23 @@ def resolve_backend(
         return "gloo"
     if reduction and dist.get_world_size(group) > 1:
         return "nccl"
-    pg = _peer.get_peer_group(group, dev, timeout or _peer.DEFAULT_TIMEOUT_S)
+    pg = _peer.get_peer_group(group, dev, _limit(timeout))
     return "copy_engine" if pg.one_host and pg.peer_access else "nccl"
 
 
-def _wrap(work: dist.Work | None, backend: str, async_op: bool) -> CommHandle | None:
-    if not async_op:
-        return None
-    return CommHandle(backend, work=work)
+def _limit(timeout: float | None) -> float:
+    """Seconds the host-side parts of a call may wait (`timeout=None`: DEFAULT_TIMEOUT_S)."""
+    if timeout is None:
+        return _peer.DEFAULT_TIMEOUT_S
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        raise ValueError(f"{timeout=} must be None or a non-negative number of seconds")
+    return float(timeout)
 
 
 def _finish(handle: CommHandle, async_op: bool) -> CommHandle | None:
     if async_op:
         return handle
-    handle.wait()
+    handle.wait()  # CUDA without timeout=: orders the current stream, the host goes on
     return None
 
 
@@ -125,6 +128,36 @@ def _torch_call(name: str, *args: object, **kwargs: object) -> dist.Work | None:
         warnings.filterwarnings("ignore", category=FutureWarning, message=".*deprecated.*")
         out: dist.Work | None = getattr(dist, name)(*args, **kwargs)
         return out
+
+
+def _via_torch(
+    name: str, backend: str, plan: _peer.Plan, group: dist.ProcessGroup | None, async_op: bool,
+    timeout: float | None, device: torch.device, *args: object, **kwargs: object,
+) -> CommHandle | None:
+    """NCCL / gloo: the cross-rank plan check (once per signature), then torch's collective.
+
+    With `timeout=` the collective is issued async and waited for with that deadline, so a
+    missing rank raises TimeoutError instead of blocking (for CUDA the host then waits for
+    completion; without `timeout=` a sync CUDA call stays stream-ordered, as in torch).
+    """
+    _peer.torch_channel(group).agree(plan, _limit(timeout))
+    if timeout is None:
+        work = _torch_call(name, *args, group=group, async_op=async_op, **kwargs)
+        return CommHandle(backend, work=work, device=device) if async_op else None
+    work = _torch_call(name, *args, group=group, async_op=True, **kwargs)
+    return _finish(CommHandle(backend, work=work, device=device, timeout=timeout), async_op)
+
+
+def _via_copy_engine(
+    plan: _peer.Plan, group: dist.ProcessGroup | None, async_op: bool, timeout: float | None,
+    output: torch.Tensor, input: torch.Tensor, epilogue: Callable[[], None] | None = None,
+    keep: tuple[torch.Tensor, ...] = (),
+) -> CommHandle | None:
+    limit = _limit(timeout)
+    pg = _peer.get_peer_group(group, _device(input), limit)
+    handle = pg.run(output, input, plan, limit, epilogue=epilogue, keep=keep)
+    handle._timeout = timeout
+    return _finish(handle, async_op)
 
 
 def all_gather_into_tensor(
@@ -140,34 +173,40 @@ def all_gather_into_tensor(
 
     Args:
         output_tensor: `[world * n, ...]` (or any shape of world * input.numel() elements).
-        input_tensor: `[n, ...]`, same dtype and device.
+        input_tensor: `[n, ...]`, same dtype and device. May be a view of output's slice
+            `rank` (FSDP's in-place all-gather): that slice is then not copied.
         group: process group; None = default group (or a world of one if none is initialized).
         async_op: return a `CommHandle` instead of waiting.
         backend: "auto" | "copy_engine" | "nccl" | "gloo" (see `resolve_backend`).
-        timeout: seconds the copy-engine host exchange waits for peers before TimeoutError.
+        timeout: seconds any host-side wait of this call may take before TimeoutError (peers
+            joining, cross-rank check, completion when waited on); None = no extra limit.
 
     Returns:
         A `CommHandle` if `async_op`, else None (the output is ready on the current stream).
+
+    Raises:
+        ValueError: bad arguments, or ranks disagree on dtype / size (same error on every
+            rank, before any byte moves; checked on the first call of each signature).
+        TimeoutError: a rank did not join within `timeout`.
     """
     check_pair(output_tensor, input_tensor)
     rank, world = _peer.world_of(group)
     check_gather(output_tensor, input_tensor, world)
     b = resolve_backend(input_tensor, group, backend, timeout=timeout)
-    if b != "copy_engine":
-        work = _torch_call("all_gather_into_tensor", output_tensor, input_tensor, group=group, async_op=async_op)
-        return _wrap(work, b, async_op)
-    n = input_tensor.numel() * input_tensor.element_size()
+    n = input_tensor.numel()
     plan = _peer.Plan(
         op="all_gather_into_tensor",
         dtype=str(input_tensor.dtype),
-        row_bytes=1,
-        send_rows=[n] * world,
-        recv_rows=[n] * world,
+        row_bytes=input_tensor.element_size(),
+        send_rows=(n,) * world,
+        recv_rows=(output_tensor.numel() // world,) * world,
         send_names=("input_tensor.numel()", "output_tensor.numel() / world_size"),
         send_whole_input=True,
     )
-    pg = _peer.get_peer_group(group, _device(input_tensor), timeout or _peer.DEFAULT_TIMEOUT_S)
-    return _finish(pg.run(output_tensor, input_tensor, plan), async_op)
+    if b != "copy_engine":
+        return _via_torch("all_gather_into_tensor", b, plan, group, async_op, timeout,
+                          _device(input_tensor), output_tensor, input_tensor)
+    return _via_copy_engine(plan, group, async_op, timeout, output_tensor, input_tensor)
 
 
 def all_to_all_single(
@@ -190,18 +229,14 @@ def all_to_all_single(
         input_split_sizes: rows sent to each rank (None = equal split). Zero parts are fine.
         group, async_op, backend, timeout: as in `all_gather_into_tensor`.
 
-    Rank p's `input_split_sizes[q]` must equal rank q's `output_split_sizes[p]`; the
-    copy-engine backend checks this across ranks before moving anything.
+    Rank p's `input_split_sizes[q]` must equal rank q's `output_split_sizes[p]`; every
+    backend checks this across ranks before moving anything (splits change from call to
+    call, so this costs one host exchange per call).
     """
     check_pair(output, input)
     rank, world = _peer.world_of(group)
     outs, ins = check_all_to_all(output, input, output_split_sizes, input_split_sizes, world)
     b = resolve_backend(input, group, backend, timeout=timeout)
-    if b != "copy_engine":
-        work = _torch_call(
-            "all_to_all_single", output, input, outs, ins, group=group, async_op=async_op
-        )
-        return _wrap(work, b, async_op)
     row = 1
     for d in input.shape[1:]:
         row *= d
@@ -209,12 +244,15 @@ def all_to_all_single(
         op="all_to_all_single",
         dtype=str(input.dtype),
         row_bytes=row * input.element_size(),
-        send_rows=ins,
-        recv_rows=outs,
+        send_rows=tuple(ins),
+        recv_rows=tuple(outs),
         send_names=("input_split_sizes", "output_split_sizes"),
+        symmetric=False,
     )
-    pg = _peer.get_peer_group(group, _device(input), timeout or _peer.DEFAULT_TIMEOUT_S)
-    return _finish(pg.run(output, input, plan), async_op)
+    if b != "copy_engine":
+        return _via_torch("all_to_all_single", b, plan, group, async_op, timeout, _device(input),
+                          output, input, outs, ins)
+    return _via_copy_engine(plan, group, async_op, timeout, output, input)
 
 
 def reduce_scatter_tensor(
@@ -243,28 +281,28 @@ def reduce_scatter_tensor(
     check_scatter(output, input, world)
     name = _op_name(op)
     b = resolve_backend(input, group, backend, reduction=True, timeout=timeout)
-    if b != "copy_engine":
-        work = _torch_call("reduce_scatter_tensor", output, input, op=op, group=group, async_op=async_op)
-        return _wrap(work, b, async_op)
-    if name == "avg" and not input.dtype.is_floating_point:
-        raise ValueError(f"op=AVG needs a floating dtype, got {input.dtype=}")
     n = output.numel()
-    stacked = torch.empty((world, n), dtype=input.dtype, device=input.device)
     plan = _peer.Plan(
         op="reduce_scatter_tensor",
         dtype=str(input.dtype),
-        row_bytes=n * input.element_size(),
-        send_rows=[1] * world,
-        recv_rows=[1] * world,
+        row_bytes=input.element_size(),
+        send_rows=(input.numel() // world,) * world,
+        recv_rows=(n,) * world,
         send_names=("input.numel() / world_size", "output.numel()"),
     )
+    if b != "copy_engine":
+        return _via_torch("reduce_scatter_tensor", b, plan, group, async_op, timeout,
+                          _device(input), output, input, op=op)
+    if name == "avg" and not input.dtype.is_floating_point:
+        raise ValueError(f"op=AVG needs a floating dtype, got {input.dtype=}")
+    stacked = torch.empty((world, n), dtype=input.dtype, device=input.device)
     out_flat = output.view(-1)
 
     def reduce() -> None:  # runs on the side stream, after the copies: an SM kernel
         out_flat.copy_(_REDUCTIONS[name](stacked))
 
-    pg = _peer.get_peer_group(group, _device(input), timeout or _peer.DEFAULT_TIMEOUT_S)
-    return _finish(pg.run(stacked, input, plan, epilogue=reduce, keep=(output,)), async_op)
+    return _via_copy_engine(plan, group, async_op, timeout, stacked, input, epilogue=reduce,
+                            keep=(output,))
 
 
 def release_buffers(group: dist.ProcessGroup | None = None) -> None:

@@ -42,8 +42,10 @@ class CommHandle:
         event: torch.cuda.Event | None = None,
         device: torch.device | None = None,
         keep: tuple[torch.Tensor, ...] = (),
+        timeout: float | timedelta | None = None,
     ) -> None:
         self.backend = backend
+        self._timeout = _seconds(timeout)  # the collective's `timeout=`: wait()'s default
         self._work = work
         self._event = event
         self._device = device
@@ -71,16 +73,25 @@ class CommHandle:
 
         Args:
             timeout: seconds (or a timedelta) the host is willing to wait for completion;
-                `None` means no host-side limit (the process group's own timeout still holds).
+                `None` takes the collective's own `timeout=`; if that was None too there is no
+                host-side limit (CUDA: the current stream is ordered, the host does not block).
 
         Raises:
             TimeoutError: the collective did not complete within `timeout`. The group is then
                 in an unknown state (a peer is missing); see `release_buffers`.
         """
-        limit = _seconds(timeout)
+        limit = _seconds(timeout) if timeout is not None else self._timeout
         if limit is not None:
             deadline = time.monotonic() + limit
-            if self._work is not None and not self._work.is_completed():
+            cuda_work = self._device is not None and self._device.type == "cuda"
+            pause = 1e-5
+            while cuda_work and self._work is not None and not self._work.is_completed():
+                # NCCL: Work.wait() only orders streams, so poll the completion instead.
+                if time.monotonic() >= deadline:
+                    self._raise_timeout(limit)
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-2)
+            if not cuda_work and self._work is not None and not self._work.is_completed():
                 # Some Works (e.g. gloo reduce-scatter) only report completion from wait(),
                 # so a helper thread waits and the caller joins it with the deadline.
                 if self._waiter is None:
@@ -115,7 +126,8 @@ class CommHandle:
     def _raise_timeout(self, limit: float) -> None:
         raise TimeoutError(
             f"gem_comms {self.backend} collective did not complete within "
-            f"timeout={limit} s (a peer rank may not have joined it)"
+            f"timeout={limit} s (a peer rank may not have joined it); call release_buffers() "
+            "on every rank before reusing the group"
         )
 
     def __repr__(self) -> str:

@@ -1,31 +1,32 @@
-"""Copy-engine collectives: peer staging buffers exchanged once, moved by cudaMemcpyAsync.
+"""Copy-engine collectives: buffers mapped once, peers pull straight into the destination.
 
-Why this file exists: NCCL's all-gather / all-to-all kernels occupy SMs (tens of them) for the
-whole transfer, which slows the compute that is meant to overlap with it. Within one host,
-the same bytes can be moved by the GPU's DMA copy engines instead: each rank owns a staging
-buffer that every peer has mapped (CUDA IPC, `torch.multiprocessing.reductions`), and a
-collective is a set of `cudaMemcpyAsync` calls on a dedicated side stream (torch's
-`Tensor.copy_` of contiguous same-dtype bytes is exactly one `cudaMemcpyAsync`).
+Why this file exists: NCCL's all-gather / all-to-all kernels occupy SMs for the whole
+transfer, which slows the compute meant to overlap with it. Within one host the same bytes
+can be moved by the GPUs' DMA copy engines: each rank owns a staging buffer and a small
+flag array that every peer has mapped (CUDA IPC, opened once per group and kept), and a
+collective is a few `cuMemcpyAsync` calls plus stream memory operations (`_cuda.py`).
 
-Protocol of one collective on rank r (push model, one staging slot):
+Protocol of one collective on rank r, per *lane* j (one side stream each; a large chunk is
+cut into `lanes` pieces so several copy engines work at once; small calls use one lane):
 
-1. *meta*: all ranks post (op, dtype, row bytes, rows sent to / received from each peer) to
-   the store and read everyone's. Mismatches raise `ValueError` on every rank, before any
-   transfer; the largest chunk fixes the staging size, grown identically on all ranks.
-2. side stream waits for the caller's current stream and for every peer's `D` event (peer
-   finished reading its staging area from the previous call), then copies r's chunk for peer
-   p into p's staging region r (peer-to-peer copy), and its own chunk straight to the output.
-   Records its IPC event `W` (writes done).
-3. *barrier* through the store: every rank has now *enqueued* its `W` record.
-4. side stream waits every peer's `W`, copies staging region q -> output slice q, records `D`.
+  A. wait until every peer q has finished reading r's staging piece j from the previous use
+     (`free[j][q] >= s-1`, a flag in r's memory that q writes); copy piece j of what r sends
+     into r's staging (local DMA); write `ready[j][r] = s` into every peer's flags (the
+     write is fenced after the copy); copy r's own piece straight into r's output.
+  B. for each peer q: wait `ready[j][q] >= s` (local flag), copy piece j of q's chunk for r
+     from q's staging **directly into r's output** (peer-to-peer DMA), write `free[j][r] = s`
+     into q's flags.
 
-`cudaStreamWaitEvent` waits for the most recent *enqueued* record, so the two host
-exchanges are what make the event protocol race-free: every wait is enqueued after the record
-it targets and before the next one. Host cost: two store round trips per call (tens of
-microseconds each on one host), so small messages are cheaper on NCCL.
+`s` counts the uses of lane j, identical on all ranks because all ranks issue the same
+collectives in the same order. No host round trip happens in the steady state: the
+cross-rank plan check runs once per distinct call signature (cached; all-to-all exchanges
+its splits every call, since they change), and the staging grows collectively when a newly
+agreed signature needs more. Cost per byte received: one P2P copy into the destination plus,
+on the sender, one local copy of what it sends (n bytes for all-gather, not world x n).
 
-The same code runs over host shared memory for CPU tensors (copies are then plain memcpy
-by the CPU, events are not needed): that is how the protocol is tested on CPU gloo worlds.
+The same protocol runs over host shared memory for CPU tensors (flags are shared int32
+words, waits spin with a deadline, copies are memcpy): that is how it is tested in CPU gloo
+worlds — the flag logic, the offsets and the lanes are the code the GPU runs.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from __future__ import annotations
 import os
 import pickle
 import socket
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -43,12 +44,44 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
+from gem_comms import _cuda
 from gem_comms._handle import CommHandle
 
 DEFAULT_TIMEOUT_S = 300.0
 _MIN_REGION_BYTES = 1 << 20
+_SIGNATURE_CACHE = 4096  # distinct agreed signatures kept per channel (cleared identically)
 _generation: dict[str, int] = {}
 _groups: dict[tuple[str, str], PeerGroup] = {}
+_channels: dict[str, Channel] = {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """Copy-engine tuning, identical on every rank (checked when a group is set up).
+
+    Attributes:
+        lanes: side streams a large transfer is split over (copy engines in flight).
+        lane_min_bytes: chunks smaller than this use one lane (fewer stream operations).
+    """
+
+    lanes: int = 4
+    lane_min_bytes: int = 4 << 20
+
+
+_config = Config()
+
+
+def configure(*, lanes: int | None = None, lane_min_bytes: int | None = None) -> Config:
+    """Sets the copy-engine tuning for groups set up afterwards (call `release` first)."""
+    global _config
+    new = Config(lanes=_config.lanes if lanes is None else lanes,
+                 lane_min_bytes=_config.lane_min_bytes if lane_min_bytes is None else lane_min_bytes)
+    if isinstance(new.lanes, bool) or not isinstance(new.lanes, int) or not 1 <= new.lanes <= 32:
+        raise ValueError(f"lanes={new.lanes!r} must be an int in [1, 32]")
+    if not isinstance(new.lane_min_bytes, int) or new.lane_min_bytes < 1:
+        raise ValueError(f"lane_min_bytes={new.lane_min_bytes!r} must be a positive int")
+    _config = new
+    return new
 
 
 def _group_name(group: dist.ProcessGroup | None) -> str:
@@ -66,6 +99,110 @@ def world_of(group: dist.ProcessGroup | None) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+# ---- plans and their cross-rank check ----------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What this rank sends to and receives from each rank, in rows of `row_bytes`."""
+
+    op: str
+    dtype: str
+    row_bytes: int
+    send_rows: tuple[int, ...]
+    recv_rows: tuple[int, ...]
+    send_names: tuple[str, str]  # (argument that sets send_rows, argument that sets recv_rows)
+    send_whole_input: bool = False  # all-gather: every rank gets the same (whole) input
+    symmetric: bool = True  # every rank issues the same plan: agree once per signature
+
+    def key(self) -> tuple[object, ...]:
+        return (self.op, self.dtype, self.row_bytes, self.send_rows, self.recv_rows)
+
+
+def check_plans(plans: list[Plan]) -> None:
+    """Raises the same ValueError on every rank if the ranks' plans do not fit together."""
+    p0 = plans[0]
+    for q, other in enumerate(plans):
+        if (other.op, other.dtype, other.row_bytes) != (p0.op, p0.dtype, p0.row_bytes):
+            raise ValueError(
+                f"gem_comms {p0.op}: ranks disagree on the call: rank 0 issued {p0.op} "
+                f"dtype={p0.dtype} row_bytes={p0.row_bytes}, rank {q} issued {other.op} "
+                f"dtype={other.dtype} row_bytes={other.row_bytes}; no data was transferred"
+            )
+    send_arg, recv_arg = p0.send_names
+    for src, a in enumerate(plans):
+        for dst, b in enumerate(plans):
+            if a.send_rows[dst] != b.recv_rows[src]:
+                raise ValueError(
+                    f"gem_comms {p0.op}: rank {src} sends {a.send_rows[dst]} rows to rank {dst} "
+                    f"({send_arg}) but rank {dst} expects {b.recv_rows[src]} rows from rank {src} "
+                    f"({recv_arg}); no data was transferred"
+                )
+
+
+class Channel:
+    """Host-side all-gather of small objects through the c10d store, plus the signature cache."""
+
+    def __init__(self, group: dist.ProcessGroup | None, kind: str) -> None:
+        self.rank, self.world = world_of(group)
+        self.store: Store | None = None
+        if self.world > 1:
+            name = _group_name(group)
+            prefix = f"gem_comms/{name}/{_generation.get(name, 0)}/{kind}"
+            self.store = PrefixStore(prefix, dist.distributed_c10d._get_default_store())
+        self.exchanges = 0  # host round trips so far (the steady state adds none)
+        self._old_keys: list[str] = []
+        self._agreed: set[tuple[object, ...]] = set()
+
+    def exchange(self, obj: Any, timeout: float) -> list[Any]:
+        """Every rank's `obj`, in rank order (a host barrier); TimeoutError names missing ranks."""
+        if self.world == 1 or self.store is None:
+            return [obj]
+        seq = self.exchanges
+        self.exchanges += 1
+        keys = [f"{seq}/{q}" for q in range(self.world)]
+        self.store.set(keys[self.rank], pickle.dumps(obj))  # type: ignore[arg-type]
+        try:
+            self.store.wait(keys, timedelta(seconds=timeout))
+        except RuntimeError as e:
+            if "timeout" in str(e).lower() or "timed out" in str(e).lower():
+                missing = [q for q in range(self.world) if not self.store.check([keys[q]])]
+                raise TimeoutError(
+                    f"gem_comms: rank {self.rank} waited timeout={timeout} s at host exchange {seq} "
+                    f"for ranks {missing} (they did not join this collective, or issued a different "
+                    "one); call release_buffers() on every rank before reusing the group"
+                ) from e
+            raise
+        vals = [pickle.loads(v) for v in self.store.multi_get(keys)]
+        # Every peer has posted step seq, so all are done reading step seq-1: drop our old key.
+        for k in self._old_keys:
+            self.store.delete_key(k)
+        self._old_keys = [keys[self.rank]]
+        return vals
+
+    def agree(self, plan: Plan, timeout: float) -> list[Plan]:
+        """All ranks' plans, checked. Symmetric plans are exchanged once per signature."""
+        if self.world == 1:
+            return [plan]
+        key = plan.key()
+        if plan.symmetric and key in self._agreed:
+            return [plan] * self.world
+        plans: list[Plan] = self.exchange(plan, timeout)
+        check_plans(plans)
+        if plan.symmetric:
+            if len(self._agreed) >= _SIGNATURE_CACHE:
+                self._agreed.clear()  # same calls on every rank, so cleared identically
+            self._agreed.add(key)
+        return plans
+
+
+def torch_channel(group: dist.ProcessGroup | None) -> Channel:
+    """The signature channel of the NCCL / gloo paths for `group`."""
+    name = _group_name(group)
+    ch = _channels.get(name)
+    if ch is None:
+        ch = _channels[name] = Channel(group, "torch")
+    return ch
+
+
 def get_peer_group(group: dist.ProcessGroup | None, device: torch.device, timeout: float) -> PeerGroup:
     key = (_group_name(group), device.type)
     pg = _groups.get(key)
@@ -77,36 +214,23 @@ def get_peer_group(group: dist.ProcessGroup | None, device: torch.device, timeou
             f"copy_engine uses one device per process and group: this group was set up on "
             f"{pg.device}, got tensors on {device}"
         )
-    pg.timeout = timeout  # per call: the host exchanges of this collective wait this long
     return pg
 
 
 def release(group: dist.ProcessGroup | None) -> None:
-    """Drops this rank's copy-engine state for `group` (all devices); the next call rebuilds it.
+    """Drops this rank's copy-engine state and signature cache for `group`; rebuilt on next use.
 
-    Call it on every rank of the group (e.g. after a TimeoutError left the group inconsistent):
-    the rebuilt state uses fresh store keys, so stale keys from the failed call do not matter.
+    Call it on every rank of the group with no collective in flight (e.g. after a
+    TimeoutError): the rebuilt state uses fresh store keys and fresh flags.
     """
     name = _group_name(group)
     for key in [k for k in _groups if k[0] == name]:
         _groups.pop(key).close()
+    _channels.pop(name, None)
     _generation[name] = _generation.get(name, 0) + 1
 
 
-@dataclass(frozen=True, kw_only=True)
-class Plan:
-    """What this rank sends and receives, in bytes, for one collective."""
-
-    op: str
-    dtype: str
-    row_bytes: int
-    send_rows: list[int]  # rows this rank sends to each rank
-    recv_rows: list[int]  # rows this rank receives from each rank
-    send_names: tuple[str, str]  # (argument that sets send_rows, argument that sets recv_rows)
-    send_whole_input: bool = False  # all-gather: every rank gets the same (whole) input
-
-
-def _offsets(rows: list[int], row_bytes: int) -> list[int]:
+def _offsets(rows: tuple[int, ...], row_bytes: int) -> list[int]:
     out, acc = [], 0
     for r in rows:
         out.append(acc)
@@ -114,35 +238,164 @@ def _offsets(rows: list[int], row_bytes: int) -> list[int]:
     return out
 
 
+def _piece(n: int, j: int, lanes: int) -> tuple[int, int]:
+    """Byte range of lane j's piece of an n-byte chunk (cuts 256-byte aligned)."""
+
+    def cut(i: int) -> int:
+        return n if i >= lanes else (n * i // lanes) // 256 * 256
+
+    return cut(j), cut(j + 1)
+
+
+# ---- the two transports: host shared memory (CPU tests) and CUDA (copy engines) ---------------
+Buf = Any  # CPU: a uint8 tensor; CUDA: a device address (int)
+
+
+class _HostOps:
+    """CPU tensors: shared-memory staging, memcpy, spin-waits with a deadline."""
+
+    is_cuda = False
+
+    def __init__(self) -> None:
+        self.lanes = 0
+
+    def wrap(self, t: torch.Tensor) -> Buf:
+        return t.reshape(-1).view(torch.uint8)
+
+    def alloc(self, nbytes: int) -> tuple[Any, Buf]:
+        t = torch.zeros(nbytes, dtype=torch.uint8)
+        return t.untyped_storage()._share_filename_cpu_(), t
+
+    def open(self, info: Any) -> Buf:
+        storage = torch.UntypedStorage._new_shared_filename_cpu(*info)
+        return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+    def close_peer(self, buf: Buf) -> None:
+        pass
+
+    def free(self, buf: Buf) -> None:
+        pass
+
+    def same(self, a: Buf, a_off: int, b: Buf, b_off: int) -> bool:
+        return bool(a.data_ptr() + a_off == b.data_ptr() + b_off)
+
+    def copy(self, dst: Buf, d_off: int, src: Buf, s_off: int, n: int, lane: int) -> None:
+        if n:
+            dst[d_off : d_off + n].copy_(src[s_off : s_off + n])
+
+    def signal(self, flags: Buf, idx: int, value: int, lane: int) -> None:
+        flags.view(torch.int32)[idx] = value
+
+    def wait(self, flags: Buf, idx: int, value: int, lane: int, deadline: float) -> bool:
+        words = flags.view(torch.int32)
+        pause = 2e-6
+        while int(words[idx]) < value:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+        return True
+
+    def peek(self, flags: Buf, idx: int) -> int:
+        return int(flags.view(torch.int32)[idx])
+
+    def begin(self, lanes: int) -> None:
+        pass
+
+    def end(self, lanes: int, epilogue: Callable[[], None] | None, keep: tuple[torch.Tensor, ...]) -> CommHandle:
+        if epilogue is not None:
+            epilogue()
+        return CommHandle("copy_engine")
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _CudaOps:
+    """CUDA tensors: one side stream per lane, driver-level DMA copies and flag operations."""
+
+    is_cuda = True
+
+    def __init__(self, device: torch.device, lanes: int) -> None:
+        self.device = device
+        with torch.cuda.device(device):
+            self.streams = [torch.cuda.Stream(device) for _ in range(lanes)]  # type: ignore[no-untyped-call]
+        self.handles = [int(s.cuda_stream) for s in self.streams]
+
+    def wrap(self, t: torch.Tensor) -> Buf:
+        return int(t.data_ptr())
+
+    def alloc(self, nbytes: int) -> tuple[Any, Buf]:
+        ptr = _cuda.mem_alloc(nbytes)
+        _cuda.memset32(ptr, 0, max(nbytes, 4) // 4)
+        torch.cuda.synchronize(self.device)  # zeros land before any peer can see the handle
+        return _cuda.ipc_handle(ptr), ptr
+
+    def open(self, info: Any) -> Buf:
+        return _cuda.ipc_open(info)
+
+    def close_peer(self, buf: Buf) -> None:
+        _cuda.ipc_close(buf)
+
+    def free(self, buf: Buf) -> None:
+        _cuda.mem_free(buf)
+
+    def same(self, a: Buf, a_off: int, b: Buf, b_off: int) -> bool:
+        return bool(a + a_off == b + b_off)
+
+    def copy(self, dst: Buf, d_off: int, src: Buf, s_off: int, n: int, lane: int) -> None:
+        _cuda.copy(dst + d_off, src + s_off, n, self.handles[lane])
+
+    def signal(self, flags: Buf, idx: int, value: int, lane: int) -> None:
+        _cuda.write_flag(flags + 4 * idx, value, self.handles[lane])
+
+    def wait(self, flags: Buf, idx: int, value: int, lane: int, deadline: float) -> bool:
+        _cuda.wait_flag(flags + 4 * idx, value, self.handles[lane])  # the GPU waits, not the host
+        return True
+
+    def peek(self, flags: Buf, idx: int) -> int:
+        raise NotImplementedError  # never needed: CUDA waits cannot time out on the host
+
+    def begin(self, lanes: int) -> None:
+        caller = torch.cuda.current_stream(self.device)
+        for s in self.streams[:lanes]:
+            s.wait_stream(caller)  # inputs produced, outputs free
+
+    def end(self, lanes: int, epilogue: Callable[[], None] | None, keep: tuple[torch.Tensor, ...]) -> CommHandle:
+        s0 = self.streams[0]
+        with torch.cuda.stream(s0):
+            for s in self.streams[1:lanes]:
+                s0.wait_stream(s)
+            if epilogue is not None:
+                epilogue()  # e.g. the reduce-scatter sum: an SM kernel, after the copies
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record(s0)
+        for t in keep:
+            for s in self.streams[:lanes]:
+                t.record_stream(s)  # the allocator keeps the blocks until the copies are done
+        return CommHandle("copy_engine", event=done, device=self.device, keep=keep)
+
+    def synchronize(self) -> None:
+        for s in self.streams:
+            s.synchronize()
+
+
 class PeerGroup:
-    """Per (process group, device type) state: store channel, staging buffers, IPC events."""
+    """Per (process group, device type) state: channel, mapped staging and flags, lane counters."""
 
     def __init__(self, group: dist.ProcessGroup | None, device: torch.device, timeout: float) -> None:
-        self.group = group
         self.device = device
         self.rank, self.world = world_of(group)
-        self.timeout = timeout
+        self.cfg = _config
+        self.channel = Channel(group, device.type)
+        self.ops: _HostOps | _CudaOps = _CudaOps(device, self.cfg.lanes) if device.type == "cuda" else _HostOps()
         self.is_cuda = device.type == "cuda"
-        self._seq = 0
-        self._old_keys: list[str] = []
-        self.store: Store | None = None
-        if self.world > 1:
-            name = _group_name(group)
-            prefix = f"gem_comms/{name}/{_generation.get(name, 0)}/{device.type}"
-            self.store = PrefixStore(prefix, dist.distributed_c10d._get_default_store())
-        self.region = 0  # bytes per source region of each staging buffer
-        self.local: torch.Tensor | None = None
-        self.peers: list[torch.Tensor | None] = []
-        self.side: torch.cuda.Stream | None = None
-        self._w: torch.cuda.Event | None = None  # this rank's "my pushes are written" event
-        self._d: torch.cuda.Event | None = None  # this rank's "my staging is read" event
-        self._peer_w: list[torch.cuda.Event | None] = []
-        self._peer_d: list[torch.cuda.Event | None] = []
-        if self.is_cuda:
-            with torch.cuda.device(device):
-                self.side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-        info = {"host": socket.gethostname(), "pid": os.getpid(), "dev": device.index, "access": self._access()}
-        infos = self.exchange(info)
+        info = {"host": socket.gethostname(), "pid": os.getpid(), "dev": device.index,
+                "access": self._access(), "cfg": self.cfg}
+        infos = self.channel.exchange(info, timeout)
+        cfgs = [i["cfg"] for i in infos]
+        if any(c != cfgs[0] for c in cfgs):
+            raise ValueError(f"gem_comms copy_engine: ranks were configured differently: {cfgs}")
         self.hosts = [i["host"] for i in infos]
         self.one_host = len(set(self.hosts)) == 1
         devs = [i["dev"] for i in infos]
@@ -151,6 +404,13 @@ class PeerGroup:
             for a in range(self.world)
             for b in range(self.world)
         ) if self.is_cuda else True
+        self.region = 0  # staging bytes per rank (identical on all ranks)
+        self.local: Buf = None  # this rank's staging
+        self.peers: list[Buf] = []  # every rank's staging, mapped here (own at index rank)
+        self.flags: Buf = None  # this rank's flags: ready[lane][q], then free[lane][q]
+        self.peer_flags: list[Buf] = []
+        self._seq = [0] * self.cfg.lanes
+        self.timed_out = False
 
     def _access(self) -> list[bool]:
         if not self.is_cuda:
@@ -158,185 +418,135 @@ class PeerGroup:
         me = self.device.index if self.device.index is not None else torch.cuda.current_device()
         return [d == me or torch.cuda.can_device_access_peer(me, d) for d in range(torch.cuda.device_count())]
 
-    # ---- host-side channel ------------------------------------------------------------------
-    def exchange(self, obj: Any) -> list[Any]:
-        """All-gather of a small picklable object through the store (a host barrier)."""
-        if self.world == 1 or self.store is None:
-            return [obj]
-        seq = self._seq
-        self._seq += 1
-        keys = [f"{seq}/{q}" for q in range(self.world)]
-        self.store.set(keys[self.rank], pickle.dumps(obj))  # type: ignore[arg-type]
-        try:
-            self.store.wait(keys, timedelta(seconds=self.timeout))
-        except RuntimeError as e:
-            if "timeout" in str(e).lower() or "timed out" in str(e).lower():
-                missing = [q for q in range(self.world) if not self.store.check([keys[q]])]
-                raise TimeoutError(
-                    f"gem_comms copy_engine: rank {self.rank} waited timeout={self.timeout} s at "
-                    f"step {seq} for ranks {missing} (they did not join this collective)"
-                ) from e
-            raise
-        vals = [pickle.loads(v) for v in self.store.multi_get(keys)]
-        # Every peer has posted step seq, so all are done reading step seq-1: drop our old key.
-        for k in self._old_keys:
-            self.store.delete_key(k)
-        self._old_keys = [keys[self.rank]]
-        return vals
+    def _ctx(self) -> Any:
+        return torch.cuda.device(self.device) if self.is_cuda else _Null()
 
-    # ---- buffers -----------------------------------------------------------------------------
-    def _grow(self, need: int) -> None:
-        """Reallocates and re-exchanges staging buffers; `need` is identical on all ranks."""
+    # ---- buffers (collective; the sizes are identical on every rank) --------------------------
+    def _setup_flags(self, timeout: float) -> None:
+        words = 2 * self.cfg.lanes * self.world
+        info, self.flags = self.ops.alloc(4 * words)
+        infos = self.channel.exchange(info, timeout)
+        self.peer_flags = [self.flags if q == self.rank else self.ops.open(i) for q, i in enumerate(infos)]
+
+    def _grow(self, need: int, timeout: float) -> None:
         region = max(_MIN_REGION_BYTES, 1 << (need - 1).bit_length())
-        if self.side is not None:
-            self.side.synchronize()  # nothing in flight touches the old buffers any more
-        self.local, self.peers = None, []
-        if self.is_cuda:
-            from torch.multiprocessing.reductions import reduce_tensor
-
-            with torch.cuda.device(self.device):
-                local = torch.empty(self.world * region, dtype=torch.uint8, device=self.device)
-                if self._w is None:
-                    self._w = torch.cuda.Event(interprocess=True)  # type: ignore[no-untyped-call]
-                    self._d = torch.cuda.Event(interprocess=True)  # type: ignore[no-untyped-call]
-                assert self._d is not None
-                shared: Any = (
-                    reduce_tensor(local)[1],  # type: ignore[no-untyped-call]
-                    self._w.ipc_handle(),  # type: ignore[no-untyped-call]
-                    self._d.ipc_handle(),  # type: ignore[no-untyped-call]
-                )
-        else:
-            local = torch.empty(self.world * region, dtype=torch.uint8)
-            shared = local.untyped_storage()._share_filename_cpu_()
-        infos = self.exchange(shared)
-        peers: list[torch.Tensor | None] = []
-        peer_w: list[torch.cuda.Event | None] = []
-        peer_d: list[torch.cuda.Event | None] = []
-        for q, info in enumerate(infos):
-            if q == self.rank:
-                peers.append(local)
-                peer_w.append(None)
-                peer_d.append(None)
-            elif self.is_cuda:
-                from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-                args, w_handle, d_handle = info
-                peers.append(rebuild_cuda_tensor(*args))  # type: ignore[no-untyped-call]
-                if not self._peer_w:  # events are exchanged once; buffers on every growth
-                    peer_w.append(torch.cuda.Event.from_ipc_handle(self.device, w_handle))  # type: ignore[no-untyped-call]
-                    peer_d.append(torch.cuda.Event.from_ipc_handle(self.device, d_handle))  # type: ignore[no-untyped-call]
-            else:
-                storage = torch.UntypedStorage._new_shared_filename_cpu(*info)
-                peers.append(torch.empty(0, dtype=torch.uint8).set_(storage))
-                peer_w.append(None)
-                peer_d.append(None)
-        self.local, self.peers, self.region = local, peers, region
-        if not self._peer_w:
-            self._peer_w, self._peer_d = peer_w, peer_d
+        self.ops.synchronize()  # my stagings and my pulls from peers' old staging are done
+        info, local = self.ops.alloc(region)
+        infos = self.channel.exchange(info, timeout)
+        for q, buf in enumerate(self.peers):
+            if q != self.rank and buf is not None:
+                self.ops.close_peer(buf)
+        self.peers = [local if q == self.rank else self.ops.open(i) for q, i in enumerate(infos)]
+        self.channel.exchange(None, timeout)  # every peer has closed my old staging
+        if self.local is not None:
+            self.ops.free(self.local)
+        self.local, self.region = local, region
 
     def close(self) -> None:
-        # The last step's key stays in the store (one small key per rank and generation):
-        # a peer may not have read it yet, and deleting it could strand that peer.
-        if self.side is not None:
-            self.side.synchronize()
-        self.local, self.peers = None, []
-        self._old_keys = []
+        if self.timed_out:
+            # A peer may still read or write these buffers (or a GPU stream may still wait on a
+            # flag): leak them rather than free memory someone else is using.
+            self.local, self.peers, self.flags, self.peer_flags = None, [], None, []
+            return
+        with self._ctx():
+            self.ops.synchronize()
+            for q, buf in enumerate(self.peers):
+                if q != self.rank and buf is not None:
+                    self.ops.close_peer(buf)
+            for q, buf in enumerate(self.peer_flags):
+                if q != self.rank:
+                    self.ops.close_peer(buf)
+            for buf in (self.local, self.flags):
+                if buf is not None:
+                    self.ops.free(buf)
+        self.local, self.peers, self.flags, self.peer_flags = None, [], None, []
 
-    # ---- the collective ----------------------------------------------------------------------
-    def _agree(self, plan: Plan) -> int:
-        """Exchanges plans; raises ValueError on every rank on mismatch. Returns max chunk bytes."""
-        plans: list[Plan] = self.exchange(plan)
-        send_arg, recv_arg = plan.send_names
-        for q, other in enumerate(plans):
-            if (other.op, other.dtype, other.row_bytes) != (plan.op, plan.dtype, plan.row_bytes):
-                raise ValueError(
-                    f"gem_comms {plan.op}: ranks disagree on the call: rank {q} issued "
-                    f"{other.op} dtype={other.dtype} row_bytes={other.row_bytes}, rank {self.rank} "
-                    f"issued {plan.op} dtype={plan.dtype} row_bytes={plan.row_bytes}"
+    # ---- the collective ------------------------------------------------------------------------
+    def _ready(self, lane: int, q: int) -> int:
+        return lane * self.world + q
+
+    def _free(self, lane: int, q: int) -> int:
+        return (self.cfg.lanes + lane) * self.world + q
+
+    def _wait_all(self, idx: Callable[[int], int], peers: list[int], value: int, lane: int,
+                  deadline: float, timeout: float, what: str) -> None:
+        for q in peers:
+            if not self.ops.wait(self.flags, idx(q), value, lane, deadline):
+                missing = [p for p in peers if self.ops.peek(self.flags, idx(p)) < value]
+                self.timed_out = True
+                raise TimeoutError(
+                    f"gem_comms copy_engine: rank {self.rank} waited timeout={timeout} s for ranks "
+                    f"{missing} ({what}; they did not join this collective); call "
+                    "release_buffers() on every rank before reusing the group"
                 )
-        for src, a in enumerate(plans):
-            for dst, b in enumerate(plans):
-                if a.send_rows[dst] != b.recv_rows[src]:
-                    raise ValueError(
-                        f"gem_comms {plan.op}: rank {src} sends {a.send_rows[dst]} rows to rank {dst} "
-                        f"({send_arg}) but rank {dst} expects {b.recv_rows[src]} rows from rank {src} "
-                        f"({recv_arg}); no data was transferred"
-                    )
-        return max((max(p.send_rows, default=0) * p.row_bytes for p in plans), default=0)
-
-    @contextmanager
-    def on_side(self) -> Iterator[None]:
-        """Makes the side stream current (CUDA); a no-op on CPU."""
-        if self.side is None:
-            yield
-        else:
-            with torch.cuda.stream(self.side):
-                yield
 
     def run(
         self,
         output: torch.Tensor,
         input: torch.Tensor,
         plan: Plan,
+        timeout: float,
         epilogue: Callable[[], None] | None = None,
         keep: tuple[torch.Tensor, ...] = (),
     ) -> CommHandle:
         """Moves the bytes of `plan` from `input` into `output`; returns the (async) handle."""
-        need = self._agree(plan) if self.world > 1 else 0
-        if need > self.region:
-            self._grow(need)
-        src = input.reshape(-1).view(torch.uint8)
-        dst = output.reshape(-1).view(torch.uint8)
-        rb = plan.row_bytes
-        s_off = [0] * self.world if plan.send_whole_input else _offsets(plan.send_rows, rb)
-        r_off = _offsets(plan.recv_rows, rb)
-        me = self.rank
-        side = self.side
-        if side is not None:
-            side.wait_stream(torch.cuda.current_stream(self.device))
-        with self.on_side():
-            if side is not None:
-                for q in range(self.world):
-                    ev = self._peer_d[q] if self._peer_d else None
-                    if ev is not None:
-                        side.wait_event(ev)
-            for p in range(self.world):
-                n = plan.send_rows[p] * rb
-                if n == 0:
-                    continue
-                chunk = src[s_off[p] : s_off[p] + n]
-                if p == me:
-                    dst[r_off[me] : r_off[me] + n].copy_(chunk, non_blocking=True)
-                else:
-                    peer = self.peers[p]
-                    assert peer is not None
-                    peer[me * self.region : me * self.region + n].copy_(chunk, non_blocking=True)
-            if side is not None and self._w is not None:
-                self._w.record(side)
-        if self.world > 1:
-            self.exchange(None)  # barrier: every peer's W record (or CPU write) is enqueued
-        with self.on_side():
-            for q in range(self.world):
-                n = plan.recv_rows[q] * rb
-                if q == me:
-                    continue
-                if side is not None:
-                    ev = self._peer_w[q] if self._peer_w else None
-                    if ev is not None:
-                        side.wait_event(ev)
-                if n:
-                    assert self.local is not None
-                    dst[r_off[q] : r_off[q] + n].copy_(
-                        self.local[q * self.region : q * self.region + n], non_blocking=True
-                    )
-            if side is not None and self._d is not None:
-                self._d.record(side)
-            if epilogue is not None:
-                epilogue()
-            if side is None:
-                return CommHandle("copy_engine")
-            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            done.record(side)
-        for t in (output, input, *keep):
-            t.record_stream(side)
-        return CommHandle("copy_engine", event=done, device=self.device, keep=(output, input, *keep))
+        if self.timed_out:
+            raise RuntimeError("gem_comms copy_engine: this group timed out earlier; call "
+                               "release_buffers() on every rank first")
+        with self._ctx():
+            return self._run(output, input, plan, timeout, epilogue, keep)
+
+    def _run(self, output: torch.Tensor, input: torch.Tensor, plan: Plan, timeout: float,
+             epilogue: Callable[[], None] | None, keep: tuple[torch.Tensor, ...]) -> CommHandle:
+        plans = self.channel.agree(plan, timeout)
+        me, world, rb, ops = self.rank, self.world, plan.row_bytes, self.ops
+        whole = plan.send_whole_input
+
+        def send_offsets(p: Plan) -> list[int]:
+            return [0] * world if whole else _offsets(p.send_rows, rb)
+
+        peers = [(me + k) % world for k in range(1, world)]  # rotated: spread the pulls
+        if peers:
+            if self.flags is None:
+                self._setup_flags(timeout)
+            need = max((p.send_rows[0] if whole else sum(p.send_rows)) * rb for p in plans)
+            if need > self.region or self.local is None:  # identical on every rank
+                self._grow(max(need, 1), timeout)
+        max_chunk = max(max(p.send_rows) * rb for p in plans)
+        lanes = self.cfg.lanes if peers and max_chunk >= self.cfg.lane_min_bytes else 1
+        src, dst = ops.wrap(input), ops.wrap(output)
+        s_off, r_off = send_offsets(plan), _offsets(plan.recv_rows, rb)
+        peer_off = [send_offsets(plans[q])[me] for q in range(world)]  # my chunk in q's staging
+        deadline = time.monotonic() + timeout
+        ops.begin(lanes)
+        for j in range(lanes):
+            self._seq[j] += 1
+            s = self._seq[j]
+            # A: stage what I send (once for all-gather), tell the peers, copy my own piece.
+            if peers:
+                self._wait_all(lambda q: self._free(j, q), peers, s - 1, j, deadline, timeout,
+                               "reading my staging from the previous call")
+                for q in peers[:1] if whole else peers:
+                    a, b = _piece(plan.send_rows[q] * rb, j, lanes)
+                    ops.copy(self.local, s_off[q] + a, src, s_off[q] + a, b - a, j)
+                for q in peers:
+                    ops.signal(self.peer_flags[q], self._ready(j, me), s, j)
+            a, b = _piece(plan.send_rows[me] * rb, j, lanes)
+            if b > a and not ops.same(dst, r_off[me] + a, src, s_off[me] + a):
+                ops.copy(dst, r_off[me] + a, src, s_off[me] + a, b - a, j)
+            # B: pull each peer's piece straight into the output, then release its staging.
+            for q in peers:
+                self._wait_all(lambda p: self._ready(j, p), [q], s, j, deadline, timeout,
+                               "staging their data")
+                a, b = _piece(plan.recv_rows[q] * rb, j, lanes)
+                ops.copy(dst, r_off[q] + a, self.peers[q], peer_off[q] + a, b - a, j)
+                ops.signal(self.peer_flags[q], self._free(j, me), s, j)
+        return ops.end(lanes, epilogue, (output, input, *keep))
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *args: object) -> None:
+        return None

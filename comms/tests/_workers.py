@@ -172,37 +172,89 @@ def check_errors(rank: int, world: int, device: str) -> None:
     with pytest.raises(ValueError, match="backend"):
         gc.all_gather_into_tensor(torch.empty(4 * world, device=device), x, backend="mpi")  # type: ignore[arg-type]
 
-    # Cross-rank disagreement, caught by the copy-engine metadata exchange on every rank.
-    n = 3 + (rank == world - 1)
+    # Cross-rank disagreement: every backend raises the same ValueError on every rank before
+    # any byte moves, and the group stays usable.
+    for backend in ("copy_engine", "gloo", "auto") if device == "cpu" else ("copy_engine", "auto"):
+        check_mismatches(rank, world, device, backend)
+
+
+def _same_error_everywhere(fn: Callable[[], object], match: str) -> str:
+    with pytest.raises(ValueError, match=match) as e:
+        fn()
+    msgs: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(msgs, str(e.value))
+    assert all(m == msgs[0] for m in msgs), msgs  # the same message on every rank
+    return str(e.value)
+
+
+def check_mismatches(rank: int, world: int, device: str, backend: str) -> None:
+    # The check runs once per distinct signature, so every mismatching call here uses sizes
+    # no rank has used before (a rank whose signature is cached would skip the exchange).
+    b = backend
+    n = 3 + (rank == world - 1)  # the last rank gathers a different size
     x = torch.arange(n, dtype=torch.float32, device=device)
     out = torch.full((world * n,), -1.0, device=device)
-    with pytest.raises(ValueError, match=r"input_tensor.numel\(\).*no data was transferred"):
-        gc.all_gather_into_tensor(out, x, backend="copy_engine")
+    _same_error_everywhere(lambda: gc.all_gather_into_tensor(out, x, backend=b),  # type: ignore[arg-type]
+                           r"input_tensor.numel\(\).*no data was transferred")
     assert torch.equal(out, torch.full_like(out, -1.0)), "a transfer happened before the error"
+    dtype = torch.float32 if rank == 0 else torch.int32  # same element size, different dtype
+    o2 = torch.full((world * 2,), 5, dtype=dtype, device=device)
+    _same_error_everywhere(
+        lambda: gc.all_gather_into_tensor(o2, torch.zeros(2, dtype=dtype, device=device), backend=b),  # type: ignore[arg-type]
+        "disagree.*dtype=torch.float32.*dtype=torch.int32")
+    assert bool((o2 == 5).all())
+    o3 = torch.full((11 + 2 * (rank == 0),), -1.0, device=device)
+    _same_error_everywhere(
+        lambda: gc.reduce_scatter_tensor(o3, torch.ones(world * o3.numel(), device=device), backend=b),  # type: ignore[arg-type]
+        r"reduce_scatter_tensor: rank 0 sends 13 rows to rank 1")
+    assert torch.equal(o3, torch.full_like(o3, -1.0))
     ins = [1] * world
     outs = [1] * world
     if rank == 0:
         ins[1 % world] += 1  # rank 0 sends one row more to rank 1 than rank 1 expects
-    x = torch.zeros(sum(ins), device=device)
-    out = torch.full((sum(outs),), -1.0, device=device)
-    with pytest.raises(ValueError, match=r"rank 0 sends 2 rows to rank 1 \(input_split_sizes\)"):
-        gc.all_to_all_single(out, x, outs, ins, backend="copy_engine")
-    assert torch.equal(out, torch.full_like(out, -1.0))
-    with pytest.raises(ValueError, match="disagree"):
-        _dtype_mismatch(rank, world, device)
+    xa = torch.zeros(sum(ins), device=device)
+    oa = torch.full((sum(outs),), -1.0, device=device)
+    _same_error_everywhere(lambda: gc.all_to_all_single(oa, xa, outs, ins, backend=b),  # type: ignore[arg-type]
+                           r"rank 0 sends 2 rows to rank 1 \(input_split_sizes\)")
+    assert torch.equal(oa, torch.full_like(oa, -1.0))
     # ...and the group still works afterwards.
-    x = torch.full((2,), float(rank), device=device)
-    out = torch.empty(2 * world, device=device)
-    gc.all_gather_into_tensor(out, x, backend="copy_engine")
-    assert torch.equal(out.cpu(), torch.arange(world, dtype=torch.float32).repeat_interleave(2))
+    x = torch.full((8,), float(rank), device=device)
+    out = torch.empty(8 * world, device=device)
+    gc.all_gather_into_tensor(out, x, backend=b)  # type: ignore[arg-type]
+    assert torch.equal(out.cpu(), torch.arange(world, dtype=torch.float32).repeat_interleave(8))
 
 
-def _dtype_mismatch(rank: int, world: int, device: str) -> None:
-    dtype = torch.float32 if rank == 0 else torch.int32
-    gc.all_gather_into_tensor(
-        torch.empty(world * 2, dtype=dtype, device=device), torch.zeros(2, dtype=dtype, device=device),
-        backend="copy_engine",
-    )
+def check_signature_cache(rank: int, world: int, device: str, backend: str) -> None:
+    """A repeated call signature costs no host exchange; a new one costs exactly one."""
+    from gem_comms import _peer
+
+    def exchanges() -> int:
+        if backend == "copy_engine":
+            return _peer._groups[(_peer._group_name(None), torch.device(device).type)].channel.exchanges
+        return _peer.torch_channel(None).exchanges
+
+    x = torch.full((5,), float(rank), device=device)
+    out = torch.empty(5 * world, device=device)
+    gc.all_gather_into_tensor(out, x, backend=backend)  # type: ignore[arg-type]
+    before = exchanges()
+    for _ in range(3):
+        gc.all_gather_into_tensor(out, x, backend=backend)  # type: ignore[arg-type]
+    assert exchanges() == before, "a cached signature went through the store"
+    gc.all_gather_into_tensor(torch.empty(23 * world, device=device), torch.zeros(23, device=device), backend=backend)  # type: ignore[arg-type]
+    assert exchanges() == before + 1
+
+
+def check_in_place(rank: int, world: int, device: str) -> None:
+    """FSDP's in-place all-gather: the input is this rank's slice of the output."""
+    gen = torch.Generator().manual_seed(600 + rank)
+    for n in (1, 9, 70_000):
+        out = torch.full((world * n,), -1.0, device=device)
+        inp = out[rank * n:(rank + 1) * n]
+        inp.copy_(rand((n,), torch.float32, gen, device))
+        ref = torch.empty(world * n)
+        dist.all_gather_into_tensor(ref, inp.cpu())
+        gc.all_gather_into_tensor(out, inp, backend="copy_engine")
+        assert torch.equal(out.cpu(), ref)
 
 
 def check_prefetcher(rank: int, world: int, device: str, backends: tuple[str, ...]) -> None:
@@ -226,28 +278,57 @@ def check_prefetcher(rank: int, world: int, device: str, backends: tuple[str, ..
 
 
 def check_timeouts(rank: int, world: int, device: str) -> None:
-    """Rank 1 joins late: rank 0 sees TimeoutError instead of hanging."""
+    """Rank 1 joins late: rank 0 gets TimeoutError after `timeout`, on every backend."""
     x = torch.full((3,), float(rank), device=device)
     expect = torch.arange(world, dtype=torch.float32).repeat_interleave(3)
+    out = torch.empty(3 * world, device=device)
     if device == "cpu":
-        out = torch.empty(3 * world)
+        gc.all_gather_into_tensor(out, x, backend="gloo")  # signature now agreed and cached
         if rank == 0:
             h = gc.all_gather_into_tensor(out, x, async_op=True, backend="gloo")
             assert h is not None
             with pytest.raises(TimeoutError, match="did not complete"):
                 h.wait(timeout=0.3)
             h.wait(timeout=30)  # rank 1 arrives: the same handle completes
+            t0 = time.monotonic()  # a sync call honours timeout= too
+            with pytest.raises(TimeoutError, match="did not complete within timeout=0.4"):
+                gc.all_gather_into_tensor(out, x, backend="gloo", timeout=0.4)
+            assert time.monotonic() - t0 < 5
         else:
             time.sleep(1.5)
             gc.all_gather_into_tensor(out, x, backend="gloo")
+            time.sleep(1.5)
+            gc.all_gather_into_tensor(out, x, backend="gloo")  # completes rank 0's timed-out call
+        dist.barrier()  # gloo orders the barrier after the pending all-gather
         assert torch.equal(out, expect)
-    # copy engine: rank 0 gives up in the metadata exchange, rank 1 (late) in the barrier.
-    out = torch.empty(3 * world, device=device)
+        # a new signature: the cross-rank check itself times out, naming the missing rank
+        if rank == 0:
+            with pytest.raises(TimeoutError, match=r"for ranks \[1\]"):
+                gc.all_gather_into_tensor(torch.empty(7 * world), torch.zeros(7), backend="gloo", timeout=0.5)
+        gc.release_buffers()
+        dist.barrier()
+    # copy engine, cached signature: rank 0 gives up waiting for rank 1's staged data; rank 1
+    # (late) still completes, because rank 0 staged and signalled before it gave up.
+    gc.all_gather_into_tensor(out, x, backend="copy_engine", timeout=30)
+    if rank == 1:
+        time.sleep(2.0)
+    if rank == 0:
+        with pytest.raises(TimeoutError, match=r"for ranks \[1\]"):
+            gc.all_gather_into_tensor(out, x, backend="copy_engine", timeout=0.7)
+        with pytest.raises(RuntimeError, match="timed out earlier"):
+            gc.all_gather_into_tensor(out, x, backend="copy_engine", timeout=0.7)
+    else:
+        gc.all_gather_into_tensor(out, x, backend="copy_engine", timeout=30)
+        assert torch.equal(out.cpu(), expect)
+    gc.release_buffers()  # on every rank: fresh state and store keys
+    dist.barrier()
+    # new signature: rank 0 gives up in the cross-rank check, rank 1 (late) waiting for data.
     if rank == 1:
         time.sleep(2.0)
     with pytest.raises(TimeoutError, match="did not join"):
-        gc.all_gather_into_tensor(out, x, backend="copy_engine", timeout=0.7)
-    gc.release_buffers()  # on every rank: fresh state and store keys
+        gc.all_gather_into_tensor(torch.empty(4 * world, device=device), torch.zeros(4, device=device),
+                                  backend="copy_engine", timeout=0.7)
+    gc.release_buffers()
     dist.barrier()
     gc.all_gather_into_tensor(out, x, backend="copy_engine", timeout=30)
     assert torch.equal(out.cpu(), expect)
@@ -260,7 +341,21 @@ def world_main(rank: int, world: int, path: str, device: str) -> None:
     check_reduce_scatter(rank, world, device, ("gloo", "copy_engine") if device == "cpu" else ("copy_engine",))
     check_errors(rank, world, device)
     check_prefetcher(rank, world, device, backends)
-    if world == 2:
+    check_in_place(rank, world, device)
+    for backend in ("copy_engine", "gloo") if device == "cpu" else ("copy_engine",):
+        check_signature_cache(rank, world, device, backend)
+    # several lanes (side streams) on small chunks: the piece boundaries and flags per lane
+    from gem_comms import _peer
+
+    gc.release_buffers()
+    _peer.configure(lanes=3, lane_min_bytes=64)
+    check_all_gather(rank, world, device, ("copy_engine",))
+    check_all_to_all(rank, world, device, ("copy_engine",))
+    check_reduce_scatter(rank, world, device, ("copy_engine",))
+    check_in_place(rank, world, device)
+    gc.release_buffers()
+    _peer.configure(lanes=_peer.Config().lanes, lane_min_bytes=_peer.Config().lane_min_bytes)
+    if world == 2 and device == "cpu":  # CUDA waits are on the GPU: see the README's Faults
         check_timeouts(rank, world, device)
     if device == "cpu":
         _close(rank, world, device)
