@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from gem_kernels._jagged import check_jagged, check_offsets
+from gem_kernels._jagged import check_jagged, check_offsets, check_triton_device, resolve_backend
 
 _BACKENDS = ("auto", "triton", "reference")
 TRITON_HEAD_DIMS = (32, 64, 128, 256)
@@ -153,14 +153,14 @@ def block_attention(
         scale = 1.0 / math.sqrt(q.shape[2])
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"scale={scale!r} must be a finite host float")
-    if backend == "auto":
-        backend = "triton" if device.type == "cuda" else "reference"
+    backend = resolve_backend(backend, device)
     if backend == "reference":
         return block_attention_reference(q, k, v, offsets, block_size=block_size, rope=rope, scale=float(scale))
     if q.shape[2] not in TRITON_HEAD_DIMS:
         raise ValueError(f"q.shape[2]={q.shape[2]} (head dim D) must be one of {TRITON_HEAD_DIMS} for backend='triton'")
     if block_size > TRITON_MAX_BLOCK:
         raise ValueError(f"block_size={block_size} must be <= {TRITON_MAX_BLOCK} for backend='triton'")
+    check_triton_device(device)
     cos, sin = rope if rope is not None else (None, None)
     args = (q, k, v, offsets, max_len, block_size, cos, sin, float(scale))
     if torch.compiler.is_compiling():

@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from gem_kernels._jagged import check_attention, pad_jagged, unpad_jagged, visible_mask
+from gem_kernels._jagged import (check_attention, check_triton_device, pad_jagged, resolve_backend, unpad_jagged,
+                                 visible_mask)
 from gem_kernels._jfa_reference import padded_mask, run_reference
 
 _BACKENDS = ("auto", "triton", "reference")
@@ -273,8 +274,7 @@ def generalized_dot_product_attention(
         math.isfinite(divisor) and divisor > 0
     ):
         raise ValueError(f"divisor={divisor!r} must be a finite host float > 0")
-    if backend == "auto":
-        backend = "triton" if device.type == "cuda" else "reference"
+    backend = resolve_backend(backend, device)
     if backend == "reference":
         return run_reference(gdpa_padded, gdpa_reference, q, k, v, q_offsets, kv_offsets, max_q_len,
                              max_kv_len, activation=activation, scale=float(scale),
@@ -283,6 +283,7 @@ def generalized_dot_product_attention(
         raise ValueError(
             f"q.shape[2]={q.shape[2]} (head dim D) must be one of {TRITON_HEAD_DIMS} for backend='triton'"
         )
+    check_triton_device(device)
     args = (q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, activation,
             float(scale), float(divisor), bool(causal), window)
     if torch.compiler.is_compiling():

@@ -22,9 +22,11 @@ import torch
 __all__ = [
     "check_jagged",
     "check_offsets",
+    "check_triton_device",
     "debug_checks",
     "kv_range",
     "pad_jagged",
+    "resolve_backend",
     "unpad_jagged",
     "visible_mask",
 ]
@@ -89,6 +91,24 @@ def check_offsets(
         )
 
 
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """"auto" -> "triton" on CUDA, else "reference"; other names unchanged."""
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "reference"
+    return backend
+
+
+def check_triton_device(device: torch.device) -> None:
+    """backend="triton" needs CUDA tensors or Triton's CPU interpreter; without this check
+    Triton says only "0 active drivers". Called after the op's Triton shape checks."""
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(
+            f"backend='triton' needs CUDA tensors, got device {device}: move the inputs to a GPU, set "
+            f"TRITON_INTERPRET=1 at start-up (Triton's CPU interpreter: slow, for tests), "
+            f"or use backend='reference'"
+        )
+
+
 def check_jagged(
     values: dict[str, torch.Tensor],
     *,
@@ -112,6 +132,8 @@ def check_jagged(
             raise ValueError(f"{name}.shape={tuple(t.shape)} must be [T, H, D]")
         if t.dtype not in _FLOAT_DTYPES:
             raise TypeError(f"{name}.dtype={t.dtype} must be one of float16, bfloat16, float32")
+        if t.shape[2] < 1:
+            raise ValueError(f"{name}.shape={tuple(t.shape)}: head dim D={t.shape[2]} must be >= 1")
         if head_dims is not None and t.shape[2] not in head_dims:
             raise ValueError(f"{name}.shape[2]={t.shape[2]} (head dim D) must be one of {head_dims}")
         if device is None:

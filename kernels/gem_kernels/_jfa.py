@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from gem_kernels._jagged import check_attention
+from gem_kernels._jagged import check_attention, check_triton_device, resolve_backend
 from gem_kernels._jfa_reference import jfa_padded, jfa_reference, run_reference
 
 _BACKENDS = ("auto", "triton", "reference")
@@ -60,13 +60,13 @@ def jagged_flash_attention(
         scale = 1.0 / math.sqrt(q.shape[2])
     elif not math.isfinite(float(scale)):
         raise ValueError(f"scale={scale!r} must be a finite float")
-    if backend == "auto":
-        backend = "triton" if device.type == "cuda" else "reference"
+    backend = resolve_backend(backend, device)
     if backend == "reference":
         return run_reference(jfa_padded, jfa_reference, q, k, v, q_offsets, kv_offsets, max_q_len,
                              max_kv_len, causal=bool(causal), window=window, scale=float(scale))
     if q.shape[2] not in TRITON_HEAD_DIMS:
         raise ValueError(f"q.shape[2]={q.shape[2]} (head dim D) must be one of {TRITON_HEAD_DIMS} for backend='triton'")
+    check_triton_device(device)
     args = (q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, bool(causal), window, float(scale))
     if torch.compiler.is_compiling():
         out, _ = torch.ops.gem_kernels.jfa_fwd(*args)
