@@ -22,14 +22,16 @@ ALLOWED_DEPS = {
     "checkpoint": [],
     "model": ["kernels", "precision", "data"],  # data: test_deps only (model never imports it)
     "parallel": ["comms", "precision"],
-    "trainer": ["kernels", "precision", "comms", "data", "checkpoint", "model", "parallel"],
+    "transfer": ["model", "data"],
+    "trainer": ["kernels", "precision", "comms", "data", "checkpoint", "model", "parallel", "transfer"],
 }
 
 # Who may depend on a module's library inside this workspace. Leaves stay public so another
 # workspace can depend on @gem//kernels etc.; composite modules are internal to their users.
 _INTERNAL_USERS = {
-    "model": ["//trainer:__pkg__", "//tests:__pkg__"],
+    "model": ["//trainer:__pkg__", "//tests:__pkg__", "//transfer:__pkg__"],
     "parallel": ["//trainer:__pkg__", "//tests:__pkg__"],
+    "transfer": ["//trainer:__pkg__", "//tests:__pkg__"],
     "trainer": ["//trainer:__pkg__", "//tests:__pkg__"],
 }
 

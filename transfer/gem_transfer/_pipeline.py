@@ -1,0 +1,263 @@
+"""The whole transfer job: teacher (train or load) -> score -> students -> table.
+
+Data split of one synthetic stream (the same planted function everywhere):
+    teacher     blocks [0, T)              the full multi-domain stream
+    students    blocks [0, S), S << T      far fewer samples (a prefix of the teacher's)
+    held-out    blocks [2^30 / block, +H)  never trained on, >= eval_samples samples
+With Parquet data the row groups play the blocks: held-out = the last row groups holding
+>= eval_samples rows, teacher = every other row group, students = the first ones.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import gem_data
+import gem_model
+from gem_transfer._distill import METHODS, DistillConfig, ScoredSet, evaluate, predict, train_student
+from gem_transfer._scoring import score_to_parquet
+from gem_transfer._student import StudentConfig
+from gem_transfer._teacher import load_teacher, save_teacher, teacher_tables, train_teacher
+from gem_transfer._window import BlockWindow
+
+PRESETS = ("tiny", "gem")
+_HELD_OUT = 1 << 30  # first held-out sample index (synthetic)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TransferConfig:
+    """One transfer job.
+
+    Attributes:
+        preset: "tiny" (gem_data tiny + gem_model tiny, CPU) or "gem" (gem_data gem with
+            histories capped at 8,192 + gem_model h200, one GPU).
+        data: "synthetic" or "parquet:DIR" (a gem_data.write_parquet directory).
+        teacher_samples: samples the teacher trains on (one pass).
+        teacher_seconds: wall-time cap on teacher training (None: none); the result says
+            how many samples it saw.
+        teacher_batch_blocks: blocks per teacher step.
+        teacher_lr: AdamW learning rate of the teacher.
+        student_samples: labelled samples every student trains on (validation split included).
+        eval_samples: held-out samples every model is scored on (at least this many).
+        block_size: samples per synthetic block.
+        blocks_per_shard: blocks per score shard.
+        methods: which of METHODS to train ("label_only" and "kd" are needed for the gains).
+        student_seeds: students per method (different init/split/shuffle); metrics are averaged.
+        seed: data seed (planted function) and teacher init.
+        student: base student sizes; distill: student training.
+    """
+
+    preset: str = "tiny"
+    data: str = "synthetic"
+    teacher_samples: int = 32_768
+    teacher_seconds: float | None = None
+    teacher_batch_blocks: int = 1
+    teacher_lr: float = 3e-3
+    student_samples: int = 2048
+    eval_samples: int = 4096
+    block_size: int = 64
+    blocks_per_shard: int = 8
+    methods: tuple[str, ...] = METHODS
+    student_seeds: int = 1
+    seed: int = 0
+    student: StudentConfig = dataclasses.field(default_factory=StudentConfig)
+    distill: DistillConfig = dataclasses.field(default_factory=DistillConfig)
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"TransferConfig.preset={self.preset!r} must be one of {PRESETS}")
+        if self.data != "synthetic" and not (self.data.startswith("parquet:") and len(self.data) > 8):
+            raise ValueError(f"TransferConfig.data={self.data!r} must be 'synthetic' or 'parquet:DIR'")
+        for name in ("teacher_samples", "teacher_batch_blocks", "student_samples", "eval_samples",
+                     "block_size", "blocks_per_shard", "student_seeds"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"TransferConfig.{name}={v!r} must be an int >= 1")
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad or not self.methods:
+            raise ValueError(f"TransferConfig.methods={self.methods!r} must be a non-empty subset of {METHODS}")
+        if self.student_samples >= self.teacher_samples:
+            raise ValueError(f"student_samples={self.student_samples} must be < teacher_samples="
+                             f"{self.teacher_samples} (students learn from far fewer samples)")
+
+
+def tiny(**overrides: Any) -> TransferConfig:
+    """CPU: tiny teacher on 32k samples, students on 2k, 4,096 held out (a few minutes on 2 cores)."""
+    return dataclasses.replace(TransferConfig(), **overrides)
+
+
+def gem(**overrides: Any) -> TransferConfig:
+    """One H200: the h200 teacher on GEM-like histories (cap 8,192), bf16, students on 4k samples."""
+    base = TransferConfig(preset="gem", teacher_samples=200_000, teacher_seconds=240.0, teacher_batch_blocks=4,
+                          teacher_lr=1e-3, student_samples=4096, eval_samples=4096, block_size=16,
+                          blocks_per_shard=16, student=StudentConfig(emb_dim=32, hidden=(128, 64)))
+    return dataclasses.replace(base, **overrides)
+
+
+def data_config(cfg: TransferConfig) -> gem_data.DataConfig:
+    if cfg.preset == "tiny":
+        return gem_data.presets.tiny(seed=cfg.seed)
+    return gem_data.presets.gem(seed=cfg.seed, seq_len_cap=8192)
+
+
+def teacher_config(cfg: TransferConfig, features: Any) -> gem_model.GEMConfig:
+    make = gem_model.presets.tiny if cfg.preset == "tiny" else gem_model.presets.h200
+    return make(**gem_model.presets.feature_sizes(features), use_torchrec=False)
+
+
+def _blocks_for(source: Any, start: int, samples: int) -> list[int]:
+    """Consecutive blocks from `start` holding >= samples rows."""
+    out, n, b = [], 0, start
+    while n < samples:
+        if source.num_blocks is not None and b >= source.num_blocks:
+            raise ValueError(f"the data has too few rows: wanted {samples} from block {start}, got {n}")
+        out.append(b)
+        n += int(source.lengths(b).shape[0])
+        b += 1
+    return out
+
+
+def _splits(cfg: TransferConfig, dcfg: gem_data.DataConfig) -> tuple[Any, Any, list[int], list[int], Any]:
+    """(source, teacher_source, student_blocks, eval_blocks, features)."""
+    if cfg.data == "synthetic":
+        src = gem_data.SyntheticSource(dcfg, block_size=cfg.block_size)
+        t_blocks = math.ceil(cfg.teacher_samples / cfg.block_size)
+        h0 = _HELD_OUT // cfg.block_size
+        return (src, BlockWindow(src, 0, t_blocks), _blocks_for(src, 0, cfg.student_samples),
+                _blocks_for(src, h0, cfg.eval_samples), dcfg)
+    # the preset's DataConfig gives the table sizes; ParquetSource checks the files against it
+    psrc = gem_data.ParquetSource(cfg.data[len("parquet:"):], expect=dcfg)
+    n = psrc.num_blocks
+    rows = [int(psrc.lengths(u).shape[0]) for u in range(n)]
+    k, got = n, 0
+    while got < cfg.eval_samples and k > 0:
+        k -= 1
+        got += rows[k]
+    if got < cfg.eval_samples or k == 0:
+        raise ValueError(f"data={cfg.data!r}: {sum(rows)} rows cannot hold eval_samples={cfg.eval_samples} "
+                         "held-out rows and a training part")
+    train_part = BlockWindow(psrc, 0, k)
+    return psrc, train_part, _blocks_for(train_part, 0, cfg.student_samples), list(range(k, n)), dcfg
+
+
+def run_transfer(cfg: TransferConfig, out_dir: str | os.PathLike[str], *, device: torch.device | str = "cpu",
+                 teacher: str | os.PathLike[str] | torch.nn.Module | None = None,
+                 save_teacher_to: str | os.PathLike[str] | None = None, log: Any = None) -> dict[str, Any]:
+    """Trains (or loads) the teacher, scores the student and held-out samples, trains the students.
+
+    Args:
+        cfg: the job.
+        out_dir: score shards go to `out_dir/scores_student` and `out_dir/scores_eval`
+            (a rerun resumes them; use a fresh directory for another teacher).
+        device: where the teacher runs (and the students train).
+        teacher: a trained GEMModel, or a `save_teacher` file; None: train one.
+        save_teacher_to: write the teacher there after training.
+        log: text stream for progress (default stderr).
+
+    Returns:
+        {"config", "teacher": {"train", "score", "tasks": {task: {"auc", "ne"}}}, "bayes": {task:
+         {"auc", "ne"}}, "students": {method: {"tasks": {task: {"auc", "ne"}}, "runs": [...]}},
+         "tasks": [...], "objects": {"teacher", "students", "eval_set"}}; "objects" holds the
+        live models (the bench measures them) and is not JSON.
+    """
+    out = Path(out_dir)
+    stream = log if log is not None else sys.stderr
+    dev = torch.device(device)
+    dcfg = data_config(cfg)
+    source, t_source, s_blocks, e_blocks, features = _splits(cfg, dcfg)
+    tasks = tuple(features.tasks)
+    res: dict[str, Any] = {"config": dataclasses.asdict(cfg), "tasks": list(tasks)}
+
+    # 1. teacher
+    t0 = time.perf_counter()
+    if teacher is None:
+        torch.manual_seed(cfg.seed)
+        model: torch.nn.Module = gem_model.GEMModel(teacher_config(cfg, features)).to(dev)
+        res["teacher_train"] = train_teacher(model, t_source, batch_blocks=cfg.teacher_batch_blocks,
+                                             lr=cfg.teacher_lr, max_samples=cfg.teacher_samples,
+                                             max_seconds=cfg.teacher_seconds, device=dev, seed=cfg.seed, log=stream)
+        if save_teacher_to is not None:
+            save_teacher(model, save_teacher_to)
+    elif isinstance(teacher, torch.nn.Module):
+        model = teacher.to(dev).eval()
+        res["teacher_train"] = None
+    else:
+        model = load_teacher(teacher, device=dev)
+        res["teacher_train"] = None
+    res["teacher_params"] = sum(p.numel() for p in model.parameters())
+
+    # 2. score the student and held-out samples (resumable score shards)
+    res["score"] = {}
+    for name, blocks in (("student", s_blocks), ("eval", e_blocks)):
+        res["score"][name] = score_to_parquet(model, source, out / f"scores_{name}", blocks=blocks,
+                                              blocks_per_shard=cfg.blocks_per_shard, device=dev,
+                                              tasks=tasks, log=stream)
+    train_set = ScoredSet.load(source, s_blocks, out / "scores_student")
+    eval_set = ScoredSet.load(source, e_blocks, out / "scores_eval")
+    labels = eval_set.labels
+    res["teacher"] = evaluate(torch.sigmoid(eval_set.teacher_logits), labels, tasks)
+    probs = eval_set.host.probs
+    res["bayes"] = ({t: {"auc": v["auc"], "ne": v["ne"]} for t, v in
+                     gem_data.bayes_metrics(torch.from_numpy(np.asarray(probs)), labels, tasks).items()}
+                    if probs is not None else None)
+
+    # 3. students
+    tables = teacher_tables(model) if any(m in ("sharing", "combined") for m in cfg.methods) else None
+    students: dict[str, Any] = {}
+    live: dict[str, Any] = {}
+    for method in cfg.methods:
+        runs = []
+        for s in range(cfg.student_seeds):
+            dc = dataclasses.replace(cfg.distill, seed=cfg.distill.seed + s)
+            st, info = train_student(method, train_set, features, student=cfg.student, train=dc,
+                                     tables=tables, device=dev)
+            info["tasks"] = evaluate(predict(st, eval_set), labels, tasks)
+            runs.append(info)
+            live.setdefault(method, st)
+        mean = {t: {k: float(np.mean([r["tasks"][t][k] for r in runs])) for k in ("auc", "ne")} for t in tasks}
+        students[method] = {"tasks": mean, "runs": runs}
+        print(f"student {method}: " + ", ".join(f"{t} AUC {mean[t]['auc']:.4f}" for t in tasks),
+              file=stream, flush=True)
+    res["students"] = students
+    res["seconds"] = time.perf_counter() - t0
+    res["objects"] = {"teacher": model, "students": live, "eval_set": eval_set, "train_set": train_set}
+    return res
+
+
+def gains(res: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """{task: {method: {"auc", "ne", "gain", "vs_kd"}}}: gain = AUC - label-only AUC, vs_kd =
+    gain / KD's gain (NaN without both baselines; KD's gain <= 0 gives inf/NaN, reported as is)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    st = res["students"]
+    for t in res["tasks"]:
+        base = st["label_only"]["tasks"][t]["auc"] if "label_only" in st else math.nan
+        kd_gain = st["kd"]["tasks"][t]["auc"] - base if "kd" in st else math.nan
+        row: dict[str, dict[str, float]] = {}
+        for m, v in st.items():
+            g = v["tasks"][t]["auc"] - base
+            ratio = g / kd_gain if kd_gain > 0 else math.nan
+            row[m] = {"auc": v["tasks"][t]["auc"], "ne": v["tasks"][t]["ne"], "gain": g, "vs_kd": ratio}
+        out[t] = row
+    return out
+
+
+def format_table(res: dict[str, Any]) -> str:
+    """The per-task table: Bayes, teacher and every student's AUC / NE / gain / gain vs KD."""
+    lines = []
+    g = gains(res)
+    for t in res["tasks"]:
+        bayes = res["bayes"][t] if res.get("bayes") else {"auc": math.nan, "ne": math.nan}
+        lines.append(f"task {t}: Bayes AUC {bayes['auc']:.4f} NE {bayes['ne']:.4f}; teacher AUC "
+                     f"{res['teacher'][t]['auc']:.4f} NE {res['teacher'][t]['ne']:.4f}")
+        lines.append(f"  {'method':<15} {'AUC':>7} {'NE':>7} {'gain':>8} {'gain/KD':>8}")
+        for m, v in g[t].items():
+            lines.append(f"  {m:<15} {v['auc']:7.4f} {v['ne']:7.4f} {v['gain']:+8.4f} {v['vs_kd']:8.2f}")
+    return "\n".join(lines)

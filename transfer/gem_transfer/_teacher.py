@@ -1,0 +1,227 @@
+"""The teacher: a trained GEMModel, its outputs for a batch, its tables, save/load, training.
+
+The teacher's *pooled representation* is the output of the task heads' shared bottom layer
+(`model.heads.bottom`, a Linear over all final feature and sequence-summary tokens; before
+its activation): one `[B, head_hidden]` vector per sample that every task tower reads. It is
+captured with a forward hook, so gem_model needs no change. A model whose heads have no
+`bottom` Linear falls back to the mean over the heads' input tokens (`[B, d_model]`).
+
+The teacher training loop is deliberately small (AdamW, linear decay, bf16 autocast on CUDA);
+the full trainer with parallelism and checkpoints is gem_trainer, which transfer may not
+import (dependency direction: transfer -> model, data).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import gem_data
+import gem_model
+
+_FORMAT = "gem_transfer.teacher/1"
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The module under torch.compile's wrapper (OptimizedModule keeps it as `_orig_mod`)."""
+    inner = getattr(model, "_orig_mod", model)
+    return inner if isinstance(inner, nn.Module) else model
+
+
+@contextlib.contextmanager
+def _capture(model: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Collects the teacher's pooled representation of every forward run inside the block."""
+    heads = getattr(_unwrap(model), "heads", None)
+    if not isinstance(heads, nn.Module):
+        raise ValueError(f"model {type(model).__name__} has no `heads` module: not a GEMModel")
+    got: list[torch.Tensor] = []
+    bottom = getattr(heads, "bottom", None)
+    if isinstance(bottom, nn.Linear):
+        def hook(_m: nn.Module, _i: Any, out: torch.Tensor) -> None:
+            got.append(out.detach().float())
+        handle = bottom.register_forward_hook(hook)
+    else:
+        def pre(_m: nn.Module, args: tuple[Any, ...]) -> None:
+            x = args[0]  # [B, tokens, d] feature tokens; args[1] the sequence summary
+            toks = torch.cat([x, args[1].to(x.dtype)], dim=1) if args[1].numel() else x
+            got.append(toks.detach().float().mean(1))
+        handle = heads.register_forward_pre_hook(pre)
+    try:
+        yield got
+    finally:
+        handle.remove()
+
+
+def teacher_outputs(model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """One teacher forward: (`logits [B, num_tasks]`, `representation [B, R]`), float32, no grad.
+
+    Runs under bf16 autocast when the batch is on CUDA (as the trainer runs the model).
+    """
+    on_cuda = batch.dense.is_cuda
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if on_cuda else contextlib.nullcontext()
+    with torch.no_grad(), amp, _capture(model) as got:
+        logits = model(batch).float()
+    if len(got) != 1:
+        raise RuntimeError(f"expected one representation per forward, captured {len(got)}")
+    return logits, got[0]
+
+
+def representation_dim(model: nn.Module) -> int:
+    """R, the width of `teacher_outputs(...)[1]`."""
+    m = _unwrap(model)
+    bottom = getattr(getattr(m, "heads", None), "bottom", None)
+    if isinstance(bottom, nn.Linear):
+        return int(bottom.out_features)
+    return int(getattr(m, "cfg").d_model)
+
+
+def teacher_tables(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The teacher's embedding tables by feature name (+ "event" for the item-id table).
+
+    Reads `model.sparse` (torchrec `EmbeddingBagCollection` tables `t_<name>` or one
+    `nn.EmbeddingBag` per feature) and `model.events.item`. The tensors are the teacher's own
+    parameters (detached views): copy them before changing them.
+    """
+    m = _unwrap(model)
+    cfg = getattr(m, "cfg", None)
+    sparse, events = getattr(m, "sparse", None), getattr(m, "events", None)
+    if cfg is None or sparse is None or events is None:
+        raise ValueError(f"model {type(model).__name__} is not a GEMModel (needs cfg, sparse, events)")
+    out: dict[str, torch.Tensor] = {}
+    ebc = getattr(sparse, "ebc", None)
+    for name, _ in cfg.sparse_features:
+        if ebc is not None:
+            w = ebc.embedding_bags[f"t_{name}"].weight
+        else:
+            w = sparse.bags[name].weight
+        out[name] = w.detach()
+    out["event"] = events.item.weight.detach()
+    return out
+
+
+# ---- save / load ---------------------------------------------------------------------------
+
+def save_teacher(model: nn.Module, path: str | os.PathLike[str]) -> Path:
+    """Writes `{format, config, state_dict}` with torch.save, atomically (temp file + rename)."""
+    m = _unwrap(model)
+    cfg = getattr(m, "cfg", None)
+    if not isinstance(cfg, gem_model.GEMConfig):
+        raise ValueError(f"model {type(model).__name__} has no GEMConfig `cfg`: not a GEMModel")
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu() for k, v in m.state_dict().items()}
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    torch.save({"format": _FORMAT, "config": dataclasses.asdict(cfg), "state_dict": state}, tmp)
+    os.replace(tmp, p)
+    return p
+
+
+def _tuples(x: Any) -> Any:
+    return tuple(_tuples(v) for v in x) if isinstance(x, list) else x
+
+
+def load_teacher(path: str | os.PathLike[str], *, device: torch.device | str = "cpu",
+                 **overrides: Any) -> gem_model.GEMModel:
+    """A GEMModel from `save_teacher`'s file, in eval mode on `device`.
+
+    `overrides` replace config fields that do not change the weights' shapes, e.g.
+    `use_torchrec=False` or `attention_backend="reference"`.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"teacher path={str(p)!r} is not a file")
+    blob = torch.load(p, map_location="cpu", weights_only=True)
+    if not isinstance(blob, dict) or blob.get("format") != _FORMAT:
+        raise ValueError(f"teacher path={str(p)!r} is not a gem_transfer teacher file (format {_FORMAT})")
+    fields = {k: _tuples(v) for k, v in blob["config"].items()}
+    cfg = gem_model.GEMConfig(**{**fields, **overrides})
+    model = gem_model.GEMModel(cfg)
+    model.load_state_dict(blob["state_dict"])
+    return model.to(device).eval()
+
+
+# ---- training --------------------------------------------------------------------------------
+
+def train_teacher(model: nn.Module, source: Any, *, batch_blocks: int = 4, lr: float = 3e-3,
+                  max_samples: int | None = None, max_seconds: float | None = None,
+                  device: torch.device | str = "cpu", seed: int = 0, log_every: int = 50,
+                  log: Any = None) -> dict[str, float]:
+    """Trains `model` in place on `source` (one pass; a SyntheticSource window or Parquet).
+
+    AdamW with a linear decay to 10 % of `lr` over the planned steps, BCE on every task, bf16
+    autocast on CUDA. Batches come from gem_data's `JaggedLoader` (`batch_blocks` blocks per
+    step, background prefetch, async host-to-device copy).
+
+    Args:
+        model: a GEMModel (already on `device`).
+        source: a finite block source (`num_blocks`, `lengths`, `read`).
+        max_samples: stop after this many samples (None: the whole source).
+        max_seconds: stop after this much wall time (None: no limit); the summary says
+            how many samples were actually seen.
+        log: a text stream for progress lines (default stderr).
+
+    Returns:
+        {"steps", "samples", "tokens", "seconds", "samples_per_s", "final_loss"}.
+    """
+    if batch_blocks < 1:
+        raise ValueError(f"{batch_blocks=} must be >= 1")
+    if source.num_blocks is None:
+        raise ValueError("source must be finite (num_blocks not None): wrap an endless source in a BlockWindow")
+    if max_samples is not None and max_samples < 1:
+        raise ValueError(f"{max_samples=} must be >= 1 or None")
+    dev = torch.device(device)
+    out = log if log is not None else sys.stderr
+    per_step = batch_blocks * int(source.lengths(0).shape[0]) if source.num_blocks else 1
+    planned = source.num_blocks // batch_blocks
+    if max_samples is not None:
+        planned = min(planned, max(1, math.ceil(max_samples / per_step)))
+    if planned < 1:
+        raise ValueError(f"source has {source.num_blocks} blocks, fewer than {batch_blocks=}: no step")
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - 0.9 * min(s, planned) / planned)
+    loader = gem_data.JaggedLoader(source, blocks_per_batch=batch_blocks, device=dev, num_workers=2,
+                                   prefetch=4, sparse_kind="native", balance=False)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else contextlib.nullcontext()
+    model.train()
+    t0 = time.perf_counter()
+    steps = samples = tokens = 0
+    loss_sum, loss_n, last = 0.0, 0, math.nan
+    try:
+        for batch in loader:
+            with amp:
+                logits = model(batch)
+            loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            opt.step()
+            sched.step()
+            steps += 1
+            samples += batch.num_samples
+            tokens += batch.num_tokens
+            if steps % log_every == 0 or steps == planned:
+                last = float(loss.detach())  # one host sync per log line
+                loss_sum, loss_n = loss_sum + last, loss_n + 1
+                dt = time.perf_counter() - t0
+                print(f"teacher step {steps}/{planned} loss {last:.4f} {samples / dt:,.0f} samples/s",
+                      file=out, flush=True)
+            if steps >= planned or (max_seconds is not None and time.perf_counter() - t0 > max_seconds):
+                break
+    finally:
+        loader.close()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    model.eval()
+    dt = time.perf_counter() - t0
+    return {"steps": steps, "samples": samples, "tokens": tokens, "seconds": dt,
+            "samples_per_s": samples / dt if dt > 0 else 0.0, "final_loss": last}

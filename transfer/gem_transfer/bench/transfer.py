@@ -1,0 +1,174 @@
+"""Transfer bench: how much of the teacher's quality each transfer method carries to a student.
+
+    bazel run //transfer:bench_transfer                       # tiny preset, CPU (a few minutes)
+    python3 -m gem_transfer.bench.transfer --preset gem       # one H200: the h200 teacher, GEM-like data
+
+The teacher trains on the full multi-domain stream; every student trains on far fewer
+labelled samples (`student_samples`), and every model is scored on the same held-out set
+(>= 4,096 samples) against the planted Bayes-optimal AUC. Reported per task and method:
+AUC, NE, gain over the label-only student, gain relative to standard KD's gain; the
+students' parameters, FLOPs and CPU latency per sample beside the teacher's; a PNG bar chart
+of the gains (matplotlib, when importable). Target: the best method's gain >= 2x KD's gain on
+every task; student CPU latency <= 1/20 of the teacher's. The last line is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import importlib
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gem_transfer._distill import METHODS
+from gem_transfer._pipeline import format_table, gains, gem, run_transfer, tiny
+
+_TRANSFER = ("representation", "sharing", "combined")
+
+
+def _latency(res: dict[str, Any], batch_size: int, reps: int) -> dict[str, Any]:
+    """CPU latency per sample (one thread, as a serving core) of the teacher and the students."""
+    from gem_transfer._student import cpu_latency
+
+    objs = res["objects"]
+    ev = objs["eval_set"]
+    part = ev.take(np.arange(min(batch_size, len(ev))))
+    batch = part.host.to_batch("native")
+    teacher = objs["teacher"]
+    dev = next(teacher.parameters()).device
+    t_cpu = teacher if dev.type == "cpu" else copy.deepcopy(teacher).cpu()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out: dict[str, Any] = {"batch": len(part), "threads": 1}
+        out["teacher_us"] = 1e6 * cpu_latency(lambda: t_cpu(batch), len(part), reps=max(1, reps // 3))
+        lengths = tuple(int(x) for x in np.asarray(part.host.lengths))
+        out["teacher_flops"] = t_cpu.flops_for(lengths)["total"] / len(part)
+        mean_len = float(np.mean(lengths))
+        mean_sparse = float(np.asarray(part.host.sparse_lengths).mean())
+        for m, st in objs["students"].items():
+            rep = part.teacher_repr if st.cfg.repr_dim else None
+            us = 1e6 * cpu_latency(functools.partial(st, batch, rep), len(part), reps=reps)
+            fl = st.flops_per_sample(mean_len, mean_sparse)
+            out[m] = {"us": us, "ratio": us / out["teacher_us"], "flops": fl["matmul"],
+                      "pool_flops": fl["pooling"], "flops_frac": fl["matmul"] / out["teacher_flops"],
+                      "params": st.num_params()}
+    finally:
+        torch.set_num_threads(threads)
+    if t_cpu is not teacher:
+        del t_cpu
+    return out
+
+
+def _chart(g: dict[str, Any], path: Path, title: str) -> str:
+    try:
+        importlib.import_module("matplotlib").use("Agg")
+        plt: Any = importlib.import_module("matplotlib.pyplot")
+    except ImportError:
+        return "chart skipped: matplotlib is not installed"
+    tasks = list(g)
+    methods = [m for m in METHODS if m != "label_only" and m in g[tasks[0]]]
+    fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(tasks), 3.6))
+    w = 0.8 / max(len(methods), 1)
+    for k, m in enumerate(methods):
+        ax.bar([i + k * w for i in range(len(tasks))], [g[t][m]["gain"] for t in tasks], w, label=m)
+    ax.axhline(0.0, color="black", lw=0.8)
+    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(tasks))], tasks)
+    ax.set_ylabel("AUC gain over label-only student")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"chart: {path}"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="tiny", choices=("tiny", "gem"))
+    p.add_argument("--quick", action="store_true", help="a much smaller run (tests): numbers are not meaningful")
+    p.add_argument("--teacher-samples", type=int, default=None)
+    p.add_argument("--teacher-seconds", type=float, default=None)
+    p.add_argument("--student-samples", type=int, default=None)
+    p.add_argument("--eval-samples", type=int, default=None)
+    p.add_argument("--student-seeds", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="output folder (default $OUT, else a temporary folder)")
+    p.add_argument("--device", default="auto")
+    a = p.parse_args(argv)
+    t0 = time.perf_counter()
+    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device)
+    if dev.type == "cpu":
+        torch.set_num_threads(min(torch.get_num_threads(), 2))
+    over: dict[str, Any] = {"seed": a.seed}
+    if a.quick:
+        over.update(teacher_samples=1024, student_samples=256, eval_samples=512, student_seeds=1)
+    for name in ("teacher_samples", "teacher_seconds", "student_samples", "eval_samples", "student_seeds"):
+        if getattr(a, name) is not None:
+            over[name] = getattr(a, name)
+    cfg = (tiny if a.preset == "tiny" else gem)(**over)
+    out = Path(a.out or os.environ.get("OUT") or tempfile.mkdtemp(prefix="bench_transfer_"))
+    out.mkdir(parents=True, exist_ok=True)
+    scores = Path(tempfile.mkdtemp(prefix="scores_", dir=out))
+    res = run_transfer(cfg, scores, device=dev)
+    lat = _latency(res, batch_size=64 if a.preset == "tiny" else 8, reps=7 if a.preset == "tiny" else 3)
+    g = gains(res)
+
+    print(f"\ntransfer bench, preset {a.preset}, device {dev}: teacher trained on "
+          f"{(res['teacher_train'] or {}).get('samples')} samples, students on {cfg.student_samples}, "
+          f"held-out {len(res['objects']['eval_set'])}")
+    print(format_table(res))
+    print(f"\nCPU latency per sample (1 thread, batch {lat['batch']}): teacher {lat['teacher_us']:.1f} us, "
+          f"{lat['teacher_flops'] / 1e6:.2f} MFLOP")
+    for m in METHODS:
+        if m in lat:
+            v = lat[m]
+            print(f"  student {m:<15} {v['us']:8.2f} us ({v['ratio']:.3f} of the teacher), "
+                  f"{v['flops'] / 1e3:.1f} kFLOP ({v['flops_frac']:.4f} of the teacher's), "
+                  f"params {v['params']['total']:,} (trainable {v['params']['trainable']:,})")
+    tasks: dict[str, Any] = {}
+    met = True
+    for t, row in g.items():
+        best = max((m for m in _TRANSFER if m in row), key=lambda m: row[m]["auc"], default=None)
+        kd_gain = row["kd"]["gain"] if "kd" in row else math.nan
+        best_gain = row[best]["gain"] if best else math.nan
+        ok = bool(best is not None and best_gain > 0 and best_gain >= 2 * kd_gain)
+        met = met and ok
+        tasks[t] = {"bayes": (res["bayes"] or {}).get(t, {}).get("auc"), "teacher": res["teacher"][t]["auc"],
+                    **{m: v["auc"] for m, v in row.items()},
+                    "ne": {m: v["ne"] for m, v in row.items()}, "gain": {m: v["gain"] for m, v in row.items()},
+                    "vs_kd": {m: v["vs_kd"] for m, v in row.items()}, "best": best,
+                    "best_gain_over_kd_gain": best_gain / kd_gain if kd_gain > 0 else None, "target_met": ok}
+        print(f"task {t}: best {best} gain {best_gain:+.4f} vs KD gain {kd_gain:+.4f} -> "
+              f"{'target met' if ok else 'TARGET MISSED'} (>= 2x KD's gain)")
+    lat_ok = all(lat[m]["ratio"] <= 1 / 20 for m in METHODS if m in lat)
+    print(f"latency target (student <= 1/20 of the teacher per sample): {'met' if lat_ok else 'MISSED'}")
+    print(_chart(g, out / "transfer_gains.png", f"gem_transfer, preset {a.preset}: AUC gain over label-only"))
+    summary = {
+        "bench": "transfer", "preset": a.preset, "quick": a.quick, "tasks": tasks,
+        "gain_target_met": met, "latency_target_met": lat_ok,
+        "latency": {k: v for k, v in lat.items()},
+        "teacher_train": res["teacher_train"], "teacher_params": res["teacher_params"],
+        "score": {k: {kk: vv for kk, vv in v.items() if kk != "bad_blocks"} for k, v in res["score"].items()},
+        "student_samples": cfg.student_samples, "eval_samples": len(res["objects"]["eval_set"]),
+        "student_seeds": cfg.student_seeds, "seconds": time.perf_counter() - t0, "device": str(dev),
+        "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
+        "torch": torch.__version__, "python": platform.python_version(),
+    }
+    (out / "transfer.json").write_text(json.dumps(summary, indent=1, default=float))
+    print(json.dumps(summary, default=float))
+    return summary
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
