@@ -61,13 +61,20 @@ def reference(seed: int) -> tuple[list[float], dict[str, torch.Tensor]]:
 def run_all(rank: int, world: int, seed: int, ckpt_dir: str) -> dict[str, Any]:
     """Three scenarios in one world (spawning is the slow part): fp32 + checkpoint,
     activation checkpointing + compile (eager backend), bf16 mixed precision."""
-    return {"fp32": run_hsdp(rank, world, seed, False, False, False, ckpt_dir),
-            "ac_compile": run_hsdp(rank, world, seed, True, "eager", False, ""),
-            "bf16": run_hsdp(rank, world, seed, False, False, True, "")}
+    out = {"fp32": run_hsdp(rank, world, seed, False, False, False, ckpt_dir),
+           "ac_compile": run_hsdp(rank, world, seed, True, "eager", False, ""),
+           "bf16": run_hsdp(rank, world, seed, False, False, True, "")}
+    # the same runs with FSDP's all-gathers through gem_comms (copy engines over shared memory
+    # on CPU, and "auto", which picks gloo on CPU); `calls` proves the hook carried them
+    for comms in ("copy_engine", "auto"):
+        for bf16 in (False, True):
+            out[f"{comms}_{'bf16' if bf16 else 'fp32'}"] = run_hsdp(
+                rank, world, seed, False, False, bf16, "", comms=comms)
+    return out
 
 
 def run_hsdp(rank: int, world: int, seed: int, ac: bool, compile: bool | str, bf16: bool,
-             ckpt_dir: str) -> dict[str, Any]:
+             ckpt_dir: str, comms: str = "nccl") -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
     from torch.distributed.tensor import DTensor
@@ -76,8 +83,18 @@ def run_hsdp(rank: int, world: int, seed: int, ac: bool, compile: bool | str, bf
 
     dims = ParallelDims(hosts=2, gpus_per_host=world // 2, dp_replicate=2, dp_shard=world // 2)
     meshes = dims.build_meshes("cpu")
+    import gem_comms
+
+    calls = [0]
+    original = gem_comms.all_gather_into_tensor
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    gem_comms.all_gather_into_tensor = counting  # type: ignore[assignment]
     model = apply_hsdp(Net(seed), meshes, mp_policy=BF16_MIXED if bf16 else None, ac=ac,
-                       compile=compile)
+                       compile=compile, comms=comms)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     per = BATCH // world
     losses = []
@@ -93,7 +110,10 @@ def run_hsdp(rank: int, world: int, seed: int, ac: bool, compile: bool | str, bf
     placements = {n: (type(p).__name__, tuple(p.placements), tuple(p.device_mesh.mesh.shape))
                   for n, p in model.named_parameters() if isinstance(p, DTensor)}
     n_params = sum(1 for _ in model.parameters())
-    out: dict[str, Any] = {"losses": losses, "placements": placements, "n_params": n_params}
+    gem_comms.all_gather_into_tensor = original  # type: ignore[assignment]
+    params = [p.full_tensor() for p in model.parameters()]  # type: ignore[operator]
+    out: dict[str, Any] = {"losses": losses, "placements": placements, "n_params": n_params,
+                           "params": params, "comms_calls": calls[0]}
     if ckpt_dir:
         sd = get_model_state_dict(model)
         out["sd_types"] = sorted({type(v).__name__ for v in sd.values()})
