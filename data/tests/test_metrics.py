@@ -42,3 +42,29 @@ def test_ne_reference() -> None:
     assert normalized_entropy(np.full(500, b), y) == pytest.approx(1.0, rel=1e-9)
     with pytest.raises(ValueError, match="probs"):
         normalized_entropy([1.5], [1.0])
+
+
+def test_auc_equals_torchmetrics() -> None:
+    """The AUC users know (torchmetrics' BinaryAUROC), on random scores with many ties."""
+    tm = pytest.importorskip("torchmetrics.functional.classification")
+    rng = np.random.default_rng()
+    for n in (2, 17, 5000):
+        y = rng.integers(0, 2, n)
+        y[0], y[-1] = 0, 1
+        s = np.round(rng.random(n), int(rng.integers(1, 4)))
+        want = float(tm.binary_auroc(torch.tensor(s), torch.tensor(y)))
+        assert auc(s, y) == pytest.approx(want, abs=2e-7)  # torchmetrics sums in float32
+
+
+def test_ne_equals_torchrec_metrics() -> None:
+    """NE as torchrec.metrics computes it (cross entropy sum / entropy of the base rate)."""
+    ne_mod = pytest.importorskip("torchrec.metrics.ne")
+    rng = np.random.default_rng()
+    n = 4000
+    y = torch.from_numpy(rng.integers(0, 2, n).astype(np.float64))
+    p = torch.from_numpy(rng.random(n))
+    p[:3] = torch.tensor([0.0, 1.0, 1e-9])  # clamped alike (eta = our 1e-7)
+    w = torch.ones(n, dtype=torch.float64)
+    ce = ne_mod.compute_cross_entropy(y, p, w, 1e-7).sum()
+    want = float(ne_mod.compute_ne(ce, w.sum(), y.sum(), (1 - y).sum(), 1e-7))
+    assert normalized_entropy(p, y) == pytest.approx(want, rel=1e-12)
