@@ -404,7 +404,7 @@ class PeerGroup:
             for a in range(self.world)
             for b in range(self.world)
         ) if self.is_cuda else True
-        self.region = 0  # staging bytes per rank (identical on all ranks)
+        self.lane_bytes = 0  # staging bytes per lane (identical on all ranks)
         self.local: Buf = None  # this rank's staging
         self.peers: list[Buf] = []  # every rank's staging, mapped here (own at index rank)
         self.flags: Buf = None  # this rank's flags: ready[lane][q], then free[lane][q]
@@ -429,9 +429,10 @@ class PeerGroup:
         self.peer_flags = [self.flags if q == self.rank else self.ops.open(i) for q, i in enumerate(infos)]
 
     def _grow(self, need: int, timeout: float) -> None:
-        region = max(_MIN_REGION_BYTES, 1 << (need - 1).bit_length())
+        """Staging of `lanes` regions of >= `need` bytes (a power of two >= 1 MiB) per rank."""
+        lane_bytes = max(_MIN_REGION_BYTES, 1 << (need - 1).bit_length())
         self.ops.synchronize()  # my stagings and my pulls from peers' old staging are done
-        info, local = self.ops.alloc(region)
+        info, local = self.ops.alloc(self.cfg.lanes * lane_bytes)
         infos = self.channel.exchange(info, timeout)
         for q, buf in enumerate(self.peers):
             if q != self.rank and buf is not None:
@@ -440,7 +441,7 @@ class PeerGroup:
         self.channel.exchange(None, timeout)  # every peer has closed my old staging
         if self.local is not None:
             self.ops.free(self.local)
-        self.local, self.region = local, region
+        self.local, self.lane_bytes = local, lane_bytes
 
     def close(self) -> None:
         if self.timed_out:
@@ -500,48 +501,75 @@ class PeerGroup:
              epilogue: Callable[[], None] | None, keep: tuple[torch.Tensor, ...]) -> CommHandle:
         plans = self.channel.agree(plan, timeout)
         me, world, rb, ops = self.rank, self.world, plan.row_bytes, self.ops
-        whole = plan.send_whole_input
-
-        def send_offsets(p: Plan) -> list[int]:
-            return [0] * world if whole else _offsets(p.send_rows, rb)
-
         peers = [(me + k) % world for k in range(1, world)]  # rotated: spread the pulls
+        max_chunk = max(max(p.send_rows) * rb for p in plans)
+        lanes = self.cfg.lanes if peers and max_chunk >= self.cfg.lane_min_bytes else 1
+        # Where every sender keeps each piece: lane j owns staging bytes [j*lane_bytes, ...),
+        # so a lane only ever overwrites what its own `free` flags protect.
+        layouts = [_lane_layout(p, q, lanes) for q, p in enumerate(plans)]
         if peers:
             if self.flags is None:
                 self._setup_flags(timeout)
-            need = max((p.send_rows[0] if whole else sum(p.send_rows)) * rb for p in plans)
-            if need > self.region or self.local is None:  # identical on every rank
+            need = max(max(lay.lane_bytes) for lay in layouts)
+            if need > self.lane_bytes or self.local is None:  # identical on every rank
                 self._grow(max(need, 1), timeout)
-        max_chunk = max(max(p.send_rows) * rb for p in plans)
-        lanes = self.cfg.lanes if peers and max_chunk >= self.cfg.lane_min_bytes else 1
+        mine = layouts[me]
         src, dst = ops.wrap(input), ops.wrap(output)
-        s_off, r_off = send_offsets(plan), _offsets(plan.recv_rows, rb)
-        peer_off = [send_offsets(plans[q])[me] for q in range(world)]  # my chunk in q's staging
+        r_off = _offsets(plan.recv_rows, rb)
         deadline = time.monotonic() + timeout
         ops.begin(lanes)
         for j in range(lanes):
             self._seq[j] += 1
             s = self._seq[j]
+            base = j * self.lane_bytes
             # A: stage what I send (once for all-gather), tell the peers, copy my own piece.
             if peers:
                 self._wait_all(lambda q: self._free(j, q), peers, s - 1, j, deadline, timeout,
                                "reading my staging from the previous call")
-                for q in peers[:1] if whole else peers:
-                    a, b = _piece(plan.send_rows[q] * rb, j, lanes)
-                    ops.copy(self.local, s_off[q] + a, src, s_off[q] + a, b - a, j)
+                for q in peers[:1] if plan.send_whole_input else peers:
+                    a, b, at = mine.pieces[j][q]
+                    ops.copy(self.local, base + at, src, mine.src_off[q] + a, b - a, j)
                 for q in peers:
                     ops.signal(self.peer_flags[q], self._ready(j, me), s, j)
-            a, b = _piece(plan.send_rows[me] * rb, j, lanes)
-            if b > a and not ops.same(dst, r_off[me] + a, src, s_off[me] + a):
-                ops.copy(dst, r_off[me] + a, src, s_off[me] + a, b - a, j)
+            a, b, _ = mine.pieces[j][me]
+            if b > a and not ops.same(dst, r_off[me] + a, src, mine.src_off[me] + a):
+                ops.copy(dst, r_off[me] + a, src, mine.src_off[me] + a, b - a, j)
             # B: pull each peer's piece straight into the output, then release its staging.
             for q in peers:
                 self._wait_all(lambda p: self._ready(j, p), [q], s, j, deadline, timeout,
                                "staging their data")
-                a, b = _piece(plan.recv_rows[q] * rb, j, lanes)
-                ops.copy(dst, r_off[q] + a, self.peers[q], peer_off[q] + a, b - a, j)
+                a, b, at = layouts[q].pieces[j][me]
+                ops.copy(dst, r_off[q] + a, self.peers[q], base + at, b - a, j)
                 ops.signal(self.peer_flags[q], self._free(j, me), s, j)
         return ops.end(lanes, epilogue, (output, input, *keep))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    src_off: list[int]  # byte offset in the sender's input of its chunk for each rank
+    pieces: list[list[tuple[int, int, int]]]  # [lane][dst] -> (start, end) in the chunk, staging offset
+    lane_bytes: list[int]  # staging bytes each lane needs
+
+
+def _lane_layout(plan: Plan, sender: int, lanes: int) -> _Layout:
+    """Sender `sender`'s pieces per lane and where they sit in its lane's staging (all-gather
+    stages its one input once; its own chunk is never staged)."""
+    world, rb = len(plan.send_rows), plan.row_bytes
+    src_off = [0] * world if plan.send_whole_input else _offsets(plan.send_rows, rb)
+    pieces, lane_bytes = [], []
+    for j in range(lanes):
+        row, acc = [], 0
+        for q in range(world):
+            a, b = _piece(plan.send_rows[q] * rb, j, lanes)
+            row.append((a, b, 0 if plan.send_whole_input else acc))
+            if q != sender and not plan.send_whole_input:
+                acc += b - a
+        if plan.send_whole_input:
+            a, b = _piece(plan.send_rows[0] * rb, j, lanes)
+            acc = b - a if world > 1 else 0
+        pieces.append(row)
+        lane_bytes.append(acc)
+    return _Layout(src_off, pieces, lane_bytes)
 
 
 class _Null:

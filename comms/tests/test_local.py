@@ -10,7 +10,7 @@ import gem_comms as gc
 
 
 def test_version_and_api() -> None:
-    assert gc.__version__ == "0.1.0"
+    assert gc.__version__ == "0.2.0"
     assert set(gc.BACKENDS) == {"auto", "copy_engine", "nccl", "gloo"}
     assert len(gc.__all__) <= 12
 
@@ -101,3 +101,48 @@ def test_prefetcher_world_of_one_order() -> None:
         assert torch.equal(full, shards[i])
         assert produced == list(range(min(i + 2, 4)))  # lazily pulls exactly one ahead
     assert pf.consumed == 4
+
+
+def test_lane_layout_covers_every_chunk_without_overlap() -> None:
+    # Each lane stages its pieces in its own region: pieces tile each chunk exactly, and the
+    # staged pieces of one lane never overlap (the CUDA race this layout prevents).
+    from gem_comms import _peer
+
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        world = int(torch.randint(1, 6, (1,), generator=gen))
+        lanes = int(torch.randint(1, 5, (1,), generator=gen))
+        rows = tuple(int(v) for v in torch.randint(0, 5000, (world,), generator=gen))
+        whole = bool(torch.rand(1, generator=gen) < 0.3)
+        if whole:
+            rows = (rows[0],) * world
+        plan = _peer.Plan(op="x", dtype="d", row_bytes=int(torch.randint(1, 9, (1,), generator=gen)),
+                          send_rows=rows, recv_rows=rows, send_names=("a", "b"), send_whole_input=whole)
+        sender = int(torch.randint(0, world, (1,), generator=gen))
+        lay = _peer._lane_layout(plan, sender, lanes)
+        for q in range(world):
+            n = rows[q] * plan.row_bytes
+            cuts = [lay.pieces[j][q][:2] for j in range(lanes)]
+            assert cuts[0][0] == 0 and cuts[-1][1] == n
+            assert all(cuts[j][1] == cuts[j + 1][0] for j in range(lanes - 1))
+            assert all(a % 256 == 0 for a, _ in cuts[1:] if a != n)
+        for j in range(lanes):
+            staged = sorted((at, at + b - a) for q, (a, b, at) in enumerate(lay.pieces[j])
+                            if q != sender and b > a and (not whole or q == (sender + 1) % world))
+            assert all(e1 <= s2 for (_, e1), (s2, _) in zip(staged, staged[1:]))
+            assert all(e <= lay.lane_bytes[j] for _, e in staged)
+
+
+def test_configure_and_driver_errors_are_clear() -> None:
+    from gem_comms import _cuda, _peer
+
+    with pytest.raises(ValueError, match="lanes=0 must be an int in"):
+        _peer.configure(lanes=0)
+    with pytest.raises(ValueError, match="lane_min_bytes=-1"):
+        _peer.configure(lane_min_bytes=-1)
+    assert _peer.configure() == _peer.Config()
+    if not torch.cuda.is_available():
+        try:
+            _cuda._load()
+        except RuntimeError as e:
+            assert "libcuda.so.1" in str(e)

@@ -16,7 +16,7 @@ from gem_parallel._comm_volume import CommConfig, CommItem, comm_table, comm_vol
 from gem_parallel._dense import BF16_MIXED, apply_hsdp
 from gem_parallel._dims import Meshes, ParallelDims
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = [
     "__version__",
     "ParallelDims",
