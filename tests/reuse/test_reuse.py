@@ -16,10 +16,11 @@ Offline and fast (about a minute on 2 cores). Why the venvs look the way they do
   line puts the view on sys.path. A package the module imports without declaring it is absent
   from the view, so the import fails here as it would for a pip user. A plain
   `--system-site-packages` venv would show everything in .venv and prove nothing.
-- `pip install --no-index --no-build-isolation --find-links <wheels of all gem modules>
-  <module path>` is what a user runs, minus the registry: gem dependencies resolve from the
-  local wheels only if declared, and a range that the locked version does not satisfy (e.g.
-  a triton bound) fails the install instead of pulling another version.
+- The wheels are built once from copies of the module folders (`pip wheel --no-build-isolation
+  <path>`, as `pip install ./<module>` builds them). `pip install --no-index --find-links
+  <those wheels> gem-<module>` is then what a user runs, minus the registry: gem dependencies
+  resolve from the local wheels only if declared, and a range that the locked version does
+  not satisfy (e.g. a triton bound) fails the install instead of pulling another version.
 """
 from __future__ import annotations
 
@@ -196,6 +197,9 @@ def _run(cmd: list[str], cwd: Path, timeout: float = 300) -> subprocess.Complete
 @pytest.fixture(scope="module")
 def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Copies of the module sources (pip builds in the tree) and a wheel of each."""
+    if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
+        pytest.fail(f"run this with the project venv ({ROOT}/.venv/bin/python, built by ./bazelw): the clean "
+                    f"venvs borrow its packages; this is {sys.prefix}")
     base = tmp_path_factory.mktemp("pip")
     for m in MODULES:
         shutil.copytree(ROOT / m, base / "src" / m, ignore=shutil.ignore_patterns(
@@ -242,7 +246,7 @@ def test_pip_install_into_clean_venv(module: str, wheelhouse: Path, tmp_path: Pa
 
     out = _run([str(VENV_PY), "-m", "pip", "--python", str(py), "install", "-q", "--no-index",
                 "--no-build-isolation", "--disable-pip-version-check", "--find-links", str(wheelhouse / "wh"),
-                str(wheelhouse / "src" / module)], cwd=tmp_path)
+                f"gem-{module}"], cwd=tmp_path)
     assert out.returncode == 0, f"pip install ./{module} failed offline:\n{out.stdout}{out.stderr}"
 
     # Import the package and every gem module its code refers to, from outside any checkout.
