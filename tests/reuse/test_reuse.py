@@ -70,7 +70,7 @@ def _requirements(module: str, extras: bool) -> list[Requirement]:
 
 
 def _lock() -> dict[str, Version]:
-    pins = {}
+    pins: dict[str, Version] = {}
     for line in (ROOT / "requirements.lock").read_text().splitlines():
         m = re.match(r"\s*([A-Za-z0-9_.-]+)==([^\s#]+)", line)
         if m:
@@ -114,7 +114,7 @@ def _imports(module: str) -> dict[str, list[str]]:
             for n in names:
                 top = n.split(".")[0]
                 if top != f"gem_{module}" and top not in sys.stdlib_module_names and top != "__future__":
-                    found.setdefault(top, []).append(f"{path.relative_to(ROOT)}:{node.lineno}")
+                    found.setdefault(top, []).append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}")
     return found
 
 
