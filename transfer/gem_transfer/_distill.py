@@ -38,7 +38,9 @@ class DistillConfig:
         batch_size: samples per step.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
-        kd_weight: a, the weight of the soft-target loss (kd and combined).
+        kd_weights: candidates for a, the weight of the soft-target loss (kd and combined):
+            a student is trained with each and the one with the lowest validation loss is
+            kept (so standard KD gets its best weight, not a fixed guess).
         temperature: T of the soft targets.
         val_fraction: share of the training samples held back to pick the best epoch.
         patience: epochs without a better validation loss before stopping.
@@ -49,7 +51,7 @@ class DistillConfig:
     batch_size: int = 128
     lr: float = 3e-3
     weight_decay: float = 1e-4
-    kd_weight: float = 0.5
+    kd_weights: tuple[float, ...] = (0.5, 0.9)
     temperature: float = 1.0
     val_fraction: float = 0.1
     patience: int = 6
@@ -63,8 +65,8 @@ class DistillConfig:
         if not self.lr > 0 or not self.temperature > 0 or not self.weight_decay >= 0:
             raise ValueError(f"DistillConfig lr={self.lr}, temperature={self.temperature} must be > 0 "
                              f"and weight_decay={self.weight_decay} >= 0")
-        if not 0.0 <= self.kd_weight <= 1.0:
-            raise ValueError(f"DistillConfig.kd_weight={self.kd_weight} must be in [0, 1]")
+        if not self.kd_weights or not all(0.0 <= a <= 1.0 for a in self.kd_weights):
+            raise ValueError(f"DistillConfig.kd_weights={self.kd_weights} must be non-empty, each in [0, 1]")
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"DistillConfig.val_fraction={self.val_fraction} must be in (0, 1)")
 
@@ -176,33 +178,46 @@ def train_student(method: str, data: ScoredSet, features: Any, *, student: Stude
         tables: `teacher_tables(teacher)`, needed by "sharing" and "combined".
 
     Returns:
-        (the student at its best validation epoch, on CPU in eval mode,
-         {"method", "epochs", "best_epoch", "val_loss", "train_samples"}).
+        (the student at its best validation epoch (and KD weight), on CPU in eval mode,
+         {"method", "epochs", "best_epoch", "val_loss", "kd_weight", "train_samples"}).
     """
     tc = train or DistillConfig()
     cfg, kd = method_config(method, student or StudentConfig(), int(data.teacher_repr.shape[1]))
     dev = torch.device(device)
-    torch.manual_seed(tc.seed)
-    model = Student(cfg, features, tables).to(dev)
-    rng = np.random.default_rng(tc.seed)
-    perm = rng.permutation(len(data))
+    perm = np.random.default_rng(tc.seed).permutation(len(data))
     n_val = max(1, int(round(len(data) * tc.val_fraction)))
     if len(data) - n_val < 1:
         raise ValueError(f"{len(data)} training samples leave none after val_fraction={tc.val_fraction}")
     val, tr = data.take(np.sort(perm[:n_val])), perm[n_val:]
+    best: tuple[Student, dict[str, Any]] | None = None
+    for a in (tc.kd_weights if kd else (0.0,)):
+        model, info = _fit(cfg, features, tables, data, tr, val, a, tc, dev)
+        if best is None or info["val_loss"] < best[1]["val_loss"]:
+            best = (model, info)
+    assert best is not None
+    model, info = best
+    info.update(method=method, train_samples=int(len(tr)))
+    return model.cpu().eval(), info
+
+
+def _fit(cfg: StudentConfig, features: Any, tables: Mapping[str, torch.Tensor] | None, data: ScoredSet,
+         tr: np.ndarray, val: ScoredSet, a: float, tc: DistillConfig, dev: torch.device) -> tuple[Student, dict[str, Any]]:
+    """One student, KD weight `a` (0: labels only), early-stopped on the validation label loss."""
+    torch.manual_seed(tc.seed)
+    model = Student(cfg, features, tables).to(dev)
     if cfg.repr_dim:
         model.set_repr_stats(data.teacher_repr[torch.from_numpy(tr)])
+    rng = np.random.default_rng([tc.seed, 1])
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tc.lr,
                             weight_decay=tc.weight_decay)
     best, best_state, best_epoch, waited, epoch = math.inf, _trained_state(model), 0, 0, 0
-    a = tc.kd_weight if kd else 0.0
     for epoch in range(1, tc.epochs + 1):
         model.train()
         order = rng.permutation(tr)
         for s in range(0, len(order), tc.batch_size):
             part = data.take(order[s:s + tc.batch_size])
             z = _forward(model, part, dev)
-            loss = _loss(z, part.labels.to(dev), part.teacher_logits.to(dev) if kd else None, a, tc.temperature)
+            loss = _loss(z, part.labels.to(dev), part.teacher_logits.to(dev) if a > 0 else None, a, tc.temperature)
             opt.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
@@ -217,9 +232,7 @@ def train_student(method: str, data: ScoredSet, features: Any, *, student: Stude
             if waited >= tc.patience:
                 break
     model.load_state_dict(best_state, strict=False)  # the frozen tables never changed
-    model = model.cpu().eval()
-    return model, {"method": method, "epochs": epoch, "best_epoch": best_epoch, "val_loss": best,
-                   "train_samples": int(len(tr))}
+    return model, {"epochs": epoch, "best_epoch": best_epoch, "val_loss": best, "kd_weight": a}
 
 
 def evaluate(probs: torch.Tensor, labels: torch.Tensor, tasks: Sequence[str]) -> dict[str, dict[str, float]]:

@@ -95,8 +95,9 @@ def tiny(**overrides: Any) -> TransferConfig:
 
 
 def gem(**overrides: Any) -> TransferConfig:
-    """One H200: the h200 teacher on GEM-like histories (cap 8,192), bf16, students on 4k samples."""
-    base = TransferConfig(preset="gem", teacher_samples=200_000, teacher_seconds=240.0, teacher_batch_blocks=4,
+    """One H200: the h200 teacher (bf16) on GEM-like histories (cap 8,192), 256 samples per step, for
+    at most 200k samples or 240 s; students on 4,096 samples."""
+    base = TransferConfig(preset="gem", teacher_samples=200_000, teacher_seconds=240.0, teacher_batch_blocks=16,
                           teacher_lr=1e-3, student_samples=4096, eval_samples=4096, block_size=16,
                           blocks_per_shard=16, student=StudentConfig(emb_dim=32, hidden=(128, 64)))
     return dataclasses.replace(base, **overrides)

@@ -89,6 +89,9 @@ class Student(nn.Module):
             cfg.share != "none".
     """
 
+    repr_mean: torch.Tensor
+    repr_std: torch.Tensor
+
     def __init__(self, cfg: StudentConfig, features: Any, tables: Mapping[str, torch.Tensor] | None = None) -> None:
         super().__init__()
         self.cfg = cfg

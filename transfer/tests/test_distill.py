@@ -27,7 +27,7 @@ def _oracle_set(blocks: range, noise_dims: int = 6, seed: int = 0) -> ScoredSet:
 
 def test_oracle_teacher_lifts_kd_and_representation() -> None:
     train, held = _oracle_set(range(8)), _oracle_set(range(1000, 1032), seed=1)  # 512 vs 2,048 samples
-    tc = DistillConfig(epochs=25, kd_weight=0.9, seed=0)
+    tc = DistillConfig(epochs=25, kd_weights=(0.9,), seed=0)
     auc = {}
     for m in ("label_only", "kd", "representation"):
         st, info = train_student(m, train, DATA, student=StudentConfig(emb_dim=8), train=tc)
@@ -68,7 +68,7 @@ def test_method_configs_and_errors() -> None:
     assert (cfg.repr_dim, cfg.share, kd) == (0, "frozen", False)
     with pytest.raises(ValueError, match="method='x'"):
         method_config("x", base, 1)
-    with pytest.raises(ValueError, match="kd_weight=1.5"):
-        DistillConfig(kd_weight=1.5)
+    with pytest.raises(ValueError, match=r"kd_weights=\(1.5,\)"):
+        DistillConfig(kd_weights=(1.5,))
     with pytest.raises(ValueError, match="val_fraction=1.0"):
         DistillConfig(val_fraction=1.0)
