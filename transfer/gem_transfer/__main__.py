@@ -23,7 +23,8 @@ import torch
 
 import gem_data
 from gem_transfer._distill import METHODS
-from gem_transfer._pipeline import PRESETS, data_config, format_table, gains, gem, run_transfer, tiny
+from gem_transfer._pipeline import PRESETS, data_config, gains, run_transfer
+from gem_transfer.presets import gem, tiny
 from gem_transfer._scoring import score_to_parquet
 from gem_transfer._teacher import load_teacher
 
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = (tiny if a.preset == "tiny" else gem)(**over)
     out = a.out or tempfile.mkdtemp(prefix="gem_transfer_")
     res = run_transfer(cfg, out, device=_device(a.device), teacher=a.teacher, save_teacher_to=a.save_teacher)
-    print(format_table(res))
+    print(res["table"])
     summary = {"tasks": {t: {"bayes": (res["bayes"] or {}).get(t, {}).get("auc"),
                              "teacher": res["teacher"][t]["auc"],
                              **{m: v["auc"] for m, v in row.items()}} for t, row in gains(res).items()},

@@ -43,7 +43,8 @@ class TransferConfig:
         teacher_samples: samples the teacher trains on (one pass).
         teacher_seconds: wall-time cap on teacher training (None: none); the result says
             how many samples it saw.
-        teacher_batch_blocks: blocks per teacher step.
+        teacher_batch_blocks: blocks per teacher step (when teacher_tokens is 0).
+        teacher_tokens: token budget per teacher step (0: fixed teacher_batch_blocks).
         teacher_lr: AdamW learning rate of the teacher.
         student_samples: labelled samples every student trains on (validation split included).
         eval_samples: held-out samples every model is scored on (at least this many).
@@ -60,6 +61,7 @@ class TransferConfig:
     teacher_samples: int = 32_768
     teacher_seconds: float | None = None
     teacher_batch_blocks: int = 1
+    teacher_tokens: int = 0
     teacher_lr: float = 3e-3
     student_samples: int = 2048
     eval_samples: int = 4096
@@ -81,26 +83,16 @@ class TransferConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"TransferConfig.{name}={v!r} must be an int >= 1")
+        if isinstance(self.teacher_tokens, bool) or not isinstance(self.teacher_tokens, int) or self.teacher_tokens < 0:
+            raise ValueError(f"TransferConfig.teacher_tokens={self.teacher_tokens!r} must be an int >= 0")
+        if self.teacher_seconds is not None and not self.teacher_seconds > 0:
+            raise ValueError(f"TransferConfig.teacher_seconds={self.teacher_seconds!r} must be > 0 or None")
         bad = [m for m in self.methods if m not in METHODS]
         if bad or not self.methods:
             raise ValueError(f"TransferConfig.methods={self.methods!r} must be a non-empty subset of {METHODS}")
         if self.student_samples >= self.teacher_samples:
             raise ValueError(f"student_samples={self.student_samples} must be < teacher_samples="
                              f"{self.teacher_samples} (students learn from far fewer samples)")
-
-
-def tiny(**overrides: Any) -> TransferConfig:
-    """CPU: tiny teacher on 32k samples, students on 2k, 4,096 held out (a few minutes on 2 cores)."""
-    return dataclasses.replace(TransferConfig(), **overrides)
-
-
-def gem(**overrides: Any) -> TransferConfig:
-    """One H200: the h200 teacher (bf16) on GEM-like histories (cap 8,192), 256 samples per step, for
-    at most 200k samples or 240 s; students on 4,096 samples."""
-    base = TransferConfig(preset="gem", teacher_samples=200_000, teacher_seconds=240.0, teacher_batch_blocks=16,
-                          teacher_lr=1e-3, student_samples=4096, eval_samples=4096, block_size=16,
-                          blocks_per_shard=16, student=StudentConfig(emb_dim=32, hidden=(128, 64)))
-    return dataclasses.replace(base, **overrides)
 
 
 def data_config(cfg: TransferConfig) -> gem_data.DataConfig:
@@ -166,8 +158,9 @@ def run_transfer(cfg: TransferConfig, out_dir: str | os.PathLike[str], *, device
     Returns:
         {"config", "teacher": {"train", "score", "tasks": {task: {"auc", "ne"}}}, "bayes": {task:
          {"auc", "ne"}}, "students": {method: {"tasks": {task: {"auc", "ne"}}, "runs": [...]}},
-         "tasks": [...], "objects": {"teacher", "students", "eval_set"}}; "objects" holds the
-        live models (the bench measures them) and is not JSON.
+         "tasks": [...], "table": the printable per-task table, "objects": {"teacher", "students",
+         "eval_set", "train_set"}}; "objects" holds the live models (the bench measures them)
+        and is not JSON.
     """
     out = Path(out_dir)
     stream = log if log is not None else sys.stderr
@@ -183,6 +176,7 @@ def run_transfer(cfg: TransferConfig, out_dir: str | os.PathLike[str], *, device
         torch.manual_seed(cfg.seed)
         model: torch.nn.Module = gem_model.GEMModel(teacher_config(cfg, features)).to(dev)
         res["teacher_train"] = train_teacher(model, t_source, batch_blocks=cfg.teacher_batch_blocks,
+                                             tokens_per_batch=cfg.teacher_tokens or None,
                                              lr=cfg.teacher_lr, max_samples=cfg.teacher_samples,
                                              max_seconds=cfg.teacher_seconds, device=dev, seed=cfg.seed, log=stream)
         if save_teacher_to is not None:
@@ -229,6 +223,7 @@ def run_transfer(cfg: TransferConfig, out_dir: str | os.PathLike[str], *, device
               file=stream, flush=True)
     res["students"] = students
     res["seconds"] = time.perf_counter() - t0
+    res["table"] = format_table(res)
     res["objects"] = {"teacher": model, "students": live, "eval_set": eval_set, "train_set": train_set}
     return res
 

@@ -152,70 +152,78 @@ def load_teacher(path: str | os.PathLike[str], *, device: torch.device | str = "
 
 # ---- training --------------------------------------------------------------------------------
 
-def train_teacher(model: nn.Module, source: Any, *, batch_blocks: int = 4, lr: float = 3e-3,
-                  max_samples: int | None = None, max_seconds: float | None = None,
+def train_teacher(model: nn.Module, source: Any, *, batch_blocks: int = 1, tokens_per_batch: int | None = None,
+                  lr: float = 3e-3, max_samples: int | None = None, max_seconds: float | None = None,
                   device: torch.device | str = "cpu", seed: int = 0, log_every: int = 50,
-                  log: Any = None) -> dict[str, float]:
-    """Trains `model` in place on `source` (one pass; a SyntheticSource window or Parquet).
+                  log: Any = None) -> dict[str, Any]:
+    """Trains `model` in place on `source` (one pass), then puts it in eval mode.
 
-    AdamW with a linear decay to 10 % of `lr` over the planned steps, BCE on every task, bf16
-    autocast on CUDA. Batches come from gem_data's `JaggedLoader` (`batch_blocks` blocks per
-    step, background prefetch, async host-to-device copy).
+    AdamW, BCE on every task, bf16 autocast on CUDA; the learning rate decays linearly to 10 %
+    of `lr` with the progress towards whichever limit ends the run first (samples or seconds).
+    Batches come from gem_data's `JaggedLoader` (`batch_blocks` blocks per step, or blocks up to
+    `tokens_per_batch` tokens; background prefetch, async host-to-device copy).
 
     Args:
         model: a GEMModel (already on `device`).
-        source: a finite block source (`num_blocks`, `lengths`, `read`).
-        max_samples: stop after this many samples (None: the whole source).
-        max_seconds: stop after this much wall time (None: no limit); the summary says
-            how many samples were actually seen.
+        source: a block source (`num_blocks`, `lengths`, `read`): SyntheticSource (endless:
+            give max_samples), ParquetSource or a BlockWindow.
+        batch_blocks: blocks per step (ignored with tokens_per_batch).
+        tokens_per_batch: token-budget batching (GEM-like lengths vary 100x between samples).
+        max_samples: stop after this many samples (None: the whole source, which must be finite).
+        max_seconds: stop after this much wall time (None: no limit); the summary says how many
+            samples were actually seen.
         log: a text stream for progress lines (default stderr).
 
     Returns:
-        {"steps", "samples", "tokens", "seconds", "samples_per_s", "final_loss"}.
+        {"steps", "samples", "tokens", "seconds", "samples_per_s", "final_loss", "stopped_by"}.
     """
     if batch_blocks < 1:
         raise ValueError(f"{batch_blocks=} must be >= 1")
-    if source.num_blocks is None:
-        raise ValueError("source must be finite (num_blocks not None): wrap an endless source in a BlockWindow")
+    if tokens_per_batch is not None and tokens_per_batch < 1:
+        raise ValueError(f"{tokens_per_batch=} must be >= 1 or None")
     if max_samples is not None and max_samples < 1:
         raise ValueError(f"{max_samples=} must be >= 1 or None")
+    if max_seconds is not None and not max_seconds > 0:
+        raise ValueError(f"{max_seconds=} must be > 0 or None")
+    if source.num_blocks is None and max_samples is None:
+        raise ValueError("an endless source (num_blocks=None) needs max_samples")
     dev = torch.device(device)
     out = log if log is not None else sys.stderr
-    per_step = batch_blocks * int(source.lengths(0).shape[0]) if source.num_blocks else 1
-    planned = source.num_blocks // batch_blocks
-    if max_samples is not None:
-        planned = min(planned, max(1, math.ceil(max_samples / per_step)))
-    if planned < 1:
-        raise ValueError(f"source has {source.num_blocks} blocks, fewer than {batch_blocks=}: no step")
+    budget = max_samples if max_samples is not None else source.num_blocks * int(source.lengths(0).shape[0])
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - 0.9 * min(s, planned) / planned)
-    loader = gem_data.JaggedLoader(source, blocks_per_batch=batch_blocks, device=dev, num_workers=2,
-                                   prefetch=4, sparse_kind="native", balance=False)
+    loader = gem_data.JaggedLoader(source, blocks_per_batch=batch_blocks, tokens_per_batch=tokens_per_batch,
+                                   device=dev, num_workers=2, prefetch=4, sparse_kind="native", balance=False,
+                                   num_epochs=1 if source.num_blocks is not None else None)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else contextlib.nullcontext()
     model.train()
     t0 = time.perf_counter()
     steps = samples = tokens = 0
-    loss_sum, loss_n, last = 0.0, 0, math.nan
+    last, stopped = math.nan, "data"
     try:
         for batch in loader:
+            elapsed = time.perf_counter() - t0
+            progress = min(1.0, max(samples / budget, elapsed / max_seconds if max_seconds else 0.0))
+            for g in opt.param_groups:
+                g["lr"] = lr * (1.0 - 0.9 * progress)
             with amp:
                 logits = model(batch)
             loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
             opt.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
-            sched.step()
             steps += 1
             samples += batch.num_samples
             tokens += batch.num_tokens
-            if steps % log_every == 0 or steps == planned:
+            done = samples >= budget
+            over = max_seconds is not None and time.perf_counter() - t0 > max_seconds
+            if steps % log_every == 0 or done or over:
                 last = float(loss.detach())  # one host sync per log line
-                loss_sum, loss_n = loss_sum + last, loss_n + 1
                 dt = time.perf_counter() - t0
-                print(f"teacher step {steps}/{planned} loss {last:.4f} {samples / dt:,.0f} samples/s",
-                      file=out, flush=True)
-            if steps >= planned or (max_seconds is not None and time.perf_counter() - t0 > max_seconds):
+                print(f"teacher step {steps}: {samples:,}/{budget:,} samples, loss {last:.4f}, "
+                      f"{samples / dt:,.0f} samples/s, {dt:.0f} s", file=out, flush=True)
+            if done or over:
+                stopped = "samples" if done else "seconds"
                 break
     finally:
         loader.close()
@@ -224,4 +232,4 @@ def train_teacher(model: nn.Module, source: Any, *, batch_blocks: int = 4, lr: f
     model.eval()
     dt = time.perf_counter() - t0
     return {"steps": steps, "samples": samples, "tokens": tokens, "seconds": dt,
-            "samples_per_s": samples / dt if dt > 0 else 0.0, "final_loss": last}
+            "samples_per_s": samples / dt if dt > 0 else 0.0, "final_loss": last, "stopped_by": stopped}

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from _common import DATA, env, source, teacher
-from gem_transfer import BlockWindow, load_teacher, read_scores, save_teacher, score_to_parquet, teacher_outputs
+from gem_transfer import load_teacher, read_scores, save_teacher, score_to_parquet, teacher_outputs
+from gem_transfer._window import BlockWindow
 
 
 def _direct(model: nn.Module, src: Any, blocks: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -176,7 +177,8 @@ def test_resume_after_sigkill_no_row_missing_or_duplicated(tmp_path: Path) -> No
     assert not list(out.glob(".*.tmp"))
     sc = read_scores(out, blocks=range(n_blocks), rows_per_block=[8] * n_blocks)  # exactly once each
     import gem_data
-    from gem_transfer._pipeline import data_config, tiny
+    from gem_transfer._pipeline import data_config
+    from gem_transfer.presets import tiny
     src = gem_data.SyntheticSource(data_config(tiny()), block_size=8)
     z, r = _direct(load_teacher(path), src, list(range(n_blocks)))
     np.testing.assert_allclose(sc["logits"], z, rtol=1e-5, atol=1e-5)

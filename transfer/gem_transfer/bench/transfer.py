@@ -21,6 +21,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -30,8 +31,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from gem_transfer._distill import METHODS
-from gem_transfer._pipeline import format_table, gains, gem, run_transfer, tiny
+from gem_transfer._distill import METHODS, DistillConfig
+from gem_transfer._pipeline import gains, run_transfer
+from gem_transfer.presets import gem, tiny
 
 _TRANSFER = ("representation", "sharing", "combined")
 
@@ -103,6 +105,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--eval-samples", type=int, default=None)
     p.add_argument("--student-seeds", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kd-weights", default=None, help="comma-separated KD weight candidates (default 0.5,0.9)")
+    p.add_argument("--teacher", default=None, help="load this save_teacher file instead of training one")
+    p.add_argument("--save-teacher", default=None, help="write the trained teacher here")
     p.add_argument("--out", default=None, help="output folder (default $OUT, else a temporary folder)")
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None,
@@ -122,18 +127,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in ("teacher_samples", "teacher_seconds", "student_samples", "eval_samples", "student_seeds"):
         if getattr(a, name) is not None:
             over[name] = getattr(a, name)
+    if a.kd_weights:
+        over["distill"] = DistillConfig(kd_weights=tuple(float(x) for x in a.kd_weights.split(",")))
     cfg = (tiny if a.preset == "tiny" else gem)(**over)
     out = Path(a.out or os.environ.get("OUT") or tempfile.mkdtemp(prefix="bench_transfer_"))
     out.mkdir(parents=True, exist_ok=True)
-    scores = Path(tempfile.mkdtemp(prefix="scores_", dir=out))
-    res = run_transfer(cfg, scores, device=dev)
+    # score shards in the system temp dir, not under $OUT (they would travel back with the results)
+    scores = Path(tempfile.mkdtemp(prefix="gem_transfer_scores_"))
+    res = run_transfer(cfg, scores, device=dev, teacher=a.teacher, save_teacher_to=a.save_teacher)
     lat = _latency(res, batch_size=64 if a.preset == "tiny" else 4, reps=7 if a.preset == "tiny" else 3)
     g = gains(res)
 
-    print(f"\ntransfer bench, preset {a.preset}, device {dev}: teacher trained on "
-          f"{(res['teacher_train'] or {}).get('samples')} samples, students on {cfg.student_samples}, "
-          f"held-out {len(res['objects']['eval_set'])}")
-    print(format_table(res))
+    tt = res["teacher_train"]
+    origin = (f"trained on {tt['samples']:,} samples in {tt['seconds']:.0f} s" if tt else f"loaded from {a.teacher}")
+    print(f"\ntransfer bench, preset {a.preset}, device {dev}: teacher {origin}, students on "
+          f"{cfg.student_samples:,} samples ({cfg.student_seeds} seeds per method), held-out "
+          f"{len(res['objects']['eval_set']):,}")
+    print(res["table"])
     print(f"\nCPU latency per sample (1 thread, batch {lat['batch']}): teacher {lat['teacher_us']:.1f} us, "
           f"{lat['teacher_flops'] / 1e6:.2f} MFLOP")
     for m in METHODS:
@@ -165,7 +175,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "bench": "transfer", "preset": a.preset, "quick": a.quick, "tasks": tasks,
         "gain_target_met": met, "latency_target_met": lat_ok,
         "latency": {k: v for k, v in lat.items()},
-        "teacher_train": res["teacher_train"], "teacher_params": res["teacher_params"],
+        "students": {m: [{k: r[k] for k in ("kd_weight", "best_epoch", "epochs", "val_loss")} for r in v["runs"]]
+                     for m, v in res["students"].items()},
+        "teacher_train": res["teacher_train"], "teacher_params": res["teacher_params"], "teacher_file": a.teacher,
         "score": {k: {kk: vv for kk, vv in v.items() if kk != "bad_blocks"} for k, v in res["score"].items()},
         "student_samples": cfg.student_samples, "eval_samples": len(res["objects"]["eval_set"]),
         "student_seeds": cfg.student_seeds, "seconds": time.perf_counter() - t0, "device": str(dev),
@@ -173,6 +185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "torch": torch.__version__, "python": platform.python_version(),
     }
     (out / "transfer.json").write_text(json.dumps(summary, indent=1, default=float))
+    shutil.rmtree(scores, ignore_errors=True)
     print(json.dumps(summary, default=float))
     return summary
 

@@ -1,0 +1,27 @@
+"""TransferConfig presets: `tiny()` (CPU, a few minutes) and `gem()` (one H200).
+
+Variants: `presets.tiny(teacher_samples=65_536)` or `dataclasses.replace(presets.gem(), seed=1)`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from gem_transfer._pipeline import TransferConfig
+from gem_transfer._student import StudentConfig
+
+__all__ = ["tiny", "gem"]
+
+
+def tiny(**overrides: Any) -> TransferConfig:
+    """CPU: tiny teacher on 32k samples, students on 2k, 4,096 held out (a few minutes on 2 cores)."""
+    return dataclasses.replace(TransferConfig(), **overrides)
+
+
+def gem(**overrides: Any) -> TransferConfig:
+    """One H200: the h200 teacher (bf16) on GEM-like histories (cap 8,192), 131,072-token steps,
+    for at most 200k samples or 240 s (the bench must fit a 10-minute slot); students on 4,096."""
+    base = TransferConfig(preset="gem", teacher_samples=200_000, teacher_seconds=240.0, teacher_tokens=131_072,
+                          teacher_lr=1e-3, student_samples=4096, eval_samples=4096, block_size=16,
+                          blocks_per_shard=16, student=StudentConfig(emb_dim=32, hidden=(128, 64)))
+    return dataclasses.replace(base, **overrides)
