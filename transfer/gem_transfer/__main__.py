@@ -98,14 +98,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-samples", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on CPU: a shared "
+                   "small box runs one OpenMP thread much faster than two)")
     a = p.parse_args(argv)
+    dev = _device(a.device)
+    if a.threads or dev.type == "cpu":
+        torch.set_num_threads(a.threads or 1)
     over: dict[str, Any] = {"data": a.data, "methods": _split_methods(a.methods), "seed": a.seed}
     for name in ("teacher_samples", "student_samples", "eval_samples"):
         if getattr(a, name) is not None:
             over[name] = getattr(a, name)
     cfg = (tiny if a.preset == "tiny" else gem)(**over)
     out = a.out or tempfile.mkdtemp(prefix="gem_transfer_")
-    res = run_transfer(cfg, out, device=_device(a.device), teacher=a.teacher, save_teacher_to=a.save_teacher)
+    res = run_transfer(cfg, out, device=dev, teacher=a.teacher, save_teacher_to=a.save_teacher)
     print(res["table"])
     summary = {"tasks": {t: {"bayes": (res["bayes"] or {}).get(t, {}).get("auc"),
                              "teacher": res["teacher"][t]["auc"],

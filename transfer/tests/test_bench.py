@@ -15,7 +15,7 @@ from gem_transfer.bench.transfer import main as bench
 def test_quick_bench_table_chart_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bench(["--quick", "--out", str(tmp_path), "--device", "cpu", "--eval-samples", "256"])
     out = capsys.readouterr().out.strip().splitlines()
-    last = json.loads(out[-1])
+    last = json.loads(out[-1], parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
     assert set(last["tasks"]) == {"click", "conversion"}
     for row in last["tasks"].values():
         for key in ("bayes", "teacher", *METHODS):
@@ -36,7 +36,7 @@ def test_end_to_end_command_trains_saves_and_reloads(tmp_path: Path, capsys: pyt
     args = ["--teacher-samples", "512", "--student-samples", "128", "--eval-samples", "256",
             "--methods", "label_only,combined", "--device", "cpu", "--out", str(tmp_path / "run")]
     cli([*args, "--save-teacher", str(tmp_path / "t.pt")])
-    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # strict JSON
     assert (tmp_path / "t.pt").exists() and set(first["tasks"]["click"]) >= {"label_only", "combined", "teacher"}
     # the saved teacher, the same out dir: the score shards are reused, the teacher's AUC is the same
     cli([*args, "--teacher", str(tmp_path / "t.pt")])

@@ -95,6 +95,17 @@ def _chart(g: dict[str, Any], path: Path, title: str) -> str:
     return f"chart: {path}"
 
 
+def _strict(x: Any) -> Any:
+    """NaN/inf -> None, so the JSON line is strict JSON (e.g. a ratio to a KD gain <= 0)."""
+    if isinstance(x, dict):
+        return {k: _strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="tiny", choices=("tiny", "gem"))
@@ -184,9 +195,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
         "torch": torch.__version__, "python": platform.python_version(),
     }
-    (out / "transfer.json").write_text(json.dumps(summary, indent=1, default=float))
+    summary = dict(_strict(summary))
+    (out / "transfer.json").write_text(json.dumps(summary, indent=1, allow_nan=False))
     shutil.rmtree(scores, ignore_errors=True)
-    print(json.dumps(summary, default=float))
+    print(json.dumps(summary, allow_nan=False))
     return summary
 
 
