@@ -15,15 +15,18 @@ from gem_model._layers import (
     SeqAttention,
     SeqPooling,
 )
+from gem_model._baselines import LogisticRegression, PooledMLP
 from gem_model._model import GEMModel, TaskHeads
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "GDPAFFN",
     "GEMConfig",
     "GEMModel",
     "InterFormerLayer",
+    "LogisticRegression",
+    "PooledMLP",
     "PersonalizedFFN",
     "SeqAttention",
     "SeqPooling",

@@ -38,6 +38,10 @@ class GEMConfig:
         head_hidden: width of the shared bottom and of each task tower.
         rope_base: rotary embedding base.
 
+        sequence_attention: False switches attention over the event sequence off (an
+            ablation baseline): no self-attention (the CLS outputs are the non-sequence
+            summary itself) and mean pooling instead of PMA.
+
     Kunlun switches (arXiv 2602.10016):
         gdpa_ffn: replace the personalized FFN by GDPA cross-attention of the sequence tokens
             over `gdpa_kv_len` tokens built from the non-sequence summary.
@@ -78,6 +82,7 @@ class GEMConfig:
     num_recent: int = 2
     head_hidden: int = 64
     rope_base: float = 10000.0
+    sequence_attention: bool = True
 
     gdpa_ffn: bool = False
     gdpa_kv_len: int = 8

@@ -119,6 +119,21 @@ class GDPAFFN(nn.Module):
         )
 
 
+def _recency_positions(off: torch.Tensor, total: int, n_cls: int) -> torch.Tensor:
+    """RoPE positions `[T + B*n_cls]` counted back from each sequence's most recent event.
+
+    The most recent event is 0, the one before it 1, ...; the CLS tokens (prepended in the
+    layout) sit just after the newest event, at -1, -2, .... Since RoPE scores depend on
+    the position difference, a CLS query sees each event's distance from the end of the
+    history, whatever the history's length: recency is what a user's next action depends
+    on (the planted task's recent-event terms, and the GEM post's "most recent tokens").
+    """
+    c = torch.arange(total, device=off.device)
+    s = _jagged.token_sample(off, total)
+    j = c - off[s]
+    return torch.where(j < n_cls, -1 - j, off[s + 1] - 1 - c)
+
+
 class SeqAttention(nn.Module):
     """MHA over each jagged sequence with its CLS tokens prepended; RoPE; optional window."""
 
@@ -138,7 +153,7 @@ class SeqAttention(nn.Module):
         b = cls.shape[0]
         comb, off, seq_pos, cls_pos = _jagged.insert_prefix(seq, cls, offsets, sample)
         tc = comb.shape[0]
-        pos = torch.arange(tc, device=comb.device) - off[_jagged.token_sample(off, tc)]
+        pos = _recency_positions(off, tc, self.n_cls)
         q, k, v = self.wqkv(self.norm(comb)).reshape(tc, 3, self.heads, self.dh).unbind(1)
         q, k = _jagged.rope(q, pos, self.base), _jagged.rope(k, pos, self.base)
         lc = max_len + self.n_cls
@@ -203,6 +218,29 @@ class SeqPooling(nn.Module):
         if self.hier:
             f += _flops.linear(b * self.d, self.n_seeds, self.rank) + _flops.linear(b * self.d, self.rank, self.n_out)
         return f
+
+
+class MeanPooling(nn.Module):
+    """Ablation stand-in for PMA (`sequence_attention=False`): the mean of each sequence,
+    mapped to `num_pma_seeds` tokens by one linear. Empty sequences pool to zeros."""
+
+    def __init__(self, cfg: GEMConfig) -> None:
+        super().__init__()
+        self.d, self.n_out = cfg.d_model, cfg.num_pma_seeds
+        self.norm = nn.LayerNorm(self.d)
+        self.proj = nn.Linear(self.d, self.n_out * self.d)
+
+    def forward(self, seq: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
+        b, t = offsets.shape[0] - 1, seq.shape[0]
+        sample = _jagged.token_sample(offsets, t)
+        z = self.norm(seq)
+        total = torch.zeros(b, self.d, device=seq.device, dtype=z.dtype).index_add_(0, sample, z)
+        mean = total / _jagged.lengths_of(offsets).clamp(min=1).to(z.dtype)[:, None]
+        out: torch.Tensor = self.proj(mean).reshape(b, self.n_out, self.d)
+        return out
+
+    def flops(self, s: _flops.Shapes) -> float:
+        return _flops.linear(s.batch, self.d, self.n_out * self.d)
 
 
 def recent_tokens(seq: torch.Tensor, offsets: torch.Tensor, k: int) -> torch.Tensor:
@@ -277,8 +315,10 @@ class InterFormerLayer(nn.Module):
         self.num_recent = cfg.num_recent
         self.nonseq_summary = NonSeqSummary(cfg)
         self.seq_ffn: GDPAFFN | PersonalizedFFN = GDPAFFN(cfg) if cfg.gdpa_ffn else PersonalizedFFN(cfg)
-        self.seq_attention = SeqAttention(cfg)
-        self.pooling: SeqPooling | None = SeqPooling(cfg) if cfg.pools_at(layer) else None
+        self.seq_attention = SeqAttention(cfg) if cfg.sequence_attention else None
+        self.pooling: SeqPooling | MeanPooling | None = None
+        if cfg.pools_at(layer):
+            self.pooling = SeqPooling(cfg) if cfg.sequence_attention else MeanPooling(cfg)
         self.seq_summary = SeqSummary(cfg)
         self.interaction = Interaction(cfg)
 
@@ -289,7 +329,9 @@ class InterFormerLayer(nn.Module):
         """x `[B, F, d]`, seq `[T, d]` → (x, seq, sequence summary `[B, n_sum, d]`, pooling)."""
         x_sum = self.nonseq_summary(x)
         seq = self.seq_ffn(seq, x_sum, offsets, max_len, sample)
-        seq, cls_out = self.seq_attention(seq, x_sum, offsets, max_len, sample)
+        cls_out = x_sum
+        if self.seq_attention is not None:
+            seq, cls_out = self.seq_attention(seq, x_sum, offsets, max_len, sample)
         if self.pooling is not None:
             pooled = self.pooling(seq, offsets, max_len)
         if pooled is None:

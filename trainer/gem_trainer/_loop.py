@@ -30,6 +30,8 @@ import gem_data
 import gem_model
 from gem_checkpoint import Checkpointer, RNGState
 from gem_trainer._metrics import WARMUP_STEPS, MetricLog, Timers, mfu
+from gem_trainer._optim import Optimizers, RowWiseAdagrad, embedding_tables
+from gem_trainer._stats import auc_stderr
 from gem_trainer.config import TrainConfig
 
 
@@ -43,8 +45,9 @@ class _AppState:
     layout; the fused table optimizer is stateless (exact SGD).
     """
 
-    def __init__(self, model: torch.nn.Module, optim: torch.optim.Optimizer, *, plain: bool = False) -> None:
-        self.model, self.optim, self.plain = model, optim, plain
+    def __init__(self, model: torch.nn.Module, optim: Optimizers, *, plain: bool = False) -> None:
+        self.model, self.plain = model, plain
+        self.optims = optim.optimizers
 
     def state_dict(self) -> dict[str, Any]:
         if self.plain:
@@ -52,26 +55,28 @@ class _AppState:
 
             # DCP loads in place: the optimizer's state must exist (a fresh one has none), and
             # its int keys are kept as strings (DCP's flattened paths are strings).
-            _init_optim_state(self.optim)
-            osd = self.optim.state_dict()
             # param_groups (hyper-parameters, param ids) come from the config on resume.
-            optim = {"state": {str(k): v for k, v in osd["state"].items()}}
+            optim = {}
+            for i, o in enumerate(self.optims):
+                _init_optim_state(o)
+                optim[str(i)] = {"state": {str(k): v for k, v in o.state_dict()["state"].items()}}
             return {"model": _children_state(self.model), "optim": optim}
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        m, o = get_state_dict(self.model, self.optim)
-        return {"model": m, "optim": o}
+        msd, osd = get_state_dict(self.model, self.optims)
+        return {"model": msd, "optim": osd}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         if self.plain:
             _load_children_state(self.model, sd["model"])
-            osd = sd["optim"]
-            self.optim.load_state_dict({"state": {int(k): v for k, v in osd["state"].items()},
-                                        "param_groups": self.optim.state_dict()["param_groups"]})
+            for i, o in enumerate(self.optims):
+                osd = sd["optim"][str(i)]
+                o.load_state_dict({"state": {int(k): v for k, v in osd["state"].items()},
+                                   "param_groups": o.state_dict()["param_groups"]})
             return
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
-        set_state_dict(self.model, self.optim, model_state_dict=sd["model"],
+        set_state_dict(self.model, self.optims, model_state_dict=sd["model"],
                        optim_state_dict=sd["optim"])
 
 
@@ -162,7 +167,7 @@ def _setup_dist(world: int) -> torch.device:
 
 
 def _parallelize(model: Any, cfg: TrainConfig, world: int,
-                 device: torch.device) -> tuple[Any, torch.optim.Optimizer]:
+                 device: torch.device) -> tuple[Any, Optimizers]:
     """Applies parallelism from outside the model (gem_parallel) and builds the optimizer.
 
     - sparse_sharding != "none": the torchrec tables are sharded by gem_parallel's planner
@@ -179,7 +184,7 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
         raise ValueError(f"sparse_sharding={cfg.sparse_sharding!r} needs torchrec tables "
                          "(torchrec is not importable here); use sparse_sharding='none'")
     if world == 1 and not sharded:
-        return model, torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+        return model, build_optimizer(model, cfg)
     import gem_parallel
 
     if world == 1 and not dist.is_initialized():
@@ -202,9 +207,23 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
         ignored = set(model.sparse.ebc.parameters())
     if world > 1:
         policy = gem_parallel.BF16_MIXED if device.type == "cuda" and cfg.precision != "fp32" else None
-        model = gem_parallel.apply_hsdp(model, meshes, mp_policy=policy, ignored_params=ignored or None)
-    ids = {id(p) for p in ignored}
-    return model, torch.optim.AdamW([p for p in model.parameters() if id(p) not in ids], lr=cfg.lr)
+        model = gem_parallel.apply_hsdp(model, meshes, mp_policy=policy, ignored_params=ignored or None,
+                                        comms=cfg.comms)
+    return model, build_optimizer(model, cfg, exclude=ignored)
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig,
+                    exclude: set[torch.nn.Parameter] | None = None) -> Optimizers:
+    """AdamW (`lr`, warm-up + cosine schedule) for the dense parameters and row-wise Adagrad
+    (`sparse_lr`) for the embedding tables; parameters in `exclude` (tables sharded by
+    torchrec, trained by its fused optimizer) are left out. Why: gem_trainer._optim."""
+    skip = {id(p) for p in exclude or ()}
+    tables = [p for p in embedding_tables(model) if id(p) not in skip]
+    skip |= {id(p) for p in tables}
+    dense = torch.optim.AdamW([p for p in model.parameters() if id(p) not in skip], lr=cfg.lr)
+    table_opt = RowWiseAdagrad(tables, lr=cfg.sparse_lr) if tables else None
+    return Optimizers(dense, table_opt, total_steps=cfg.steps, warmup=cfg.warmup_steps,
+                      final_frac=cfg.lr_final_frac)
 
 
 def _sparse_summary(cfg: TrainConfig, world: int, synced: bool) -> dict[str, Any] | None:
@@ -228,7 +247,7 @@ def _table_budget(device: torch.device) -> int:
     return 8 << 30
 
 
-def _autocast(bf16: bool) -> Any:
+def autocast(bf16: bool) -> Any:
     """bf16 autocast on CUDA for the non-fp32 precisions, else a no-op context."""
     return torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
@@ -243,7 +262,7 @@ def _seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
 
 
@@ -264,14 +283,14 @@ class _Window:
 _BLOCK = 16  # samples per synthetic block = the base batch the balancer shuffles
 
 
-def _make_loader(cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int, world: int,
+def make_loader(cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int, world: int,
                  device: torch.device, *, eval_split: bool = False) -> Any:
     if cfg.data.startswith("parquet:"):
         path = cfg.data[len("parquet:"):]
         if not os.path.isdir(path):
             raise ValueError(f"data={cfg.data!r}: {path!r} is not a directory")
         # Parquet: a row group is the base batch; evaluation reads the same shards.
-        source: Any = gem_data.ParquetSource(path)
+        source: Any = gem_data.ParquetSource(path, expect=dcfg)
         per_batch = 1
     else:
         block = min(_BLOCK, cfg.batch_size)
@@ -302,7 +321,7 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
         model = gem_model.GEMModel(mcfg)
     model, opt = _parallelize(model, cfg, world, device)
     sparse_sync = _sparse_sync(model)
-    loader = _make_loader(cfg, dcfg, rank, world, device)
+    loader = make_loader(cfg, dcfg, rank, world, device)
 
     ckpt = Checkpointer(cfg.ckpt_dir, keep_last=cfg.keep_last) if cfg.ckpt_dir else None
     rng = RNGState()
@@ -334,9 +353,9 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
             t0 = time.perf_counter()
             batch = next(it)
             t1 = time.perf_counter()
-            with _autocast(use_bf16):
+            with autocast(use_bf16):
                 logits = model(batch)
-            loss = _loss(logits, batch.labels)
+            loss = loss_fn(logits, batch.labels)
             if late_check:
                 loss.backward()  # type: ignore[no-untyped-call]
             # One host sync per step: the mean loss over ranks decides skip-or-step on every
@@ -371,6 +390,7 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
                 opt_events = (torch.cuda.Event(enable_timing=True),  # type: ignore[no-untyped-call]
                               torch.cuda.Event(enable_timing=True))  # type: ignore[no-untyped-call]
                 opt_events[0].record()
+            opt.set_step(step)
             opt.step()
             opt.zero_grad(set_to_none=True)
             if sparse_sync is not None:
@@ -465,7 +485,7 @@ def evaluate(model: Any, cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int,
     """Per-task NE/AUC on held-out batches, next to the planted task's Bayes-optimal values."""
     if cfg.eval_batches == 0:
         return {}
-    loader = _make_loader(cfg, dcfg, rank, world, device, eval_split=True)
+    loader = make_loader(cfg, dcfg, rank, world, device, eval_split=True)
     probs, labels, truth = [], [], []
     it = iter(loader)
     with torch.no_grad():
@@ -474,7 +494,7 @@ def evaluate(model: Any, cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int,
                 batch = next(it)
             except StopIteration:
                 break
-            with _autocast(use_bf16):
+            with autocast(use_bf16):
                 logits = model(batch)
             probs.append(torch.sigmoid(logits.float()).cpu())
             labels.append(batch.labels.cpu())
@@ -488,9 +508,12 @@ def evaluate(model: Any, cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int,
     bayes = gem_data.bayes_metrics(torch.cat(truth), y, dcfg.tasks) if truth else {}
     out: dict[str, dict[str, float]] = {}
     for i, task in enumerate(dcfg.tasks):
+        a = gem_data.auc(p[:, i], y[:, i])
         out[task] = {
             "ne": gem_data.normalized_entropy(p[:, i], y[:, i]),
-            "auc": gem_data.auc(p[:, i], y[:, i]),
+            "auc": a,
+            "auc_se": auc_stderr(a, y[:, i]),
+            "eval_samples": int(y.shape[0]),
             "auc_bayes": bayes.get(task, {}).get("auc", math.nan),
             "ne_bayes": bayes.get(task, {}).get("ne", math.nan),
         }

@@ -8,7 +8,7 @@ import torch
 
 import gem_model
 from gem_precision import MXFP8Linear
-from gem_trainer._loop import _make_loader, data_config, model_config
+from gem_trainer._loop import make_loader, data_config, model_config
 from gem_trainer.config import PRECISIONS, tiny
 
 
@@ -27,7 +27,7 @@ def test_mxfp8_precisions_convert_and_train(precision: str) -> None:
     ref = gem_model.GEMModel(dataclasses.replace(mcfg, mxfp8_recipe=None))
     mx = [m for m in model.modules() if isinstance(m, MXFP8Linear)]
     assert model.mxfp8_converted and len(mx) == len(model.mxfp8_converted)
-    batch = next(iter(_make_loader(cfg, dcfg, 0, 1, torch.device("cpu"))))
+    batch = next(iter(make_loader(cfg, dcfg, 0, 1, torch.device("cpu"))))
     out, out_ref = model(batch), ref(batch)
     assert torch.isfinite(out).all()
     # Same initial weights: the MXFP8 forward is the fp32 one up to E4M3 rounding.

@@ -1,0 +1,89 @@
+"""RowWiseAdagrad against the fbgemm exact row-wise rule written out; the lr schedule; the
+optimizer split (tables vs dense) the trainer builds."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import gem_model
+from gem_trainer import _loop
+from gem_trainer._optim import RowWiseAdagrad, embedding_tables, lr_scale
+from gem_trainer.config import tiny
+
+
+def _reference(w: torch.Tensor, grads: list[torch.Tensor], lr: float, eps: float) -> torch.Tensor:
+    w = w.clone().double()
+    acc = torch.zeros(w.shape[0], dtype=torch.float64)
+    for g in grads:
+        g = g.double()
+        for r in range(w.shape[0]):
+            acc[r] += float((g[r] ** 2).mean())
+            w[r] -= lr * g[r] / (math.sqrt(acc[r]) + eps)
+    return w
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_rowwise_adagrad_matches_the_rule(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    rows, dim = 7, 5
+    w = torch.nn.Parameter(torch.randn(rows, dim, generator=g))
+    w0 = w.detach().clone()
+    opt = RowWiseAdagrad([w], lr=0.07, eps=1e-8)
+    grads = []
+    for _ in range(4):
+        gr = torch.randn(rows, dim, generator=g)
+        gr[torch.rand(rows, generator=g) < 0.4] = 0.0  # absent ids: zero rows
+        grads.append(gr)
+        w.grad = gr.clone()
+        opt.step()
+    ref = _reference(w0, grads, 0.07, 1e-8)
+    torch.testing.assert_close(w.detach().double(), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_rowwise_adagrad_leaves_absent_rows_alone() -> None:
+    w = torch.nn.Parameter(torch.randn(6, 3))
+    before = w.detach().clone()
+    grad = torch.zeros(6, 3)
+    grad[2] = torch.randn(3)
+    w.grad = grad
+    RowWiseAdagrad([w], lr=0.5).step()
+    changed = (w.detach() != before).any(dim=1)
+    assert changed.tolist() == [False, False, True, False, False, False]
+
+
+def test_rowwise_adagrad_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match="lr"):
+        RowWiseAdagrad([torch.nn.Parameter(torch.zeros(2, 2))], lr=0.0)
+    with pytest.raises(ValueError, match="2-D"):
+        RowWiseAdagrad([torch.nn.Parameter(torch.zeros(4))], lr=0.1)
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_final_fraction() -> None:
+    total, warm, final = 100, 10, 0.1
+    s = [lr_scale(i, total, warm, final) for i in range(total)]
+    assert s[0] == pytest.approx(0.1) and s[9] == pytest.approx(1.0)
+    assert all(a <= b for a, b in zip(s[:10], s[1:10]))  # rising during warm-up
+    assert all(a >= b for a, b in zip(s[10:], s[11:]))  # non-increasing after
+    assert lr_scale(total, total, warm, final) == pytest.approx(final)
+    assert lr_scale(0, 50, 0, 1.0) == 1.0  # constant when final_frac = 1 and no warm-up
+
+
+def test_trainer_optimizer_splits_tables_from_dense() -> None:
+    cfg = tiny()
+    dcfg = _loop.data_config(cfg)
+    model = gem_model.GEMModel(_loop.model_config(cfg, dcfg))
+    opt = _loop.build_optimizer(model, cfg)
+    tables = {id(p) for p in embedding_tables(model)}
+    assert tables, "the GEM model has embedding tables"
+    assert opt.tables is not None
+    assert {id(p) for g in opt.tables.param_groups for p in g["params"]} == tables
+    dense = {id(p) for g in opt.dense.param_groups for p in g["params"]}
+    assert not dense & tables
+    assert dense | tables == {id(p) for p in model.parameters()}
+    opt.set_step(0)
+    assert opt.dense.param_groups[0]["lr"] == pytest.approx(cfg.lr / cfg.warmup_steps)
+    opt.set_step(cfg.steps - 1)
+    assert opt.dense.param_groups[0]["lr"] < 0.2 * cfg.lr
+    assert opt.tables.param_groups[0]["lr"] == cfg.sparse_lr  # tables: no schedule
