@@ -52,6 +52,9 @@ class TransferConfig:
         blocks_per_shard: blocks per score shard.
         methods: which of METHODS to train ("label_only" and "kd" are needed for the gains).
         student_seeds: students per method (different init/split/shuffle); metrics are averaged.
+        student_domain: None: students learn (and are scored) on every domain; d: a value model
+            of surface d — its student and held-out samples are domain d's only (the teacher
+            still trains on every domain). Synthetic data only.
         seed: data seed (planted function) and teacher init.
         student: base student sizes; distill: student training.
     """
@@ -69,6 +72,7 @@ class TransferConfig:
     blocks_per_shard: int = 8
     methods: tuple[str, ...] = METHODS
     student_seeds: int = 1
+    student_domain: int | None = None
     seed: int = 0
     student: StudentConfig = dataclasses.field(default_factory=StudentConfig)
     distill: DistillConfig = dataclasses.field(default_factory=DistillConfig)
@@ -87,6 +91,8 @@ class TransferConfig:
             raise ValueError(f"TransferConfig.teacher_tokens={self.teacher_tokens!r} must be an int >= 0")
         if self.teacher_seconds is not None and not self.teacher_seconds > 0:
             raise ValueError(f"TransferConfig.teacher_seconds={self.teacher_seconds!r} must be > 0 or None")
+        if self.student_domain is not None and (isinstance(self.student_domain, bool) or self.student_domain < 0):
+            raise ValueError(f"TransferConfig.student_domain={self.student_domain!r} must be None or an int >= 0")
         bad = [m for m in self.methods if m not in METHODS]
         if bad or not self.methods:
             raise ValueError(f"TransferConfig.methods={self.methods!r} must be a non-empty subset of {METHODS}")
@@ -106,14 +112,18 @@ def teacher_config(cfg: TransferConfig, features: Any) -> gem_model.GEMConfig:
     return make(**gem_model.presets.feature_sizes(features), use_torchrec=False)
 
 
-def _blocks_for(source: Any, start: int, samples: int) -> list[int]:
-    """Consecutive blocks from `start` holding >= samples rows."""
+def _blocks_for(source: Any, start: int, samples: int, domain: int | None = None) -> list[int]:
+    """Consecutive blocks from `start` holding >= samples rows (of `domain` only, if given)."""
     out, n, b = [], 0, start
     while n < samples:
         if source.num_blocks is not None and b >= source.num_blocks:
             raise ValueError(f"the data has too few rows: wanted {samples} from block {start}, got {n}")
         out.append(b)
-        n += int(source.lengths(b).shape[0])
+        if domain is None:
+            n += int(source.lengths(b).shape[0])
+        else:  # reads the block (the domain column is not among the cheap lengths)
+            h = source.read(b)
+            n += 0 if h is None else int((np.asarray(h.domain) == domain).sum())
         b += 1
     return out
 
@@ -124,8 +134,9 @@ def _splits(cfg: TransferConfig, dcfg: gem_data.DataConfig) -> tuple[Any, Any, l
         src = gem_data.SyntheticSource(dcfg, block_size=cfg.block_size)
         t_blocks = math.ceil(cfg.teacher_samples / cfg.block_size)
         h0 = _HELD_OUT // cfg.block_size
-        return (src, BlockWindow(src, 0, t_blocks), _blocks_for(src, 0, cfg.student_samples),
-                _blocks_for(src, h0, cfg.eval_samples), dcfg)
+        d = cfg.student_domain
+        return (src, BlockWindow(src, 0, t_blocks), _blocks_for(src, 0, cfg.student_samples, d),
+                _blocks_for(src, h0, cfg.eval_samples, d), dcfg)
     # the preset's DataConfig gives the table sizes; ParquetSource checks the files against it
     psrc = gem_data.ParquetSource(cfg.data[len("parquet:"):], expect=dcfg)
     n = psrc.num_blocks
@@ -138,6 +149,8 @@ def _splits(cfg: TransferConfig, dcfg: gem_data.DataConfig) -> tuple[Any, Any, l
         raise ValueError(f"data={cfg.data!r}: {sum(rows)} rows cannot hold eval_samples={cfg.eval_samples} "
                          "held-out rows and a training part")
     train_part = BlockWindow(psrc, 0, k)
+    if cfg.student_domain is not None:
+        raise ValueError("student_domain is supported with synthetic data only")
     return psrc, train_part, _blocks_for(train_part, 0, cfg.student_samples), list(range(k, n)), dcfg
 
 
@@ -197,6 +210,9 @@ def run_transfer(cfg: TransferConfig, out_dir: str | os.PathLike[str], *, device
                                               tasks=tasks, log=stream)
     train_set = ScoredSet.load(source, s_blocks, out / "scores_student")
     eval_set = ScoredSet.load(source, e_blocks, out / "scores_eval")
+    if cfg.student_domain is not None:  # one surface's value model: its samples only
+        train_set, eval_set = (x.take(np.flatnonzero(np.asarray(x.host.domain) == cfg.student_domain))
+                               for x in (train_set, eval_set))
     labels = eval_set.labels
     res["teacher"] = evaluate(torch.sigmoid(eval_set.teacher_logits), labels, tasks)
     probs = eval_set.host.probs

@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--eval-samples", type=int, default=None)
     p.add_argument("--student-seeds", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--student-domain", type=int, default=None,
+                   help="a per-surface value model: students train and are scored on this domain only")
     p.add_argument("--kd-weights", default=None, help="comma-separated KD weight candidates (default 0.5,0.9)")
     p.add_argument("--teacher", default=None, help="load this save_teacher file instead of training one")
     p.add_argument("--save-teacher", default=None, help="write the trained teacher here")
@@ -135,7 +137,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     over: dict[str, Any] = {"seed": a.seed, "student_seeds": 3 if a.preset == "tiny" else 2}
     if a.quick:
         over.update(teacher_samples=1024, student_samples=256, eval_samples=512, student_seeds=1)
-    for name in ("teacher_samples", "teacher_seconds", "student_samples", "eval_samples", "student_seeds"):
+    for name in ("teacher_samples", "teacher_seconds", "student_samples", "eval_samples", "student_seeds",
+                 "student_domain"):
         if getattr(a, name) is not None:
             over[name] = getattr(a, name)
     if a.kd_weights:
@@ -151,9 +154,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     tt = res["teacher_train"]
     origin = (f"trained on {tt['samples']:,} samples in {tt['seconds']:.0f} s" if tt else f"loaded from {a.teacher}")
+    dom = "" if cfg.student_domain is None else f" of domain {cfg.student_domain}"
     print(f"\ntransfer bench, preset {a.preset}, device {dev}: teacher {origin}, students on "
-          f"{cfg.student_samples:,} samples ({cfg.student_seeds} seeds per method), held-out "
-          f"{len(res['objects']['eval_set']):,}")
+          f"{len(res['objects']['train_set']):,} samples{dom} ({cfg.student_seeds} seeds per method), held-out "
+          f"{len(res['objects']['eval_set']):,}{dom}")
     print(res["table"])
     print(f"\nCPU latency per sample (1 thread, batch {lat['batch']}): teacher {lat['teacher_us']:.1f} us, "
           f"{lat['teacher_flops'] / 1e6:.2f} MFLOP")
@@ -190,7 +194,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      for m, v in res["students"].items()},
         "teacher_train": res["teacher_train"], "teacher_params": res["teacher_params"], "teacher_file": a.teacher,
         "score": {k: {kk: vv for kk, vv in v.items() if kk != "bad_blocks"} for k, v in res["score"].items()},
-        "student_samples": cfg.student_samples, "eval_samples": len(res["objects"]["eval_set"]),
+        "student_samples": len(res["objects"]["train_set"]), "student_domain": cfg.student_domain,
+        "eval_samples": len(res["objects"]["eval_set"]),
         "student_seeds": cfg.student_seeds, "seconds": time.perf_counter() - t0, "device": str(dev),
         "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
         "torch": torch.__version__, "python": platform.python_version(),
