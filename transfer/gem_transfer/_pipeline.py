@@ -61,7 +61,7 @@ class TransferConfig:
 
     preset: str = "tiny"
     data: str = "synthetic"
-    teacher_samples: int = 32_768
+    teacher_samples: int = 65_536
     teacher_seconds: float | None = None
     teacher_batch_blocks: int = 1
     teacher_tokens: int = 0
