@@ -81,20 +81,31 @@ def curve(
     name: str, model: torch.nn.Module, cfg: TrainConfig, dcfg: gem_data.DataConfig,
     device: torch.device, ho: HeldOut, eval_at: Sequence[int],
     make_opt: Callable[[torch.nn.Module], Any] | None = None,
+    stream: list[Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Trains `model` for cfg.steps on the trainer's stream, scoring it at each step in eval_at.
 
+    `stream`: None reads the trainer's loader; an empty list reads the loader and keeps each
+    batch in it; a filled list is replayed (the very same batches, no loader cost).
     Returns one row per evaluation: {"model", "step", "samples", "tasks": {task: metrics}}.
     """
     opt = make_opt(model) if make_opt is not None else _loop.build_optimizer(model, cfg)
     use_bf16 = device.type == "cuda" and cfg.precision != "fp32"
     torch.manual_seed(cfg.seed)
-    loader = _loop.make_loader(cfg, dcfg, 0, 1, device)
+    replay = stream is not None and len(stream) >= cfg.steps
+    loader = None if replay else _loop.make_loader(cfg, dcfg, 0, 1, device)
     rows: list[dict[str, Any]] = []
     samples, t0 = 0, time.perf_counter()
     targets = sorted(set(eval_at))
     for step in range(1, cfg.steps + 1):
-        batch = next(loader)
+        if replay:
+            assert stream is not None
+            batch = stream[step - 1]
+        else:
+            assert loader is not None
+            batch = next(loader)
+            if stream is not None:
+                stream.append(batch)
         if hasattr(opt, "set_step"):
             opt.set_step(step - 1)
         with _loop.autocast(use_bf16):
@@ -107,7 +118,8 @@ def curve(
         if step in targets:
             rows.append({"model": name, "step": step, "samples": samples,
                          "train_s": time.perf_counter() - t0, "tasks": score(model, ho, use_bf16)})
-    loader.close()
+    if loader is not None:
+        loader.close()
     return rows
 
 

@@ -53,3 +53,18 @@ def test_curve_trains_baselines_on_the_trainer_stream() -> None:
     # A zero-initialised logistic regression scores 0.5; trained on the planted task it learns.
     assert before["click"]["auc"] == pytest.approx(0.5)
     assert rows[-1]["tasks"]["click"]["auc"] > 0.6
+
+
+def test_replayed_stream_gives_the_same_training() -> None:
+    cfg = tiny(steps=12, eval_batches=4, batch_size=32, lr=1e-2)
+    dcfg = _loop.data_config(cfg)
+    mcfg = _loop.model_config(cfg, dcfg)
+    ho = Q.held_out(cfg, dcfg, torch.device("cpu"))
+    stream: list[object] = []
+    runs = []
+    for _ in range(2):  # first run records the stream, second replays it
+        torch.manual_seed(0)
+        model = gem_model.PooledMLP(mcfg)
+        runs.append(Q.curve("mlp", model, cfg, dcfg, torch.device("cpu"), ho, [12], stream=stream))
+    assert len(stream) == 12
+    assert runs[0][-1]["tasks"] == runs[1][-1]["tasks"]

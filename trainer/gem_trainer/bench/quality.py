@@ -47,6 +47,18 @@ def _points(steps: int, n: int) -> list[int]:
     return sorted(pts | {steps})
 
 
+_TRAINER_FIELDS = ("precision", "lr", "sparse_lr", "warmup_steps", "lr_final_frac")
+
+
+def _literal(v: str) -> Any:
+    import ast
+
+    try:
+        return ast.literal_eval(v)
+    except (ValueError, SyntaxError):
+        return v
+
+
 def _mean_auc(row: dict[str, Any]) -> float:
     return float(sum(m["auc"] for m in row["tasks"].values()) / len(row["tasks"]))
 
@@ -67,18 +79,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"device={device} eval at {points}", file=sys.stderr, flush=True)
     makers: dict[str, Any] = {"gem": lambda: gem_model.GEMModel(mcfg)}
     makers.update(Q.baselines(mcfg))
+    run_cfg: dict[str, Any] = {}
+    for var in args.gem_variants:  # ablations: "gem[k=v;k=v]" (precision=... is a trainer field)
+        kv = dict(x.split("=", 1) for x in var.split(";"))
+        trainer_kw = {k: _literal(kv.pop(k)) for k in list(kv) if k in _TRAINER_FIELDS}
+        model_kw = {k: _literal(v) for k, v in kv.items()}
+        name = f"gem[{var}]"
+        vcfg = dataclasses.replace(mcfg, **model_kw)
+        makers[name] = lambda vcfg=vcfg: gem_model.GEMModel(vcfg)
+        run_cfg[name] = trainer_kw
+        args.models.append(name)
     curves: dict[str, list[dict[str, Any]]] = {}
+    # The first model reads the loader and keeps its batches; the others replay them.
+    stream: list[Any] | None = [] if args.cache_stream else None
     chosen_lr: dict[str, float] = {}
     for name in args.models:
-        lrs = [cfg.lr] if name.startswith("gem") else args.baseline_lrs
+        lrs = [run_cfg.get(name, {}).pop("lr", cfg.lr)] if name.startswith("gem") else args.baseline_lrs
         best: list[dict[str, Any]] | None = None
         for lr in lrs:
             torch.manual_seed(cfg.seed)
             with torch.device(device):
                 model = makers[name]()
             t0 = time.perf_counter()
-            rows = Q.curve(name, model, dataclasses.replace(cfg, lr=lr), dcfg, device, ho, points)
-            print(f"  {name:>17} lr={lr:g}: mean AUC {_mean_auc(rows[-1]):.4f} "
+            rows = Q.curve(name, model, dataclasses.replace(cfg, lr=lr, **run_cfg.get(name, {})), dcfg,
+                           device, ho, points,
+                           stream=stream)
+            aucs = " ".join(f"{t}={m['auc']:.4f}" for t, m in rows[-1]["tasks"].items())
+            print(f"  {name:>17} lr={lr:g}: mean AUC {_mean_auc(rows[-1]):.4f} [{aucs}] "
                   f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
             if best is None or _mean_auc(rows[-1]) > _mean_auc(best[-1]):
                 best, chosen_lr[name] = rows, lr
@@ -169,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline-lrs", default="1e-3,3e-3,1e-2",
                    type=lambda s: [float(x) for x in s.split(",")], help="dense-lr sweep of baselines")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/gem_quality"), help="JSON + PNG folder")
+    p.add_argument("--gem-variants", nargs="*", default=[],
+                   help="extra GEM ablations, each 'field=value;field=value' of GEMConfig "
+                        f"(or a trainer field {_TRAINER_FIELDS}), e.g. 'sequence_attention=False'")
+    p.add_argument("--cache-stream", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep the first model's batches and replay them for the others")
     p.add_argument("--cpu", action="store_true", help="run on CPU even if a GPU is present")
     args = p.parse_args(argv)
     if args.steps is None:
