@@ -40,7 +40,7 @@ def test_bad_config_and_paths(tmp_path: Path) -> None:
     res = gem("--data", "csv:foo")
     assert res.returncode == 2 and "must be 'synthetic' or 'parquet:DIR'" in res.stderr
     res = gem("--resume")
-    assert res.returncode == 2 and "resume=True needs ckpt_dir" in res.stderr
+    assert res.returncode == 2 and "--resume needs --ckpt-dir" in res.stderr  # the CLI names flags
     (tmp_path / "empty").mkdir()
     res = gem("--data", f"parquet:{tmp_path / 'empty'}", "--steps", "1", *FAST)
     assert res.returncode == 2 and "no Parquet files" in res.stderr

@@ -305,12 +305,27 @@ def make_loader(cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int, world: i
         num_workers=2, prefetch=4)
 
 
-def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
-    """Runs one training job and returns the summary dict (also printed as one JSON line)."""
+def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = None) -> dict[str, Any]:
+    """Runs one training job and returns the summary dict (also printed as one JSON line).
+
+    `deterministic`: torch's deterministic algorithms; None = on for CPU, off for CUDA
+    (gem_trainer._preflight.determinism). The summary is strict JSON (no NaN/Infinity).
+    """
+    from gem_trainer import _preflight
+    from gem_trainer._metrics import ProgressLine, strict
+
     cfg.validate()
     t_start = time.perf_counter()
     rank, world = _dist_env()
     device = _setup_dist(world)
+    # Start-up checks (unwritable directories, checkpoint-directory misuse) before the model
+    # is built: refusals name the field, the CLI turns them into flags.
+    _preflight.check_dirs(cfg)
+    det = _preflight.determinism(device, deterministic)
+    for note in _preflight.slow_run_notices(cfg, device):
+        _preflight.say(note, rank)
+    ckpt = Checkpointer(cfg.ckpt_dir, keep_last=cfg.keep_last) if cfg.ckpt_dir else None
+    _preflight.check_checkpoints(cfg, ckpt.latest() if ckpt is not None else None, rank)
     _seed_all(cfg.seed)
 
     dcfg = data_config(cfg)
@@ -323,19 +338,22 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
     sparse_sync = _sparse_sync(model)
     loader = make_loader(cfg, dcfg, rank, world, device)
 
-    ckpt = Checkpointer(cfg.ckpt_dir, keep_last=cfg.keep_last) if cfg.ckpt_dir else None
     rng = RNGState()
     state: dict[str, Any] = {"app": _AppState(model, opt, plain=cfg.sparse_sharding != "none"),
                              "loader": loader, "rng": rng}
     step = 0
+    resumed_from: int | None = None
     if cfg.resume and ckpt is not None and ckpt.latest() is not None:
-        step = ckpt.load(state)
+        step = resumed_from = ckpt.load(state)
+        _preflight.check_resumed_step(cfg, step)
 
     log = MetricLog(cfg.log_dir, rank)
     timers = Timers()
     stop = _StopFlag()
     stop.install()
     bar = _progress(cfg, rank, step)
+    # No bar (stdout/stderr is a pipe or a file): a plain line every log_every steps instead.
+    line = ProgressLine(cfg.steps, step, cfg.log_every) if bar is None and cfg.progress and rank == 0 else None
     use_bf16 = device.type == "cuda" and cfg.precision != "fp32"
     bad_in_row = 0
     last_loss = math.nan
@@ -414,8 +432,10 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
             if timers.steps_done > WARMUP_STEPS:
                 timers.steady_flops += 3.0 * flops
                 timers.steady_s += t3 - t0
-            if step % cfg.log_every == 0 or step == cfg.steps:
+            if step % cfg.log_every == 0 or step == cfg.steps or stop_signum:
                 log.write(step, loss=last_loss, samples=timers.samples, tokens=timers.tokens)
+            if line is not None:
+                line.update(step, last_loss, batch.num_tokens * world)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{last_loss:.4f}")
@@ -454,7 +474,7 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
     busy = timers.compute + timers.optimizer + timers.data_wait
     summary: dict[str, Any] = {
         "steps": step,
-        "loss": last_loss,
+        "loss": last_loss,  # the last completed step's (null, with loss_note, if none completed)
         "stop_reason": reason,
         "bad_steps": timers.bad_steps,
         "tasks": tasks,
@@ -474,8 +494,21 @@ def train(cfg: TrainConfig, *, out: Any = None) -> dict[str, Any]:
         "world_size": world,
         "sparse": _sparse_summary(cfg, world, sparse_sync is not None),
         "device": str(device),
+        **_preflight.run_info(cfg, device, det, resumed_from),
     }
-    log.write(step, **{k: v for k, v in summary.items() if isinstance(v, (int, float))})
+    # Strict JSON: a missing value is null and says why (json.dumps(allow_nan=False) works).
+    summary = strict(summary, {
+        "loss": "no step completed" + (f" (resumed at step {step} = steps)" if resumed_from == cfg.steps
+                                       else f" ({timers.bad_steps} non-finite)" if timers.bad_steps else ""),
+        "auc_bayes": "no planted probabilities in this data (Bayes-optimal unknown)",
+        "ne_bayes": "no planted probabilities in this data (Bayes-optimal unknown)",
+    })
+    # The loop already logged the last step's loss; the end-of-run records are the
+    # evaluation (TensorBoard tags eval/<task>/<metric>) and the run's summary figures.
+    if tasks:
+        log.write(step, eval=tasks)
+    log.write(step, summary={k: v for k, v in summary.items()
+                             if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "loss"})
     log.close()
     return summary
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -46,6 +47,75 @@ def mfu(model_flops: float, seconds: float, num_gpus: int) -> float | None:
     return model_flops / seconds / (PEAK_BF16_FLOPS * num_gpus)
 
 
+def strict(value: Any, notes: dict[str, str] | None = None) -> Any:
+    """`value` with every non-finite float replaced by None, so `json.dumps(...,
+    allow_nan=False)` succeeds (bare NaN/Infinity are not JSON).
+
+    In a dict, a key `k` whose value was non-finite also gets `k_note`: `notes[k]` when
+    given (why the value is missing, e.g. "no step completed"), else "was nan" / "was inf".
+    """
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out[k] = strict(v, notes)
+            if isinstance(v, float) and not math.isfinite(v) and f"{k}_note" not in value:
+                out[f"{k}_note"] = (notes or {}).get(str(k), f"was {v}")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [strict(v, notes) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def dumps(value: Any) -> str:
+    """Strict JSON (see `strict`): what the summary line and the JSONL log are written with."""
+    return json.dumps(strict(value), allow_nan=False)
+
+
+def _scalars(prefix: str, value: Any) -> list[tuple[str, float]]:
+    """Finite numbers of a (nested) record as TensorBoard tags `a/b/c`."""
+    if isinstance(value, dict):
+        out: list[tuple[str, float]] = []
+        for k, v in value.items():
+            out += _scalars(f"{prefix}/{k}" if prefix else str(k), v)
+        return out
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
+        return [(prefix, float(value))]
+    return []
+
+
+def _duration(s: float) -> str:
+    s = max(0, int(round(s)))
+    h, rem = divmod(s, 3600)
+    return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
+
+
+class ProgressLine:
+    """One line every `every` steps on stderr when there is no progress bar (stdout or
+    stderr not a terminal: a pipe, a file, a batch job): step, loss, tokens/s, ETA."""
+
+    def __init__(self, total: int, start: int, every: int, stream: TextIO | None = None) -> None:
+        self.total, self.start, self.every = total, start, every
+        self.stream = stream if stream is not None else sys.stderr
+        self._t0 = time.perf_counter()
+        self._tokens = 0
+
+    def update(self, step: int, loss: float, tokens: int) -> str | None:
+        """Records one finished step with `tokens` tokens; prints (and returns) a line every
+        `every` steps and at the last one."""
+        self._tokens += tokens
+        if step % self.every != 0 and step != self.total:
+            return None
+        dt = time.perf_counter() - self._t0
+        done = step - self.start
+        eta = dt / done * (self.total - step) if done > 0 else 0.0
+        line = (f"step {step}/{self.total}  loss {loss:.4f}  "
+                f"{self._tokens / dt if dt > 0 else 0.0:,.0f} tokens/s  ETA {_duration(eta)}")
+        print(line, file=self.stream, flush=True)
+        return line
+
+
 class MetricLog:
     """JSONL lines (always, if a log dir is given) plus TensorBoard scalars (if importable)."""
 
@@ -64,13 +134,15 @@ class MetricLog:
             self._tb = None
 
     def write(self, step: int, **values: Any) -> None:
+        """One JSONL record `{"step", "time", **values}` (strict JSON: non-finite numbers are
+        null) and the finite numbers as TensorBoard scalars; nested dicts become tags
+        `a/b` (e.g. `eval/click/auc`)."""
         if self._f is not None:
-            self._f.write(json.dumps({"step": step, "time": time.time(), **values}) + "\n")
+            self._f.write(dumps({"step": step, "time": time.time(), **values}) + "\n")
             self._f.flush()
         if self._tb is not None:
-            for k, v in values.items():
-                if isinstance(v, (int, float)) and math.isfinite(float(v)):
-                    self._tb.add_scalar(k, v, step)
+            for tag, v in _scalars("", values):
+                self._tb.add_scalar(tag, v, step)
 
     def close(self) -> None:
         if self._f is not None:

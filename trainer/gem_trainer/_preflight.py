@@ -1,0 +1,155 @@
+"""Start-up checks and run-level switches: what a user can get wrong is refused (or said)
+before the model is built, not discovered as a traceback after the training.
+
+- Checkpoint directory misuse (`check_dirs`, `check_checkpoints`): an unwritable directory,
+  a new run into a directory that holds checkpoints (refused: it would overwrite them), a
+  resume whose checkpoint is already past `steps` (refused), a resume with nothing to
+  resume (a notice on stderr; the run starts at step 0, so one command line both starts a
+  job and restarts it after a preemption, as torchtitan's `--checkpoint.enable` does).
+- Reproducibility (`determinism`): torch's deterministic algorithms, on by default on CPU.
+  The cause of the CPU drift: the backward of an index with repeated indices (`gamma[sample]`
+  in the personalized FFN, `x[idx]` generally) is `index_put_(accumulate=True)`, which ATen
+  runs on several threads with atomic float adds unless deterministic algorithms are on; the
+  order of the adds, hence the rounding, depended on thread timing (machine load).
+- Slow runs (`slow_run_notices`): emulated MXFP8, bf16 that runs as fp32, GPU presets on CPU.
+
+Messages name config fields (`ckpt_dir=...`); the CLI rewrites them to flags (`--ckpt-dir`)
+in one place (gem_trainer.__main__.cli_message).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable
+
+import torch
+
+from gem_trainer.config import TrainConfig
+
+
+# How notices name settings: field names for library callers; the CLI installs its
+# field -> flag rewrite (gem_trainer.__main__.cli_message) so they name flags there.
+render: Callable[[str], str] = str
+
+
+def say(msg: str, rank: int = 0) -> None:
+    """A notice for the user on stderr (rank 0 only)."""
+    if rank == 0:
+        print(f"gem: note: {render(msg)}", file=sys.stderr, flush=True)
+
+
+def check_writable(field: str, path: str) -> None:
+    """Creates `path` if needed and writes (then removes) a probe file in it.
+
+    Raises ValueError naming the field, the path and the OS error: at start-up, not at the
+    first checkpoint after the whole training.
+    """
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{field}={path!r} is a file, not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{field}={path!r} cannot be created: {e.strerror or e} "
+                         f"({type(e).__name__}); pick a directory you can write to") from None
+    probe = os.path.join(path, f".gem_write_probe.{os.getpid()}")
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"ok")
+        os.remove(probe)
+    except OSError as e:
+        raise ValueError(f"{field}={path!r} is not writable: {e.strerror or e} "
+                         f"({type(e).__name__}); pick a directory you can write to") from None
+
+
+def check_dirs(cfg: TrainConfig) -> None:
+    """Every directory the run writes into exists (or can be made) and is writable."""
+    if cfg.ckpt_dir:
+        check_writable("ckpt_dir", cfg.ckpt_dir)
+    if cfg.log_dir:
+        check_writable("log_dir", cfg.log_dir)
+
+
+def check_checkpoints(cfg: TrainConfig, latest: int | None, rank: int = 0) -> None:
+    """Refuses checkpoint-directory misuse, given the newest committed step in `ckpt_dir`.
+
+    - no resume, checkpoints present: refused (the new run would overwrite them);
+    - resume, none present: a notice, the run starts at step 0;
+    - resume, the checkpoint is past `steps`: refused (there is nothing to train, and the
+      summary would describe a run that never happened);
+    - resume, the checkpoint is at `steps`: a notice, no step runs, evaluation only.
+    """
+    if not cfg.ckpt_dir:
+        return
+    if latest is None:
+        if cfg.resume:
+            say(f"resume=True: no checkpoint in ckpt_dir={cfg.ckpt_dir!r} yet; starting at step 0", rank)
+        return
+    if not cfg.resume:
+        raise ValueError(
+            f"ckpt_dir={cfg.ckpt_dir!r} holds checkpoints (newest: step {latest}) and a new run "
+            f"would overwrite them: pass resume=True to continue that run, or another or an "
+            f"empty ckpt_dir to start a new one")
+    if latest > cfg.steps:
+        raise ValueError(
+            f"steps={cfg.steps} is below the checkpoint's step {latest} in ckpt_dir={cfg.ckpt_dir!r}: "
+            f"the run is already past it; pass `steps` > {latest} to train further, or another or "
+            f"an empty ckpt_dir to start a new run")
+    if latest == cfg.steps:
+        say(f"the checkpoint in ckpt_dir={cfg.ckpt_dir!r} is already at steps={cfg.steps}: "
+            "no step to run, evaluating only", rank)
+
+
+def check_resumed_step(cfg: TrainConfig, step: int) -> None:
+    """After loading: the loaded step (maybe an older one than latest()) is not past `steps`."""
+    if step > cfg.steps:
+        raise ValueError(f"steps={cfg.steps} is below the loaded checkpoint's step {step} in "
+                         f"ckpt_dir={cfg.ckpt_dir!r}; pass `steps` > {step} to train further")
+
+
+def determinism(device: torch.device, requested: bool | None) -> bool:
+    """Turns torch's deterministic algorithms on (or leaves them off) for this run.
+
+    `requested` None: on for CPU (it costs < 5 % of a tiny-preset step there), off for CUDA.
+    On CUDA, True also sets CUBLAS_WORKSPACE_CONFIG (before the first cuBLAS call) and
+    cuDNN's deterministic mode; ops without a deterministic CUDA kernel warn instead of
+    failing (warn_only). Returns whether deterministic algorithms are on.
+    """
+    on = device.type != "cuda" if requested is None else requested
+    if on and device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(on, warn_only=device.type == "cuda")
+    return on
+
+
+def slow_run_notices(cfg: TrainConfig, device: torch.device) -> list[str]:
+    """What will make this run slower (or other) than the user likely expects."""
+    out: list[str] = []
+    if device.type != "cuda":
+        if cfg.precision.startswith("mxfp8"):
+            out.append(f"precision={cfg.precision!r} on CPU is emulated (gem_precision's "
+                       "dequantize-and-matmul in fp32 around every linear): expect several times "
+                       "the fp32 step time; the numerics are MXFP8's, the speed is not")
+        elif cfg.precision == "bf16":
+            out.append("precision='bf16' on CPU runs in fp32 (bf16 autocast is used on CUDA only)")
+        if cfg.preset != "tiny":
+            out.append(f"preset={cfg.preset!r} is sized for GPUs; on CPU a step can take minutes "
+                       "(the tiny preset is the CPU one)")
+    return out
+
+
+def effective_precision(cfg: TrainConfig, device: torch.device) -> str:
+    """The arithmetic the run really uses (the summary records it next to the requested one)."""
+    if cfg.precision == "bf16" and device.type != "cuda":
+        return "fp32"
+    if cfg.precision.startswith("mxfp8") and device.type != "cuda":
+        return f"{cfg.precision} (emulated)"
+    return cfg.precision
+
+
+def run_info(cfg: TrainConfig, device: torch.device, deterministic: bool,
+             resumed_from: int | None) -> dict[str, Any]:
+    """Summary keys that say how the run ran."""
+    return {"precision": cfg.precision, "precision_effective": effective_precision(cfg, device),
+            "deterministic": deterministic, "resumed_from": resumed_from}
