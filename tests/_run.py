@@ -13,15 +13,17 @@ from typing import Any
 FAST = ["--batch-size", "16", "--eval-batches", "0", "--log-every", "1", "--no-progress"]
 
 
-def env() -> dict[str, str]:
+def env(extra: dict[str, str] | None = None) -> dict[str, str]:
     e = dict(os.environ)
     e["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     e.setdefault("OMP_NUM_THREADS", "1")
+    e.update(extra or {})
     return e
 
 
-def gem(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gem_trainer", *args], env=env(), cwd=cwd,
+def gem(*args: str, cwd: Path | None = None, timeout: float = 600,
+        extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gem_trainer", *args], env=env(extra_env), cwd=cwd,
                           capture_output=True, text=True, timeout=timeout)
 
 
