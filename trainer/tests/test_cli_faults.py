@@ -184,6 +184,27 @@ def test_strict_replaces_non_finite_numbers_with_null_and_a_note() -> None:
         json.dumps(raw, allow_nan=False)  # what strict() is for
 
 
+def test_a_run_with_no_finite_step_prints_strict_json(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    import gem_trainer._loop as loop
+
+    real = loop.loss_fn
+
+    def nan_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return real(logits, labels) * math.nan
+
+    monkeypatch.setattr(loop, "loss_fn", nan_loss)
+    rc, out, err = _run(capsys, "--steps", "5", "--max-bad-steps", "2")
+    assert rc == 1, err  # the NaN guard's exit code
+    line = out.strip().splitlines()[-1]
+    assert "NaN" not in line and "Infinity" not in line, line
+    s = json.loads(line)
+    assert s["stop_reason"] == "nan" and s["steps"] == 0
+    assert s["loss"] is None and s["loss_note"] == "no step completed (2 non-finite)", s
+
+
 class _FakeTB:
     def __init__(self) -> None:
         self.scalars: list[tuple[str, float, int]] = []
