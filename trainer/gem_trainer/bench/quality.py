@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-at", default=None, type=lambda s: [int(x) for x in s.split(",")],
                    help="explicit evaluation steps (default: --points geometric ones)")
     p.add_argument("--models", default="gem,gem_no_attention,pooled_mlp,logreg",
-                   type=lambda s: s.split(","), help="comma-separated subset")
+                   type=lambda s: [x for x in s.split(",") if x], help="comma-separated subset")
     p.add_argument("--baseline-lrs", default="1e-3,3e-3,1e-2",
                    type=lambda s: [float(x) for x in s.split(",")], help="dense-lr sweep of baselines")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/gem_quality"), help="JSON + PNG folder")
