@@ -554,9 +554,13 @@ def evaluate(model: Any, cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int,
 
 
 def _gather(t: torch.Tensor) -> torch.Tensor:
-    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, t)
-    return torch.cat(parts)
+    """All-gather of a host tensor. NCCL has no CPU backend (a CPU all_gather on an NCCL group
+    fails with "No backend type associated with device type cpu"): go through the GPU."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else t.device
+    src = t.to(dev)
+    parts = [torch.empty_like(src) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, src)
+    return torch.cat(parts).to(t.device)
 
 
 def _progress(cfg: TrainConfig, rank: int, step: int) -> Any:
