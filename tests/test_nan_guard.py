@@ -14,7 +14,7 @@ from gem_trainer import presets_tiny, train
 
 def _poison(at: set[int]) -> object:
     calls = {"n": 0}
-    real = loop._loss
+    real = loop.loss_fn
 
     def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         calls["n"] += 1
@@ -25,13 +25,13 @@ def _poison(at: set[int]) -> object:
 
 
 def test_isolated_nans_are_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loop, "_loss", _poison({2, 5}))
+    monkeypatch.setattr(loop, "loss_fn", _poison({2, 5}))
     s = train(presets_tiny(steps=6, batch_size=16, eval_batches=0, progress=False))
     assert s["steps"] == 6 and s["bad_steps"] == 2 and math.isfinite(s["loss"])
 
 
 def test_nans_in_a_row_stop_after_saving(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(loop, "_loss", _poison(set(range(4, 100))))
+    monkeypatch.setattr(loop, "loss_fn", _poison(set(range(4, 100))))
     cfg = presets_tiny(steps=50, batch_size=16, eval_batches=0, progress=False, max_bad_steps=3,
                        ckpt_dir=str(tmp_path), ckpt_every=100)
     s = train(cfg)

@@ -55,4 +55,4 @@ def test_2d_sparse_matches_one_process_and_resumes_bitwise(tmp_path: Path) -> No
 
 def test_sparse_mp_must_divide_the_world(tmp_path: Path) -> None:
     bad = _four("--steps", "1", "--sparse-mp", "3")
-    assert bad.returncode != 0 and "sparse_mp=3 must divide world size 4" in bad.stderr, bad.stderr[-3000:]
+    assert bad.returncode != 0 and "--sparse-mp=3 must divide world size 4" in bad.stderr, bad.stderr[-3000:]

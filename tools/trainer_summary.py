@@ -14,7 +14,7 @@ if not lines:
     sys.exit(0)
 s = json.loads(lines[-1])
 print({k: (round(s[k], 4) if isinstance(s.get(k), float) else s.get(k)) for k in KEYS})
-print({t: {k: round(v, 3) for k, v in d.items()} for t, d in s.get("tasks", {}).items()})
+print({t: {k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items()} for t, d in s.get("tasks", {}).items()})
 if len(sys.argv) > 2:
     rows = [json.loads(ln) for ln in open(sys.argv[2] + "/metrics.jsonl", encoding="utf-8")]
     ts = [(r["step"], r["time"]) for r in rows if "loss" in r and "mfu" not in r]

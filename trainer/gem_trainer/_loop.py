@@ -538,7 +538,8 @@ def evaluate(model: Any, cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int,
     p, y = torch.cat(probs), torch.cat(labels)
     if world > 1:
         p, y = _gather(p), _gather(y)
-    bayes = gem_data.bayes_metrics(torch.cat(truth), y, dcfg.tasks) if truth else {}
+    t = (_gather(torch.cat(truth)) if world > 1 else torch.cat(truth)) if truth else None
+    bayes = gem_data.bayes_metrics(t, y, dcfg.tasks) if t is not None else {}
     out: dict[str, dict[str, float]] = {}
     for i, task in enumerate(dcfg.tasks):
         a = gem_data.auc(p[:, i], y[:, i])

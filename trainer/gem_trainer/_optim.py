@@ -58,11 +58,25 @@ class RowWiseAdagrad(torch.optim.Optimizer):
                 g = grad.float()
                 state = self.state[p]
                 if "sum" not in state:
-                    state["sum"] = torch.zeros(w.shape[0], device=w.device, dtype=torch.float32)
+                    state["sum"] = _accumulator(p, w)
                 acc = state["sum"]
+                acc = acc.to_local() if hasattr(acc, "to_local") else acc
                 acc.add_(g.square().mean(dim=1))
                 # A zero-gradient row gets a zero update: g is 0 there, whatever acc is.
                 w.add_((g / (acc.sqrt() + eps)[:, None]).to(w.dtype), alpha=-lr)
+
+
+def _accumulator(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """The zero row accumulator `[rows]` of table `p`: a DTensor placed like `p` when `p` is
+    one (FSDP2 shards rows unevenly, so ranks hold different row counts; a plain tensor would
+    be saved as if replicated and fail to load on a rank with another row count)."""
+    acc = torch.zeros(local.shape[0], device=local.device, dtype=torch.float32)
+    if not hasattr(p, "device_mesh"):
+        return acc
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(acc, p.device_mesh, p.placements, run_check=False,  # type: ignore[attr-defined]
+                              shape=torch.Size([p.shape[0]]), stride=(1,))
 
 
 def embedding_tables(model: nn.Module) -> list[nn.Parameter]:
