@@ -147,6 +147,8 @@ class Batch:
         domain: [B] int64 surface id.
         labels: [B, num_tasks] float32 0/1.
         probs: [B, num_tasks] float32 planted true probabilities (synthetic data) or None.
+        seq_lengths_host: the B sequence lengths as host ints (or None), so a caller can
+            count FLOPs or plan work without reading the device offsets (no GPU sync).
     """
 
     event_ids: Tensor
@@ -159,6 +161,7 @@ class Batch:
     domain: Tensor
     labels: Tensor
     probs: Tensor | None = None
+    seq_lengths_host: tuple[int, ...] | None = None
 
     @property
     def num_samples(self) -> int:

@@ -106,6 +106,7 @@ class HostBatch:
             timestamps=t(self.timestamps),
             seq_offsets=t(offsets_of(self.lengths)),
             max_seq_len=int(self.lengths.max()) if self.lengths.size else 0,
+            seq_lengths_host=tuple(int(n) for n in self.lengths),
             sparse=make_sparse(list(self.keys), values, lengths, sparse_kind),
             dense=t(self.dense),
             domain=t(self.domain),

@@ -136,3 +136,16 @@ def test_cuda_prefetch_pinned_nonblocking() -> None:
     for g, c in zip(ld, ref):
         assert g.event_ids.is_cuda and g.sparse.values().is_cuda
         assert _same(g.to("cpu"), c)
+
+
+def test_batches_carry_host_lengths_equal_to_the_offsets() -> None:
+    import gem_data
+
+    src = gem_data.SyntheticSource(gem_data.presets.tiny(seed=3), block_size=8)
+    loader = gem_data.JaggedLoader(src, blocks_per_batch=3, num_workers=1, prefetch=2)
+    for _ in range(3):
+        b = next(loader)
+        assert b.seq_lengths_host is not None
+        assert list(b.seq_lengths_host) == b.seq_lengths().tolist()
+        assert max(b.seq_lengths_host) == b.max_seq_len
+    loader.close()

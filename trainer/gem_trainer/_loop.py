@@ -426,7 +426,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             timers.steps_done += 1
             if timers.first_step is None:
                 timers.first_step = t3 - t_start
-            flops = float(model.flops(batch)["total"]) if hasattr(model, "flops") else 0.0
+            flops = _flops(model, batch)
             timers.model_flops += 3.0 * flops
             timers.step_s.append(t3 - t0)
             if timers.steps_done > WARMUP_STEPS:
@@ -552,6 +552,17 @@ def evaluate(model: Any, cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int,
             "ne_bayes": bayes.get(task, {}).get("ne", math.nan),
         }
     return out
+
+
+def _flops(model: Any, batch: Any) -> float:
+    """Forward FLOPs of this batch from its host-side lengths (no GPU sync; issue #16),
+    falling back to the device offsets when a source gives no host lengths."""
+    if not hasattr(model, "flops"):
+        return 0.0
+    lengths = getattr(batch, "seq_lengths_host", None)
+    if lengths is not None:
+        return float(model.flops_for(lengths)["total"])
+    return float(model.flops(batch)["total"])
 
 
 def _gather(t: torch.Tensor) -> torch.Tensor:

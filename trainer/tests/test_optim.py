@@ -87,3 +87,13 @@ def test_trainer_optimizer_splits_tables_from_dense() -> None:
     opt.set_step(cfg.steps - 1)
     assert opt.dense.param_groups[0]["lr"] < 0.2 * cfg.lr
     assert opt.tables.param_groups[0]["lr"] == cfg.sparse_lr  # tables: no schedule
+
+
+def test_step_flops_from_host_lengths_equal_the_device_count() -> None:
+    cfg = tiny(batch_size=32)
+    dcfg = _loop.data_config(cfg)
+    model = gem_model.GEMModel(_loop.model_config(cfg, dcfg))
+    loader = _loop.make_loader(cfg, dcfg, 0, 1, torch.device("cpu"))
+    batch = next(loader)
+    loader.close()
+    assert _loop._flops(model, batch) == float(model.flops(batch)["total"]) > 0
