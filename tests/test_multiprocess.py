@@ -26,3 +26,17 @@ def test_two_process_gloo_matches_one_process(tmp_path: Path, extra: list[str]) 
     assert sorted(a) == sorted(b) == [1, 2, 3, 4]
     for step in a:
         assert abs(a[step] - b[step]) <= 1e-4 * abs(a[step]), (step, a[step], b[step])
+
+
+def test_two_process_evaluation_scores_every_rank_held_out_samples() -> None:
+    """Evaluation gathers predictions, labels and the planted probabilities from every rank
+    (a 2-GPU run once gathered labels but not the probabilities and failed at the end)."""
+    import json
+
+    cmd = torchrun_cmd(2, "--steps", "2", "--batch-size", "16", "--eval-batches", "2", "--no-progress")
+    res = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-5000:]
+    s = json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("{")][-1])
+    for task, m in s["tasks"].items():
+        assert m["eval_samples"] == 2 * 2 * 16, (task, m)  # 2 ranks x 2 batches x 16
+        assert 0.5 < m["auc_bayes"] < 1.0, (task, m)
