@@ -20,7 +20,7 @@ ALLOWED_DEPS = {
     "comms": [],
     "data": [],
     "checkpoint": [],
-    "model": ["kernels", "precision", "data"],  # data: test_deps only (model never imports it)
+    "model": ["kernels", "precision", "data"],  # precision, data: test_deps only (the library imports kernels alone)
     "parallel": ["comms", "precision"],
     "transfer": ["model", "data"],
     "trainer": ["kernels", "precision", "comms", "data", "checkpoint", "model", "parallel", "transfer"],

@@ -57,11 +57,9 @@ class GEMConfig:
         attention_backend: gem_kernels backend ("auto": Triton on CUDA, reference on CPU).
         use_torchrec: sparse front end through torchrec's EmbeddingBagCollection; None = when
             importable.
-        mxfp8_recipe: a gem_precision recipe name; the model's linears are converted with
-            `gem_precision.convert_to_mxfp8(model, recipe)` at construction (the task heads stay
-            bf16). None = off.
-        mxfp8_min_features: linears with fewer in/out features stay bf16 (quantization
-            overhead dominates small GEMMs).
+
+    Precision (MXFP8), activation checkpointing, compile and sharding are not model config:
+    `gem_parallel.parallelize(model, ..., precision="mxfp8_rceil")` applies them from outside.
     """
 
     event_vocab: int
@@ -96,14 +94,12 @@ class GEMConfig:
 
     attention_backend: str = "auto"
     use_torchrec: bool | None = None
-    mxfp8_recipe: str | None = None
-    mxfp8_min_features: int = 1024
 
     def __post_init__(self) -> None:
         positive = (
             "event_vocab", "num_event_types", "num_domains", "d_model", "num_heads", "num_layers",
             "emb_dim", "event_emb_dim", "ffn_mult", "num_cls", "num_pma_seeds", "head_hidden",
-            "gdpa_kv_len", "hier_seeds", "hier_rank", "mxfp8_min_features",
+            "gdpa_kv_len", "hier_seeds", "hier_rank",
         )
         for name in positive:
             val = getattr(self, name)

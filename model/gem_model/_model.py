@@ -6,7 +6,6 @@ dense layers from outside. Reads a gem_data.Batch by duck typing (INTERFACES.md)
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import torch
@@ -64,12 +63,6 @@ class GEMModel(nn.Module):
         self.events = EventArch(cfg)
         self.layers = nn.ModuleList(InterFormerLayer(cfg, i) for i in range(cfg.num_layers))
         self.heads = TaskHeads(cfg)
-        self.mxfp8_converted: Any = None
-        if cfg.mxfp8_recipe is not None:
-            precision = importlib.import_module("gem_precision")
-            self.mxfp8_converted = precision.convert_to_mxfp8(
-                self, cfg.mxfp8_recipe, min_features=cfg.mxfp8_min_features, keep_bf16=("heads*",)
-            )
 
     def forward(self, batch: Any) -> torch.Tensor:
         offsets, max_len = _check_batch(batch)

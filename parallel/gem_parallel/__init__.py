@@ -1,7 +1,9 @@
 """gem_parallel: topology-aware meshes, HSDP for dense blocks, 2-D sparse parallelism.
 
-Model code stays single-device; this package applies parallelism from outside:
-:class:`ParallelDims` -> :meth:`ParallelDims.build_meshes` -> :func:`apply_hsdp` (dense) and
+Model code stays single-device; this package applies every transformation from outside, in
+one order (:func:`parallelize`: MXFP8 conversion -> activation checkpointing -> compile ->
+table sharding -> HSDP): :class:`ParallelDims` -> :meth:`ParallelDims.build_meshes` ->
+:func:`apply_hsdp` (dense) and
 :func:`shard_embeddings` / :func:`shard_embeddings_2d` (torchrec, imported lazily: the GPU
 box has no torchrec). :func:`comm_volume` plans communication at scale on paper.
 """
@@ -15,10 +17,13 @@ from torch import nn
 from gem_parallel._comm_volume import CommConfig, CommItem, comm_table, comm_volume
 from gem_parallel._dense import BF16_MIXED, apply_hsdp
 from gem_parallel._dims import Meshes, ParallelDims
+from gem_parallel._parallelize import Parallelized, parallelize
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 __all__ = [
     "__version__",
+    "parallelize",
+    "Parallelized",
     "ParallelDims",
     "Meshes",
     "apply_hsdp",

@@ -140,8 +140,6 @@ def data_config(cfg: TrainConfig) -> gem_data.DataConfig:
 def model_config(cfg: TrainConfig, dcfg: gem_data.DataConfig) -> gem_model.GEMConfig:
     """The model preset, with the feature sizes copied from the data config."""
     sizes: dict[str, Any] = gem_model.presets.feature_sizes(dcfg)
-    if cfg.precision.startswith("mxfp8"):
-        sizes["mxfp8_recipe"] = cfg.precision  # a gem_precision recipe name
     make = gem_model.presets.tiny if cfg.preset == "tiny" else gem_model.presets.h200
     return make(**sizes)
 
@@ -183,33 +181,37 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
     if sharded and ebc is None:
         raise ValueError(f"sparse_sharding={cfg.sparse_sharding!r} needs torchrec tables "
                          "(torchrec is not importable here); use sparse_sharding='none'")
-    if world == 1 and not sharded:
-        return model, build_optimizer(model, cfg)
     import gem_parallel
 
+    precision = cfg.precision if cfg.precision.startswith("mxfp8") else None
+    if world == 1 and not sharded:
+        done = gem_parallel.parallelize(model, None, precision=precision, compile=cfg.compile)
+        return done.model, build_optimizer(done.model, cfg)
     if world == 1 and not dist.is_initialized():
         # One process with torchrec tables: a world of one, so the code path (and the
         # fused table optimizer) is the same as in the sharded multi-process run.
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
     dims = gem_parallel.ParallelDims.from_env(sparse_mp=cfg.sparse_mp or world).validate()
     meshes = dims.build_meshes(device.type)
-    ignored: set[torch.nn.Parameter] = set()
-    if sharded:
+
+    def shard_tables(m: torch.nn.Module) -> set[torch.nn.Parameter]:
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
         two_d = dims.sparse_model_parallel < dims.world_size
         shard = gem_parallel.shard_embeddings_2d if two_d else gem_parallel.shard_embeddings
-        model.sparse.ebc = shard(
+        sparse: Any = m.sparse
+        sparse.ebc = shard(
             ebc, dims, meshes, per_device_memory_bytes=_table_budget(device),
             sharding_types=[cfg.sparse_sharding],
             fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": cfg.sparse_lr},
             device=device)
-        ignored = set(model.sparse.ebc.parameters())
-    if world > 1:
-        policy = gem_parallel.BF16_MIXED if device.type == "cuda" and cfg.precision != "fp32" else None
-        model = gem_parallel.apply_hsdp(model, meshes, mp_policy=policy, ignored_params=ignored or None,
-                                        comms=cfg.comms)
-    return model, build_optimizer(model, cfg, exclude=ignored)
+        return set(sparse.ebc.parameters())
+
+    policy = gem_parallel.BF16_MIXED if device.type == "cuda" and cfg.precision != "fp32" else None
+    done = gem_parallel.parallelize(model, meshes, precision=precision, compile=cfg.compile,
+                                    shard_tables=shard_tables if sharded else None,
+                                    mp_policy=policy, comms=cfg.comms)
+    return done.model, build_optimizer(done.model, cfg, exclude=done.ignored_params)
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig,

@@ -1,12 +1,11 @@
 """Every --precision value reaches the model: the mxfp8_* values are gem_precision recipes."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 import gem_model
+import gem_parallel
 from gem_precision import MXFP8Linear
 from gem_trainer._loop import make_loader, data_config, model_config
 from gem_trainer.config import PRECISIONS, tiny
@@ -17,16 +16,16 @@ def test_mxfp8_precisions_convert_and_train(precision: str) -> None:
     cfg = tiny(precision=precision, batch_size=16)
     dcfg = data_config(cfg)
     mcfg = model_config(cfg, dcfg)
-    assert mcfg.mxfp8_recipe == precision
-    # The tiny model's linears sit below the default 1024-feature threshold: lower it so the
-    # conversion really happens, then run forward + backward on CPU (emulated MXFP8).
-    mcfg = dataclasses.replace(mcfg, mxfp8_min_features=32)
     torch.manual_seed(0)
     model = gem_model.GEMModel(mcfg)
     torch.manual_seed(0)
-    ref = gem_model.GEMModel(dataclasses.replace(mcfg, mxfp8_recipe=None))
+    ref = gem_model.GEMModel(mcfg)
+    # The tiny model's linears sit below the default 1024-feature threshold: lower it so the
+    # conversion really happens, then run forward + backward on CPU (emulated MXFP8).
+    done = gem_parallel.parallelize(model, precision=precision, mxfp8_min_features=32)
     mx = [m for m in model.modules() if isinstance(m, MXFP8Linear)]
-    assert model.mxfp8_converted and len(mx) == len(model.mxfp8_converted)
+    assert done.model is model and done.mxfp8_converted and len(mx) == len(done.mxfp8_converted)
+    assert not any(n.startswith("heads") for n in done.mxfp8_converted)
     batch = next(iter(make_loader(cfg, dcfg, 0, 1, torch.device("cpu"))))
     out, out_ref = model(batch), ref(batch)
     assert torch.isfinite(out).all()

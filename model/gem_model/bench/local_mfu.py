@@ -180,8 +180,6 @@ def main(argv: list[str] | None = None) -> None:
                            window=args.window, event_widths=(16, 16, 12, 8, 8, 4, 4, 2))
         b, cap, mean = args.batch or 4, args.cap or 64, min(args.mean_len, 24.0)
         warmup, iters = 1, 2
-    if args.mxfp8:
-        cfg = dataclasses.replace(cfg, mxfp8_recipe=args.mxfp8)
     lengths = lognormal_lengths(b, mean, args.sigma, cap, seed=0)
     batch = make_batch(cfg, lengths, device)
     shapes = Shapes(tuple(lengths))
@@ -192,6 +190,10 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.manual_seed(0)
     model = GEMModel(cfg).to(device)
+    if args.mxfp8:  # applied from outside, as gem_parallel.parallelize does in the trainer
+        import gem_precision
+
+        gem_precision.convert_to_mxfp8(model, args.mxfp8, keep_bf16=("heads*",))
     results: dict[str, Any] = {}
     variants: list[tuple[str, GEMModel]] = [("kernels", model)]
     if not args.no_reference:
@@ -225,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     fwd = model.flops_for(tuple(lengths))
     print(f"\nGEM local MFU — {torch.cuda.get_device_name() if cuda else 'CPU'}; B={b} tokens={sum(lengths)} "
           f"max_len={max(lengths)} d_model={cfg.d_model} heads={cfg.num_heads}x{cfg.head_dim} layers={cfg.num_layers} "
-          f"window={cfg.window} mxfp8={cfg.mxfp8_recipe}; fwd GFLOP={fwd['total'] / 1e9:.1f}")
+          f"window={cfg.window} mxfp8={args.mxfp8}; fwd GFLOP={fwd['total'] / 1e9:.1f}")
     hdr = f"{'module':<16}{'n':>3}{'GFLOP(3x)':>11}{'ms':>9}{'TFLOP/s':>9}{'MFU':>7}{'ref ms':>9}{'ref MFU':>8}"
     print(hdr)
     print("-" * len(hdr))
@@ -246,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
         "bench": "gem_model.local_mfu", "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__, "triton": _triton_version(), "quick": args.quick,
         "batch": b, "tokens": sum(lengths), "max_len": max(lengths), "window": cfg.window,
-        "d_model": cfg.d_model, "layers": cfg.num_layers, "mxfp8": cfg.mxfp8_recipe, "peak_tflops": PEAK / 1e12,
+        "d_model": cfg.d_model, "layers": cfg.num_layers, "mxfp8": args.mxfp8, "peak_tflops": PEAK / 1e12,
         "fwd_gflop": {k: v / 1e9 for k, v in fwd.items()},
         "kernels": results.get("kernels"), "reference": results.get("reference"),
         "logits_max_abs_diff": diff, "correct": ok,

@@ -1,0 +1,112 @@
+"""`parallelize`: every transformation of a built single-device model, in one documented order.
+
+torchtitan's order (the only one that composes):
+
+1. precision conversion — MXFP8 (`gem_precision.convert_to_mxfp8`) swaps eligible
+   `nn.Linear`s before anything wraps them (wrappers would hide the modules to swap);
+2. activation checkpointing, 3. `torch.compile` per block, 4. torchrec sharding of the
+   tables (the caller's `shard_tables`, so this package imports torchrec only when asked),
+   5. HSDP (FSDP2 on the dense mesh, its all-gathers through gem_comms when `comms` says so).
+
+With `meshes=None` (one process, no sharding) steps 4-5 are skipped and steps 2-3 apply to the
+blocks directly. The model package never imports precision or parallel code: the trainer
+builds the model plainly and hands it here.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from gem_parallel._dense import BF16_MIXED, apply_hsdp, default_blocks
+from gem_parallel._dims import Meshes
+
+MXFP8_PREFIX = "mxfp8_"
+
+
+@dataclass
+class Parallelized:
+    """What `parallelize` returns: the model to train and what was done to it.
+
+    Attributes:
+        model: the transformed model (an FSDPModule when HSDP was applied).
+        mxfp8_converted: qualified names of the linears converted to MXFP8 (empty: none).
+        ignored_params: parameters left to others (torchrec-sharded tables: their fused
+            optimizer trains them; the dense optimizer and FSDP must skip them).
+    """
+
+    model: nn.Module
+    mxfp8_converted: list[str] = field(default_factory=list)
+    ignored_params: set[nn.Parameter] = field(default_factory=set)
+
+
+def parallelize(
+    model: nn.Module,
+    meshes: Meshes | None = None,
+    *,
+    precision: str | None = None,
+    mxfp8_min_features: int = 1024,
+    keep_bf16: Sequence[str] = ("heads*",),
+    ac: bool = False,
+    compile: bool | str = False,
+    shard_tables: Callable[[nn.Module], set[nn.Parameter]] | None = None,
+    mp_policy: MixedPrecisionPolicy | None = BF16_MIXED,
+    comms: str = "nccl",
+) -> Parallelized:
+    """Applies precision → AC → compile → table sharding → HSDP to `model` (in place).
+
+    Args:
+        model: a single-device model (blocks in `nn.ModuleList`s).
+        meshes: the job's meshes (`ParallelDims.build_meshes`); None = one process, no HSDP.
+        precision: None / "fp32" / "bf16" (no conversion: bf16 is autocast at run time), or
+            an MXFP8 recipe name "mxfp8_*" (a `gem_precision.MXRecipe` value).
+        mxfp8_min_features: linears with fewer in/out features stay bf16.
+        keep_bf16: fnmatch patterns of module names never converted (the task heads).
+        ac: activation checkpointing per block. compile: `torch.compile` per block (a
+            backend name or True for inductor).
+        shard_tables: called with the model after steps 1-3; shards its embedding tables
+            (e.g. `gem_parallel.shard_embeddings`) and returns the parameters it took over.
+        mp_policy: FSDP2 mixed precision (None: parameters keep their dtype).
+        comms: HSDP all-gather transport, see `apply_hsdp`.
+
+    Returns:
+        `Parallelized` (the model, the converted linears, the parameters FSDP skipped).
+    """
+    out = Parallelized(model)
+    if precision is not None and precision.startswith(MXFP8_PREFIX):
+        import gem_precision
+
+        out.mxfp8_converted = gem_precision.convert_to_mxfp8(
+            model, precision, min_features=mxfp8_min_features, keep_bf16=tuple(keep_bf16))
+    elif precision not in (None, "fp32", "bf16"):
+        raise ValueError(f"precision={precision!r} must be None, 'fp32', 'bf16' or an 'mxfp8_*' recipe")
+    if meshes is None:
+        if shard_tables is not None:
+            raise ValueError("shard_tables needs meshes (a process group, even a world of one)")
+        _ac_compile(model, ac, compile)
+        return out
+    if shard_tables is not None:
+        out.ignored_params = set(shard_tables(model))
+    if meshes.dense.size() > 1:
+        out.model = apply_hsdp(model, meshes, mp_policy=mp_policy, ac=ac, compile=compile,
+                               ignored_params=out.ignored_params or None, comms=comms)
+    else:
+        _ac_compile(model, ac, compile)
+    return out
+
+
+def _ac_compile(model: nn.Module, ac: bool, compile: bool | str) -> None:
+    """Steps 2-3 on every block, without FSDP (one process)."""
+    units: Any = default_blocks(model)
+    if ac:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for parent, i in units:
+            parent[i] = checkpoint_wrapper(parent[i], preserve_rng_state=False)
+    if compile:
+        backend = "inductor" if compile is True else compile
+        for parent, i in units:
+            parent[i].compile(backend=backend)
