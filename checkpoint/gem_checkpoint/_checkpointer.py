@@ -81,6 +81,9 @@ def _env_fault(stage: str) -> None:
             continue
         if action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if action.startswith("sleep="):  # a slow disk: the write takes this many seconds longer
+            time.sleep(float(action[len("sleep="):]))
+            continue
         raise OSError(errno.ENOSPC, f"No space left on device (injected by {FAULT_ENV}={spec} at {stage!r})")
 
 

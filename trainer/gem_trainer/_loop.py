@@ -365,6 +365,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     # the host waits on the loss, and the optimizer runs while the host fetches the next batch
     # (no other host sync in the step). A non-finite step then drops its gradients. Sharded
     # tables update inside backward (fused optimizers), so there the check comes first.
+    save_due, warned_slow_ckpt = False, False  # checkpoint back-pressure (see the save below)
     late_check = cfg.sparse_sharding == "none"  # (2-D replica sync implies sharded tables)
     opt_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
     opt_gpu_s = 0.0  # optimizer time measured on the GPU (CUDA events), moved out of compute
@@ -381,12 +382,16 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             # One host sync per step: the mean loss over ranks decides skip-or-step on every
             # rank alike, and a stop signal seen by any rank stops every rank after this
             # step (rank-local decisions would desynchronise the collectives).
+            # The third entry: is a checkpoint still being written on this rank? Reduced with
+            # the rest, so every rank takes the same save-or-delay decision below.
+            busy = float(ckpt is not None and ckpt.pending is not None)
             lt = torch.stack([loss.detach().float().reshape(()),
-                              torch.tensor(float(stop.signum or 0), device=loss.device)])
+                              torch.tensor(float(stop.signum or 0), device=loss.device),
+                              torch.tensor(busy, device=loss.device)])
             if world > 1:
                 dist.all_reduce(lt)
                 lt[0] /= world
-            step_loss, stop_sum = lt.tolist()
+            step_loss, stop_sum, busy_sum = lt.tolist()
             if opt_events is not None:  # the previous step's optimizer has finished by now
                 opt_gpu_s += opt_events[0].elapsed_time(opt_events[1]) / 1e3
                 opt_events = None
@@ -441,7 +446,20 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{last_loss:.4f}")
-            if ckpt is not None and (step % cfg.ckpt_every == 0):
+            save_due = save_due or (ckpt is not None and step % cfg.ckpt_every == 0)
+            if ckpt is not None and save_due and busy_sum > 0 and not stop_signum:
+                # Back-pressure (issue #16): the previous write has not finished, so saving now
+                # would stall training until it does. Delay the save to the first step after
+                # the write ends, and say so once, with the figures.
+                timers.extra["ckpt_delayed_steps"] = timers.extra.get("ckpt_delayed_steps", 0) + 1
+                if not warned_slow_ckpt:
+                    warned_slow_ckpt = True
+                    print(f"gem: warning: checkpoint writes are slower than --ckpt-every={cfg.ckpt_every} "
+                          f"steps (last write {ckpt.last_write_s or 0.0:.1f} s, "
+                          f"{(ckpt.last_bytes or 0) / 1e9:.2f} GB): saves are delayed until the "
+                          "previous write ends", file=sys.stderr, flush=True)
+            elif ckpt is not None and save_due:
+                save_due = False
                 t4 = time.perf_counter()
                 ckpt.save(step, state)
                 stall = time.perf_counter() - t4
@@ -489,6 +507,8 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         "data_wait_frac": timers.data_wait / busy if busy > 0 else 0.0,
         "ckpt_stall_s": timers.ckpt_stall,
         "ckpt_final_wait_s": timers.extra.get("ckpt_final_wait_s", 0.0),
+        # steps on which a due save waited for the previous write (back-pressure, not a stall)
+        "ckpt_delayed_steps": int(timers.extra.get("ckpt_delayed_steps", 0)),
         "compute_s": timers.compute,
         "optimizer_s": timers.optimizer,
         "data_wait_s": timers.data_wait,
