@@ -47,6 +47,22 @@ def default_blocks(model: nn.Module) -> list[tuple[nn.ModuleList, int]]:
     return found
 
 
+def apply_ac_compile(units: Sequence[tuple[nn.ModuleList, int]], ac: bool, compile: bool | str) -> None:
+    """Steps 2-3 on each (ModuleList, index) unit: activation checkpointing (full recompute
+    inside the block), then ``torch.compile`` of the (checkpointed) block."""
+    if ac:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            checkpoint_wrapper,
+        )
+
+        for parent, i in units:
+            parent[i] = checkpoint_wrapper(parent[i], preserve_rng_state=False)
+    if compile:
+        backend = "inductor" if compile is True else compile
+        for parent, i in units:
+            parent[i].compile(backend=backend)
+
+
 COMMS = ("auto", "copy_engine", "nccl")
 
 
@@ -162,19 +178,7 @@ def apply_hsdp(model: nn.Module, mesh: Meshes | DeviceMesh, *,
     if comms not in COMMS:
         raise ValueError(f"comms={comms!r} must be one of {COMMS}")
     units = list(blocks) if blocks is not None else default_blocks(model)
-    # 2. activation checkpointing
-    if ac:
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-            checkpoint_wrapper,
-        )
-
-        for parent, i in units:
-            parent[i] = checkpoint_wrapper(parent[i], preserve_rng_state=False)
-    # 3. compile, per block
-    if compile:
-        backend = "inductor" if compile is True else compile
-        for parent, i in units:
-            parent[i].compile(backend=backend)
+    apply_ac_compile(units, ac, compile)  # 2. activation checkpointing, 3. compile per block
     # 4. FSDP: blocks, then the root
     policy = mp_policy if mp_policy is not None else MixedPrecisionPolicy()
     for parent, i in units:

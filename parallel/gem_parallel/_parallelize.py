@@ -16,12 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from gem_parallel._dense import BF16_MIXED, apply_hsdp, default_blocks
+from gem_parallel._dense import BF16_MIXED, apply_ac_compile, apply_hsdp, default_blocks
 from gem_parallel._dims import Meshes
 
 MXFP8_PREFIX = "mxfp8_"
@@ -86,7 +85,7 @@ def parallelize(
     if meshes is None:
         if shard_tables is not None:
             raise ValueError("shard_tables needs meshes (a process group, even a world of one)")
-        _ac_compile(model, ac, compile)
+        apply_ac_compile(default_blocks(model), ac, compile)
         return out
     if shard_tables is not None:
         out.ignored_params = set(shard_tables(model))
@@ -94,19 +93,5 @@ def parallelize(
         out.model = apply_hsdp(model, meshes, mp_policy=mp_policy, ac=ac, compile=compile,
                                ignored_params=out.ignored_params or None, comms=comms)
     else:
-        _ac_compile(model, ac, compile)
+        apply_ac_compile(default_blocks(model), ac, compile)
     return out
-
-
-def _ac_compile(model: nn.Module, ac: bool, compile: bool | str) -> None:
-    """Steps 2-3 on every block, without FSDP (one process)."""
-    units: Any = default_blocks(model)
-    if ac:
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
-        for parent, i in units:
-            parent[i] = checkpoint_wrapper(parent[i], preserve_rng_state=False)
-    if compile:
-        backend = "inductor" if compile is True else compile
-        for parent, i in units:
-            parent[i].compile(backend=backend)
