@@ -31,7 +31,7 @@ import gem_model
 from gem_checkpoint import Checkpointer, RNGState
 from gem_trainer._metrics import WARMUP_STEPS, MetricLog, Timers, mfu
 from gem_trainer._optim import Optimizers, RowWiseAdagrad, embedding_tables
-from gem_trainer._stats import auc_stderr
+from gem_trainer._stats import task_metrics
 from gem_trainer.config import TrainConfig
 
 
@@ -562,17 +562,10 @@ def evaluate(model: Any, cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int,
         p, y = _gather(p), _gather(y)
     t = (_gather(torch.cat(truth)) if world > 1 else torch.cat(truth)) if truth else None
     bayes = gem_data.bayes_metrics(t, y, dcfg.tasks) if t is not None else {}
-    out: dict[str, dict[str, float]] = {}
-    for i, task in enumerate(dcfg.tasks):
-        a = gem_data.auc(p[:, i], y[:, i])
-        out[task] = {
-            "ne": gem_data.normalized_entropy(p[:, i], y[:, i]),
-            "auc": a,
-            "auc_se": auc_stderr(a, y[:, i]),
-            "eval_samples": int(y.shape[0]),
-            "auc_bayes": bayes.get(task, {}).get("auc", math.nan),
-            "ne_bayes": bayes.get(task, {}).get("ne", math.nan),
-        }
+    out = task_metrics(p, y, dcfg.tasks)
+    for task, m in out.items():
+        m["auc_bayes"] = bayes.get(task, {}).get("auc", math.nan)
+        m["ne_bayes"] = bayes.get(task, {}).get("ne", math.nan)
     return out
 
 

@@ -103,8 +103,8 @@ def lr_scale(step: int, total: int, warmup: int, final_frac: float) -> float:
 class Optimizers:
     """The dense AdamW and the tables' RowWiseAdagrad stepped as one optimizer.
 
-    Exposes `step`, `zero_grad`, `state_dict`/`load_state_dict` (one dict per inner
-    optimizer) and `set_step` (applies the dense lr schedule for the coming step).
+    Exposes `step`, `zero_grad`, `set_step` (applies the dense lr schedule for the coming
+    step) and `optimizers` (the inner ones; checkpoints save and load them one by one).
     """
 
     def __init__(self, dense: torch.optim.Optimizer, tables: torch.optim.Optimizer | None,
@@ -116,10 +116,6 @@ class Optimizers:
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.dense] + ([self.tables] if self.tables is not None else [])
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return [g for o in self.optimizers for g in o.param_groups]
 
     def set_step(self, step: int) -> None:
         s = lr_scale(step, self.total_steps, self.warmup, self.final_frac)

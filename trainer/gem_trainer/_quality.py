@@ -19,7 +19,7 @@ import torch
 import gem_data
 import gem_model
 from gem_trainer import _loop
-from gem_trainer._stats import auc_stderr
+from gem_trainer._stats import task_metrics
 from gem_trainer.config import TrainConfig
 
 
@@ -63,13 +63,7 @@ def score(model: torch.nn.Module, ho: HeldOut, use_bf16: bool) -> dict[str, dict
             with _loop.autocast(use_bf16):
                 probs.append(torch.sigmoid(model(b).float()).cpu())
     model.train(was)
-    p = torch.cat(probs)
-    out: dict[str, dict[str, float]] = {}
-    for i, task in enumerate(ho.tasks):
-        a = gem_data.auc(p[:, i], ho.labels[:, i])
-        out[task] = {"auc": a, "auc_se": auc_stderr(a, ho.labels[:, i]),
-                     "ne": gem_data.normalized_entropy(p[:, i], ho.labels[:, i])}
-    return out
+    return task_metrics(torch.cat(probs), ho.labels, ho.tasks)
 
 
 def lift(auc: float, bayes: float) -> float:

@@ -11,6 +11,7 @@ import gem_data
 import gem_model
 from gem_trainer import _loop
 from gem_trainer import _quality as Q
+from gem_trainer._stats import auc_stderr
 from gem_trainer.config import tiny
 
 
@@ -20,13 +21,13 @@ def test_auc_stderr_matches_the_spread_of_resampled_aucs() -> None:
     y = (rng.random(n) < 0.3).astype(np.float64)
     s = y * 0.8 + rng.standard_normal(n)
     a = gem_data.auc(s, y)
-    se = Q.auc_stderr(a, torch.tensor(y))
+    se = auc_stderr(a, torch.tensor(y))
     boots = []
     for _ in range(200):
         i = rng.integers(0, n, n)
         boots.append(gem_data.auc(s[i], y[i]))
     assert se == pytest.approx(float(np.std(boots)), rel=0.25)
-    assert math.isnan(Q.auc_stderr(0.7, torch.zeros(10)))
+    assert math.isnan(auc_stderr(0.7, torch.zeros(10)))
 
 
 def test_held_out_is_large_and_the_same_for_every_model() -> None:
