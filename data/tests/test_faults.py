@@ -112,13 +112,7 @@ def _corrupt(h: HostBatch, what: str, rng: np.random.Generator) -> tuple[str, st
         h.dense[row, int(rng.integers(h.dense.shape[1]))] = rng.choice([np.inf, np.nan])
         return "dense", rf"row {row}, column .*must be finite"
     # negative ids
-    if what.startswith("sparse."):
-        k = h.keys.index(what[len("sparse."):])
-        h.sparse_values = list(h.sparse_values)
-        arr = h.sparse_values[k] = h.sparse_values[k].copy()
-    else:
-        arr = getattr(h, what).copy()
-        setattr(h, what, arr)
+    arr = _own_column(h, what)
     if not arr.size:
         pytest.skip("no ids drawn")
     i = int(rng.integers(arr.size))
@@ -172,6 +166,20 @@ def test_loader_with_skip_policy_drops_only_the_bad_row_group(tmp_path: Path) ->
 
 # ---- ids against the model's vocabularies ------------------------------------------------------
 
+def _own_column(h: HostBatch, name: str) -> np.ndarray:
+    """A private, writable copy of id column `name` ("event_ids", ... or "sparse.<key>"),
+    installed in `h` so that editing it edits the block and nothing else."""
+    if name.startswith("sparse."):
+        k = h.keys.index(name[len("sparse."):])
+        h.sparse_values = list(h.sparse_values)
+        arr: np.ndarray = h.sparse_values[k].copy()
+        h.sparse_values[k] = arr
+        return arr
+    arr = getattr(h, name).copy()
+    setattr(h, name, arr)
+    return arr
+
+
 def _out_of_range(blocks: list[HostBatch], rng: np.random.Generator) -> tuple[str, int]:
     """Puts a few ids >= the vocab into a random id column of a random block."""
     names = ["event_ids", "event_types", "domain"] + [f"sparse.{k}" for k in CFG.sparse_names]
@@ -179,13 +187,7 @@ def _out_of_range(blocks: list[HostBatch], rng: np.random.Generator) -> tuple[st
     col = str(rng.choice(names))
     b = int(rng.integers(len(blocks)))
     h = blocks[b]
-    if col.startswith("sparse."):
-        k = h.keys.index(col[len("sparse."):])
-        h.sparse_values = list(h.sparse_values)
-        arr = h.sparse_values[k] = h.sparse_values[k].copy()
-    else:
-        arr = getattr(h, col).copy()
-        setattr(h, col, arr)
+    arr = _own_column(h, col)
     assert arr.size, col
     idx = rng.choice(arr.size, size=min(3, arr.size), replace=False)
     arr[idx] = vocab[col] + rng.integers(0, 5, size=idx.size)
