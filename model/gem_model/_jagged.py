@@ -1,4 +1,4 @@
-"""Jagged-sequence plumbing of the model: token→sample index, CLS insertion, RoPE, kernel calls.
+"""Jagged-sequence plumbing of the model: token→sample index, the CLS layout, RoPE, kernel calls.
 
 A sequence batch is flat values `[T, d]` + int64 offsets `[B+1]` + a host int `max_len`
 (STYLE.md point 3). Everything here avoids host syncs: sizes come from tensor shapes and
@@ -6,6 +6,8 @@ host ints, never from reading offsets.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -28,45 +30,107 @@ def uniform_offsets(batch: int, n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(batch + 1, device=device, dtype=torch.int64) * n
 
 
-def with_prefix(offsets: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Layout of the sequences with n tokens prepended to each.
+class PrefixLayout(NamedTuple):
+    """The sequence batch with `n` CLS rows before each sequence, built once per batch.
 
-    Returns (new_offsets `[B+1]`, positions `[T]` of the old tokens in the new layout,
-    positions `[B*n]` of the prefix tokens, sample-major).
+    The layers keep the token stream in this layout from the first layer to the last (the
+    CLS rows are overwritten with each layer's CLS tokens), so no layer copies the sequence
+    into a prefixed buffer and back (issue 16). Row r of the combined `[Tc, d]` stream,
+    `Tc = T + B*n`, belongs to sample `sample[r]`.
+
+    Attributes:
+        offsets: int64 `[B+1]` offsets of the combined layout (each sequence n rows longer).
+        max_len: host int, the original max_len + n.
+        n: CLS rows per sequence (0: the layout is the plain sequence batch).
+        sample: `[Tc]` sample of each combined row.
+        seq_rows: `[T]` combined row of each original token (in order).
+        cls_rows: `[B*n]` combined rows of the CLS tokens, sample-major.
+        seq_offsets: the original offsets `[B+1]`.
+        seq_max_len: the original host max_len.
+        cos: `[Tc, D/2]` fp32 RoPE table at each row's recency position.
+        sin: `[Tc, D/2]` fp32, likewise.
+    """
+
+    offsets: torch.Tensor
+    max_len: int
+    n: int
+    sample: torch.Tensor
+    seq_rows: torch.Tensor
+    cls_rows: torch.Tensor
+    seq_offsets: torch.Tensor
+    seq_max_len: int
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+def prefix_layout(
+    offsets: torch.Tensor, max_len: int, total: int, n: int, *, head_dim: int, rope_base: float
+) -> PrefixLayout:
+    """Builds the `PrefixLayout` of a sequence batch (offsets `[B+1]`, T = `total` tokens).
+
+    Sync-free: sizes come from `total`, `n` and the batch size, never from reading offsets.
+    RoPE positions count back from each sequence's newest event (`recency_positions`).
     """
     b = offsets.shape[0] - 1
     dev = offsets.device
     shift = torch.arange(b + 1, device=dev, dtype=torch.int64) * n
-    new_off = offsets + shift
-    return new_off, shift, new_off[:-1, None] + torch.arange(n, device=dev)
+    off = offsets + shift
+    tc = total + b * n
+    seq_sample = token_sample(offsets, total)
+    seq_rows = torch.arange(total, device=dev) + shift[1:][seq_sample]
+    cls_rows = (off[:-1, None] + torch.arange(n, device=dev)).reshape(-1)
+    sample = token_sample(off, tc)
+    cos, sin = rope_tables(recency_positions(off, tc, n, sample), head_dim, rope_base)
+    return PrefixLayout(off, max_len + n, n, sample, seq_rows, cls_rows, offsets, max_len, cos, sin)
 
 
-def insert_prefix(
-    seq: torch.Tensor, prefix: torch.Tensor, offsets: torch.Tensor, seq_sample: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Prepend `prefix` `[B, n, d]` to each jagged sequence of `seq` `[T, d]`.
+def to_layout(seq: torch.Tensor, lay: PrefixLayout) -> torch.Tensor:
+    """The tokens `[T, d]` placed in the combined layout `[Tc, d]` (CLS rows zero)."""
+    if lay.n == 0:
+        return seq
+    out = seq.new_zeros(lay.sample.shape[0], seq.shape[1])
+    return out.index_copy_(0, lay.seq_rows, seq)
 
-    Returns (combined `[T + B*n, d]`, new offsets, positions of seq tokens, positions of
-    prefix tokens `[B*n]`).
+
+def events_of(comb: torch.Tensor, lay: PrefixLayout) -> torch.Tensor:
+    """The event rows `[T, d]` of the combined stream (a gather; no copy when n == 0)."""
+    return comb if lay.n == 0 else comb.index_select(0, lay.seq_rows)
+
+
+def recency_positions(off: torch.Tensor, total: int, n_cls: int, sample: torch.Tensor | None = None) -> torch.Tensor:
+    """RoPE positions `[T + B*n_cls]` counted back from each sequence's most recent event.
+
+    `off` are the offsets of the CLS-prefixed layout. The most recent event is 0, the one
+    before it 1, ...; the CLS tokens sit just after the newest event, at -1, -2, .... Since
+    RoPE scores depend on the position difference, a CLS query sees each event's distance
+    from the end of the history, whatever the history's length: recency is what a user's
+    next action depends on (the planted task's recent-event terms, and the GEM post's "most
+    recent tokens").
     """
-    b, n, d = prefix.shape
-    new_off, shift, pre_pos = with_prefix(offsets, n)
-    seq_pos = torch.arange(seq.shape[0], device=seq.device) + shift[1:][seq_sample]
-    pre_pos = pre_pos.reshape(-1)
-    out = seq.new_zeros(seq.shape[0] + b * n, d)
-    out = out.index_copy(0, seq_pos, seq).index_copy(0, pre_pos, prefix.reshape(b * n, d).to(seq.dtype))
-    return out, new_off, seq_pos, pre_pos
+    c = torch.arange(total, device=off.device)
+    s = token_sample(off, total) if sample is None else sample
+    j = c - off[s]
+    return torch.where(j < n_cls, -1 - j, off[s + 1] - 1 - c)
 
 
-def rope(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotary embedding (rotate-half form) of `[T, H, D]` at integer positions `[T]`."""
+def rope_tables(pos: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 (cos, sin) `[T, D/2]` of the rotate-half rotary embedding at integer positions `[T]`."""
+    half = head_dim // 2
+    inv = base ** (-torch.arange(half, device=pos.device, dtype=torch.float32) / half)
+    ang = pos.to(torch.float32)[:, None] * inv[None, :]
+    return torch.cos(ang), torch.sin(ang)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (rotate-half form) of `[T, ..., D]` with tables `[T, D/2]` (`rope_tables`).
+
+    The middle axes broadcast, so q and k rotate in one pass when given as `[T, 2, H, D]`.
+    """
     half = x.shape[-1] // 2
-    inv = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    ang = pos.to(torch.float32)[:, None] * inv[None, :]  # [T, D/2]
-    cos = torch.cos(ang)[:, None, :].to(x.dtype)
-    sin = torch.sin(ang)[:, None, :].to(x.dtype)
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (half,)
+    c, s = cos.reshape(shape).to(x.dtype), sin.reshape(shape).to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
 
 
 def kernel_dtype(x: torch.Tensor) -> torch.dtype:
@@ -91,8 +155,9 @@ def attention(
 ) -> torch.Tensor:
     """Jagged attention through gem_kernels: softmax → JFA, any other activation → GDPA."""
     dt = kernel_dtype(q)
-    # Kernels read [T, H, D] with unit stride on D; q/k/v often arrive as views of one qkv GEMM.
-    q, k, v = q.to(dt).contiguous(), k.to(dt).contiguous(), v.to(dt).contiguous()
+    # No .contiguous(): the kernels take any row/head strides with a unit stride on D, so
+    # q/k/v are read straight out of the fused qkv projection (`.to` is a no-op under autocast).
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
     if activation == "softmax":
         return gem_kernels.jagged_flash_attention(
             q, k, v, q_offsets, kv_offsets, max_q, max_kv, window=window, backend=backend

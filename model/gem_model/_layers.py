@@ -119,23 +119,13 @@ class GDPAFFN(nn.Module):
         )
 
 
-def _recency_positions(off: torch.Tensor, total: int, n_cls: int) -> torch.Tensor:
-    """RoPE positions `[T + B*n_cls]` counted back from each sequence's most recent event.
-
-    The most recent event is 0, the one before it 1, ...; the CLS tokens (prepended in the
-    layout) sit just after the newest event, at -1, -2, .... Since RoPE scores depend on
-    the position difference, a CLS query sees each event's distance from the end of the
-    history, whatever the history's length: recency is what a user's next action depends
-    on (the planted task's recent-event terms, and the GEM post's "most recent tokens").
-    """
-    c = torch.arange(total, device=off.device)
-    s = _jagged.token_sample(off, total)
-    j = c - off[s]
-    return torch.where(j < n_cls, -1 - j, off[s + 1] - 1 - c)
-
-
 class SeqAttention(nn.Module):
-    """MHA over each jagged sequence with its CLS tokens prepended; RoPE; optional window."""
+    """MHA over each jagged sequence with its CLS tokens prepended; RoPE; optional window.
+
+    Works on the combined stream of a `_jagged.PrefixLayout` (its CLS rows already hold this
+    layer's CLS tokens): q/k/v are read strided from the one fused projection, q and k
+    rotated in one pass, and the kernels take them without a copy.
+    """
 
     def __init__(self, cfg: GEMConfig) -> None:
         super().__init__()
@@ -146,20 +136,17 @@ class SeqAttention(nn.Module):
         self.wqkv = nn.Linear(self.d, 3 * self.d)
         self.wo = nn.Linear(self.d, self.d)
 
-    def forward(
-        self, seq: torch.Tensor, cls: torch.Tensor, offsets: torch.Tensor, max_len: int,
-        sample: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        b = cls.shape[0]
-        comb, off, seq_pos, cls_pos = _jagged.insert_prefix(seq, cls, offsets, sample)
+    def forward(self, comb: torch.Tensor, lay: _jagged.PrefixLayout) -> torch.Tensor:
+        """comb `[Tc, d]` (CLS rows filled) → comb + attention `[Tc, d]`."""
         tc = comb.shape[0]
-        pos = _recency_positions(off, tc, self.n_cls)
-        q, k, v = self.wqkv(self.norm(comb)).reshape(tc, 3, self.heads, self.dh).unbind(1)
-        q, k = _jagged.rope(q, pos, self.base), _jagged.rope(k, pos, self.base)
-        lc = max_len + self.n_cls
-        o = _jagged.attention(q, k, v, off, off, lc, lc, window=self.window, backend=self.backend)
-        comb = comb + self.wo(o.reshape(tc, self.d))
-        return comb[seq_pos], comb[cls_pos].reshape(b, self.n_cls, self.d)
+        qkv = self.wqkv(self.norm(comb)).reshape(tc, 3, self.heads, self.dh)
+        q, k = _jagged.rope(qkv[:, :2], lay.cos, lay.sin).unbind(1)
+        o = _jagged.attention(
+            q, k, qkv[:, 2], lay.offsets, lay.offsets, lay.max_len, lay.max_len,
+            window=self.window, backend=self.backend,
+        )
+        out: torch.Tensor = comb + self.wo(o.reshape(tc, self.d))
+        return out
 
     def flops(self, s: _flops.Shapes) -> float:
         tc = s.tokens + s.batch * self.n_cls
@@ -243,13 +230,17 @@ class MeanPooling(nn.Module):
         return _flops.linear(s.batch, self.d, self.n_out * self.d)
 
 
-def recent_tokens(seq: torch.Tensor, offsets: torch.Tensor, k: int) -> torch.Tensor:
-    """The k most recent tokens of each sequence `[B, k, d]`, oldest first, zeros if shorter."""
+def recent_tokens(seq: torch.Tensor, offsets: torch.Tensor, k: int, prefix: int = 0) -> torch.Tensor:
+    """The k most recent tokens of each sequence `[B, k, d]`, oldest first, zeros if shorter.
+
+    `prefix` rows at the start of each sequence (the CLS rows of a `PrefixLayout`) are not
+    events: they are never taken.
+    """
     b = offsets.shape[0] - 1
     if k == 0 or seq.shape[0] == 0:
         return seq.new_zeros(b, k, seq.shape[1])
     idx = offsets[1:, None] - k + torch.arange(k, device=seq.device)
-    valid = (idx >= offsets[:-1, None]).unsqueeze(-1)
+    valid = (idx >= offsets[:-1, None] + prefix).unsqueeze(-1)
     return seq[idx.clamp(min=0)] * valid
 
 
@@ -323,18 +314,28 @@ class InterFormerLayer(nn.Module):
         self.interaction = Interaction(cfg)
 
     def forward(
-        self, x: torch.Tensor, seq: torch.Tensor, offsets: torch.Tensor, max_len: int,
-        sample: torch.Tensor, pooled: torch.Tensor | None = None,
+        self, x: torch.Tensor, comb: torch.Tensor, lay: _jagged.PrefixLayout,
+        pooled: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x `[B, F, d]`, seq `[T, d]` → (x, seq, sequence summary `[B, n_sum, d]`, pooling)."""
+        """x `[B, F, d]`, the token stream `[Tc, d]` in `lay`'s CLS layout → (x, stream,
+        sequence summary `[B, n_sum, d]`, pooling).
+
+        The FFN runs over the CLS rows too (a few % more rows, no gather/scatter of the
+        sequence); their values are then replaced by this layer's CLS tokens, so nothing of
+        them survives: the output per sample is the prefixed-copy formulation's.
+        """
         x_sum = self.nonseq_summary(x)
-        seq = self.seq_ffn(seq, x_sum, offsets, max_len, sample)
+        comb = self.seq_ffn(comb, x_sum, lay.offsets, lay.max_len, lay.sample)
         cls_out = x_sum
         if self.seq_attention is not None:
-            seq, cls_out = self.seq_attention(seq, x_sum, offsets, max_len, sample)
+            # In place on the FFN's fresh output (its add saves nothing for backward).
+            comb = comb.index_copy_(0, lay.cls_rows, x_sum.reshape(-1, x_sum.shape[2]).to(comb.dtype))
+            comb = self.seq_attention(comb, lay)
+            cls_out = comb.index_select(0, lay.cls_rows).reshape(x_sum.shape)
         if self.pooling is not None:
-            pooled = self.pooling(seq, offsets, max_len)
+            pooled = self.pooling(_jagged.events_of(comb, lay), lay.seq_offsets, lay.seq_max_len)
         if pooled is None:
             raise ValueError("a computation-skip layer needs the previous layer's pooling")
-        s_sum = self.seq_summary(cls_out, pooled, recent_tokens(seq, offsets, self.num_recent))
-        return self.interaction(x, s_sum), seq, s_sum, pooled
+        recent = recent_tokens(comb, lay.offsets, self.num_recent, lay.n)
+        s_sum = self.seq_summary(cls_out, pooled, recent)
+        return self.interaction(x, s_sum), comb, s_sum, pooled

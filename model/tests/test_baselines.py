@@ -6,7 +6,8 @@ import torch
 
 from _batch import make_batch, tiny_config
 from gem_model import GEMModel, LogisticRegression, PooledMLP
-from gem_model._layers import MeanPooling, SeqAttention, _recency_positions
+from gem_model._jagged import recency_positions as _recency_positions
+from gem_model._layers import MeanPooling, SeqAttention
 
 
 @pytest.mark.parametrize("cls", [LogisticRegression, PooledMLP])

@@ -1,0 +1,147 @@
+"""The CLS layout kept across layers equals the per-layer prefixed-copy formulation.
+
+`_reference_forward` is the model as it was before issue 16 (each SeqAttention copied the
+sequence into a CLS-prefixed buffer, gathered it back, and RoPE'd q and k separately); the
+model now inserts the CLS rows once and keeps that layout through every layer. Outputs and
+every gradient must agree on fresh random batches with edge lengths.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from _batch import KUNLUN, make_batch, tiny_config
+from gem_model import GEMModel
+from gem_model import _jagged
+from gem_model._layers import InterFormerLayer, SeqAttention, recent_tokens
+
+
+def _insert_prefix(
+    seq: torch.Tensor, prefix: torch.Tensor, offsets: torch.Tensor, seq_sample: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The old per-layer copy: (combined `[T + B*n, d]`, offsets, seq rows, prefix rows)."""
+    b, n, d = prefix.shape
+    shift = torch.arange(b + 1, dtype=torch.int64) * n
+    new_off = offsets + shift
+    seq_pos = torch.arange(seq.shape[0]) + shift[1:][seq_sample]
+    pre_pos = (new_off[:-1, None] + torch.arange(n)).reshape(-1)
+    out = seq.new_zeros(seq.shape[0] + b * n, d)
+    out = out.index_copy(0, seq_pos, seq).index_copy(0, pre_pos, prefix.reshape(b * n, d).to(seq.dtype))
+    return out, new_off, seq_pos, pre_pos
+
+
+def _old_rope(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    inv = base ** (-torch.arange(half, dtype=torch.float32) / half)
+    ang = pos.to(torch.float32)[:, None] * inv[None, :]
+    cos = torch.cos(ang)[:, None, :].to(x.dtype)
+    sin = torch.sin(ang)[:, None, :].to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def _old_attention(
+    m: SeqAttention, seq: torch.Tensor, cls: torch.Tensor, offsets: torch.Tensor, max_len: int,
+    sample: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    b = cls.shape[0]
+    comb, off, seq_pos, cls_pos = _insert_prefix(seq, cls, offsets, sample)
+    tc = comb.shape[0]
+    pos = _jagged.recency_positions(off, tc, m.n_cls)
+    q, k, v = m.wqkv(m.norm(comb)).reshape(tc, 3, m.heads, m.dh).unbind(1)
+    q, k = _old_rope(q, pos, m.base), _old_rope(k, pos, m.base)
+    lc = max_len + m.n_cls
+    o = _jagged.attention(q.contiguous(), k.contiguous(), v.contiguous(), off, off, lc, lc,
+                          window=m.window, backend=m.backend)
+    comb = comb + m.wo(o.reshape(tc, m.d))
+    return comb[seq_pos], comb[cls_pos].reshape(b, m.n_cls, m.d)
+
+
+def _old_layer(
+    layer: InterFormerLayer, x: torch.Tensor, seq: torch.Tensor, offsets: torch.Tensor, max_len: int,
+    sample: torch.Tensor, pooled: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    x_sum = layer.nonseq_summary(x)
+    seq = layer.seq_ffn(seq, x_sum, offsets, max_len, sample)
+    cls_out = x_sum
+    if layer.seq_attention is not None:
+        seq, cls_out = _old_attention(layer.seq_attention, seq, x_sum, offsets, max_len, sample)
+    if layer.pooling is not None:
+        pooled = layer.pooling(seq, offsets, max_len)
+    assert pooled is not None
+    s_sum = layer.seq_summary(cls_out, pooled, recent_tokens(seq, offsets, layer.num_recent))
+    return layer.interaction(x, s_sum), seq, s_sum, pooled
+
+
+def _reference_forward(model: GEMModel, batch: Any) -> torch.Tensor:
+    offsets, max_len = batch.seq_offsets, batch.max_seq_len
+    total = batch.event_ids.shape[0]
+    sample = _jagged.token_sample(offsets, total)
+    x = torch.cat([model.sparse(batch.sparse), model.dense(batch.dense, batch.domain)], dim=1)
+    seq = model.events(batch.event_ids, batch.event_types, batch.timestamps, offsets, sample)
+    pooled: torch.Tensor | None = None
+    s_sum = x.new_zeros(0)
+    for layer in model.layers:
+        assert isinstance(layer, InterFormerLayer)
+        x, seq, s_sum, pooled = _old_layer(layer, x, seq, offsets, max_len, sample, pooled)
+    out: torch.Tensor = model.heads(x, s_sum, batch.domain)
+    return out
+
+
+CASES = list(KUNLUN) + ["no_attention"]
+
+
+def _config(name: str) -> Any:
+    if name == "no_attention":
+        return tiny_config(sequence_attention=False)
+    return tiny_config(**KUNLUN[name])
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_layout_matches_per_layer_prefix_copies(name: str, seed: int) -> None:
+    torch.manual_seed(100 + seed)
+    model = GEMModel(_config(name))
+    g = torch.Generator().manual_seed(seed)
+    lengths = [0, 1, 17, 2] + torch.randint(0, 12, (4,), generator=g).tolist()
+    batch = make_batch(len(lengths), lengths=lengths, seed=seed)
+
+    def run(fn: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        out = fn(batch)
+        F.binary_cross_entropy_with_logits(out, batch.labels).backward()
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    want, want_g = run(lambda b: _reference_forward(model, b))
+    got, got_g = run(model)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert got_g.keys() == want_g.keys()
+    for n in want_g:
+        torch.testing.assert_close(got_g[n], want_g[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_cls_rows_are_not_events() -> None:
+    """The layout's event rows are the sequence in order, recent tokens skip the CLS rows,
+    and the RoPE tables sit at the recency positions."""
+    offsets = torch.tensor([0, 3, 3, 4, 9])
+    lay = _jagged.prefix_layout(offsets, 5, 9, 2, head_dim=4, rope_base=100.0)
+    assert lay.offsets.tolist() == [0, 5, 7, 10, 17] and lay.max_len == 7
+    assert lay.cls_rows.tolist() == [0, 1, 5, 6, 7, 8, 10, 11]
+    assert lay.sample.tolist() == [0] * 5 + [1] * 2 + [2] * 3 + [3] * 7
+    seq = torch.randn(9, 4)
+    comb = _jagged.to_layout(seq, lay)
+    torch.testing.assert_close(_jagged.events_of(comb, lay), seq, rtol=0, atol=0)
+    assert not comb[lay.cls_rows].any()
+    comb[lay.cls_rows] = 1e3  # CLS values must never reach the recent tokens
+    rec = recent_tokens(comb, lay.offsets, 2, lay.n)
+    torch.testing.assert_close(rec, recent_tokens(seq, offsets, 2), rtol=0, atol=0)
+    pos = _jagged.recency_positions(lay.offsets, 17, 2)
+    cos, sin = _jagged.rope_tables(pos, 4, 100.0)
+    torch.testing.assert_close(lay.cos, cos, rtol=0, atol=0)
+    torch.testing.assert_close(lay.sin, sin, rtol=0, atol=0)
+    q = torch.randn(17, 3, 4)
+    torch.testing.assert_close(_jagged.rope(q, cos, sin), _old_rope(q, pos, 100.0), rtol=0, atol=0)
