@@ -283,7 +283,7 @@ def _block_fwd_fake(
     sin: torch.Tensor | None,
     scale: float,
 ) -> torch.Tensor:
-    return torch.empty_like(q)
+    return q.new_empty(q.shape)  # contiguous, as the launcher's output (q may be a strided view)
 
 
 @torch.library.custom_op("gem_kernels::block_attention_bwd", mutates_args=())
@@ -315,7 +315,7 @@ def _block_bwd_fake(
     sin: torch.Tensor | None,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _block_setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:

@@ -276,6 +276,11 @@ def generalized_dot_product_attention(
         raise ValueError(f"divisor={divisor!r} must be a finite host float > 0")
     backend = resolve_backend(backend, device)
     if backend == "reference":
+        if torch.compiler.is_compiling():
+            # Traced: the padded batch (sync-free); the CPU buckets read the offsets on the host.
+            return gdpa_padded(q, k, v, q_offsets, kv_offsets, max_q_len, max(max_kv_len, 1),
+                               activation=activation, scale=float(scale), divisor=float(divisor),
+                               causal=bool(causal), window=window)
         return run_reference(gdpa_padded, gdpa_reference, q, k, v, q_offsets, kv_offsets, max_q_len,
                              max_kv_len, activation=activation, scale=float(scale),
                              divisor=float(divisor), causal=bool(causal), window=window)
@@ -442,7 +447,7 @@ def _gdpa_fwd_fake(
     causal: bool,
     window: int | None,
 ) -> torch.Tensor:
-    return torch.empty_like(q)
+    return q.new_empty(q.shape)  # contiguous, as the launcher's output
 
 
 @torch.library.custom_op("gem_kernels::gdpa_bwd", mutates_args=())
@@ -482,7 +487,7 @@ def _gdpa_bwd_fake(
     causal: bool,
     window: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _gdpa_setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:

@@ -62,6 +62,10 @@ def jagged_flash_attention(
         raise ValueError(f"scale={scale!r} must be a finite float")
     backend = resolve_backend(backend, device)
     if backend == "reference":
+        if torch.compiler.is_compiling():
+            # Traced: the padded batch (sync-free); the CPU buckets read the offsets on the host.
+            return jfa_padded(q, k, v, q_offsets, kv_offsets, max_q_len, max(max_kv_len, 1),
+                              causal=bool(causal), window=window, scale=float(scale))
         return run_reference(jfa_padded, jfa_reference, q, k, v, q_offsets, kv_offsets, max_q_len,
                              max_kv_len, causal=bool(causal), window=window, scale=float(scale))
     if q.shape[2] not in TRITON_HEAD_DIMS:
@@ -131,9 +135,12 @@ def _jfa_fwd(
     from gem_kernels._triton_jfa import jfa_forward
 
     out, lse = jfa_forward(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
-    return out, lse
+    # Contiguous whatever q's strides (the fake below promises it; a no-op in practice).
+    return out.contiguous(), lse.contiguous()
 
 
+# The fakes give shapes *and* strides (contiguous): q/k/v may be strided views of one fused
+# qkv projection, and torch.compile plans the buffers from these.
 @_jfa_fwd.register_fake
 def _jfa_fwd_fake(
     q: torch.Tensor,
@@ -147,7 +154,7 @@ def _jfa_fwd_fake(
     window: int | None,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    out = torch.empty_like(q)
+    out = q.new_empty(q.shape)
     lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
     return out, lse
 
@@ -173,7 +180,7 @@ def _jfa_bwd(
     dq, dk, dv = jfa_backward(
         dout, q, k, v, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale
     )
-    return dq, dk, dv
+    return dq.contiguous(), dk.contiguous(), dv.contiguous()
 
 
 @_jfa_bwd.register_fake
@@ -192,7 +199,7 @@ def _jfa_bwd_fake(
     window: int | None,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _jfa_setup_context(
