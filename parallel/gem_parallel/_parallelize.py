@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -40,6 +41,30 @@ class Parallelized:
     model: nn.Module
     mxfp8_converted: list[str] = field(default_factory=list)
     ignored_params: set[nn.Parameter] = field(default_factory=set)
+    compiled_blocks: int = 0
+
+    @staticmethod
+    def compile_counts() -> dict[str, int]:
+        """torch.compile's process-wide counters: `graphs` compiled so far (a block's first
+        compile, then one per recompile: report the difference per 100 steps; it should
+        stop growing after the first few steps) and `graph_breaks` (0 with fullgraph)."""
+        c = torch._dynamo.utils.counters
+        return {"graphs": int(c["stats"]["unique_graphs"]), "graph_breaks": int(sum(c["graph_break"].values()))}
+
+
+def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str) -> None:
+    """Step 3: `torch.compile` of each (ModuleList, index) block, whole-graph.
+
+    `fullgraph=True`: a graph break through the kernels' custom ops (or anywhere in a block)
+    is an error at the first step, not a silent slowdown. Shapes: dynamo's automatic
+    dynamic shapes — the first step compiles for its sizes, the second (new token count,
+    batch size, max_len) recompiles once with those dimensions symbolic, and later batches
+    reuse that graph (not `dynamic=True`: its duck sizing merges equal-valued dimensions of
+    the first batch, e.g. B+1 == the number of feature tokens, and a Linear then pins both).
+    Blocks of one class with the same submodules share the graph.
+    """
+    for parent, i in units:
+        parent[i].compile(backend=backend, fullgraph=True)
 
 
 def parallelize(
@@ -65,7 +90,7 @@ def parallelize(
         mxfp8_min_features: linears with fewer in/out features stay bf16.
         keep_bf16: fnmatch patterns of module names never converted (the task heads).
         ac: activation checkpointing per block. compile: `torch.compile` per block (a
-            backend name or True for inductor).
+            backend name or True for inductor; see `compile_blocks`).
         shard_tables: called with the model after steps 1-3; shards its embedding tables
             (e.g. `gem_parallel.shard_embeddings`) and returns the parameters it took over.
         mp_policy: FSDP2 mixed precision (None: parameters keep their dtype).
@@ -82,16 +107,20 @@ def parallelize(
             model, precision, min_features=mxfp8_min_features, keep_bf16=tuple(keep_bf16))
     elif precision not in (None, "fp32", "bf16"):
         raise ValueError(f"precision={precision!r} must be None, 'fp32', 'bf16' or an 'mxfp8_*' recipe")
+    if not isinstance(compile, (bool, str)):
+        raise TypeError(f"compile={compile!r} must be a bool or a backend name")
+    if meshes is None and shard_tables is not None:
+        raise ValueError("shard_tables needs meshes (a process group, even a world of one)")
+    units = default_blocks(model)
+    apply_ac_compile(units, ac, False)  # 2. (the wrappers replace the blocks in their lists)
+    if compile:  # 3.
+        compile_blocks(units, "inductor" if compile is True else compile)
+        out.compiled_blocks = len(units)
     if meshes is None:
-        if shard_tables is not None:
-            raise ValueError("shard_tables needs meshes (a process group, even a world of one)")
-        apply_ac_compile(default_blocks(model), ac, compile)
         return out
     if shard_tables is not None:
         out.ignored_params = set(shard_tables(model))
     if meshes.dense.size() > 1:
-        out.model = apply_hsdp(model, meshes, mp_policy=mp_policy, ac=ac, compile=compile,
+        out.model = apply_hsdp(model, meshes, mp_policy=mp_policy, ac=False, compile=False,
                                ignored_params=out.ignored_params or None, comms=comms)
-    else:
-        apply_ac_compile(default_blocks(model), ac, compile)
     return out

@@ -1,0 +1,57 @@
+"""`gem_parallel.parallelize(model, compile=...)` on the GEM model: whole-graph blocks, bounded
+recompiles over jagged batches of changing size, and the eager model's numbers.
+
+CPU, tiny sizes, backend "aot_eager" (dynamo capture + AOT autograd + functionalization, the
+same graphs inductor would get, without inductor's C++ codegen, which takes minutes on a
+2-core box). The attention runs on the reference backend here; the kernels' custom ops under
+compile are tested in kernels/tests/test_strided_ops.py, and inductor on the GPU by the
+trainer's `--compile` run (trainer/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from _batch import make_batch, tiny_config
+from gem_model import GEMModel
+
+gem_parallel = pytest.importorskip("gem_parallel")
+
+
+def _step(model: torch.nn.Module, batch: object) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    out = model(batch)
+    F.binary_cross_entropy_with_logits(out, batch.labels).backward()  # type: ignore[attr-defined]
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.detach(), grads
+
+
+def test_compiled_blocks_match_eager_without_breaks_or_unbounded_recompiles() -> None:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    # gdpa + hierarchical pooling + window + computation skip: two block kinds (with and
+    # without pooling), every Kunlun path through the layout.
+    cfg = tiny_config(gdpa_ffn=True, hierarchical_pooling=True, window=4, computation_skip=True,
+                      num_layers=2, attention_backend="reference")
+    model = GEMModel(cfg)
+    eager = copy.deepcopy(model)
+    done = gem_parallel.parallelize(model, None, compile="aot_eager")
+    assert done.compiled_blocks == 2
+    start = done.compile_counts()
+    graphs = []
+    for i, lengths in enumerate([[3, 5, 7, 2], [1, 9, 0, 4, 6], [8, 2, 3, 13, 1, 2]]):
+        batch = make_batch(len(lengths), lengths=lengths, seed=i)
+        got, got_g = _step(model, batch)
+        want, want_g = _step(eager, batch)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        for n in want_g:
+            torch.testing.assert_close(got_g[n], want_g[n], rtol=1e-4, atol=1e-6, msg=n)
+        counts = done.compile_counts()
+        assert counts["graph_breaks"] == start["graph_breaks"]
+        graphs.append(counts["graphs"] - start["graphs"])
+    # Step 1: one graph per block kind; step 2: one dynamic recompile each; then none.
+    assert graphs == [2, 4, 4], graphs
