@@ -11,6 +11,7 @@ trainer's `--compile` run (trainer/BENCHMARKS.md).
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -30,13 +31,23 @@ def _step(model: torch.nn.Module, batch: object) -> tuple[torch.Tensor, dict[str
     return out.detach(), grads
 
 
-def test_compiled_blocks_match_eager_without_breaks_or_unbounded_recompiles() -> None:
+# The model here lives on the CPU, so Triton means its interpreter (the GPU compile path is
+# test_no_sync.py's compiled case).
+TRITON = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.mark.parametrize("backend", [
+    "reference",
+    # The kernels' custom ops inside the compiled blocks (Triton's interpreter on CPU, ~30 s).
+    pytest.param("triton", marks=pytest.mark.skipif(not TRITON, reason="needs TRITON_INTERPRET=1")),
+])
+def test_compiled_blocks_match_eager_without_breaks_or_unbounded_recompiles(backend: str) -> None:
     torch._dynamo.reset()
     torch.manual_seed(0)
     # gdpa + hierarchical pooling + window + computation skip: two block kinds (with and
     # without pooling), every Kunlun path through the layout.
     cfg = tiny_config(gdpa_ffn=True, hierarchical_pooling=True, window=4, computation_skip=True,
-                      num_layers=2, attention_backend="reference")
+                      num_layers=2, attention_backend=backend)
     model = GEMModel(cfg)
     eager = copy.deepcopy(model)
     done = gem_parallel.parallelize(model, None, compile="aot_eager")
