@@ -47,8 +47,8 @@ class PrefixLayout(NamedTuple):
         cls_rows: `[B*n]` combined rows of the CLS tokens, sample-major.
         seq_offsets: the original offsets `[B+1]`.
         seq_max_len: the original host max_len.
-        cos: `[Tc, D/2]` fp32 RoPE table at each row's recency position.
-        sin: `[Tc, D/2]` fp32, likewise.
+        cos: `[Tc, D]` fp32 RoPE table at each row's recency position (`rope_tables`).
+        sin: `[Tc, D]` fp32, likewise (sign-folded).
     """
 
     offsets: torch.Tensor
@@ -114,23 +114,30 @@ def recency_positions(off: torch.Tensor, total: int, n_cls: int, sample: torch.T
 
 
 def rope_tables(pos: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 (cos, sin) `[T, D/2]` of the rotate-half rotary embedding at integer positions `[T]`."""
+    """fp32 tables `[T, D]` of the rotate-half rotary embedding at integer positions `[T]`.
+
+    cos = [cos θ, cos θ] and sin = [-sin θ, sin θ] (the rotation's sign folded in), so
+    `rope` is one swap of halves and one multiply-add: built once per batch, shared by
+    every layer.
+    """
     half = head_dim // 2
     inv = base ** (-torch.arange(half, device=pos.device, dtype=torch.float32) / half)
     ang = pos.to(torch.float32)[:, None] * inv[None, :]
-    return torch.cos(ang), torch.sin(ang)
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (rotate-half form) of `[T, ..., D]` with tables `[T, D/2]` (`rope_tables`).
+    """Rotary embedding (rotate-half form) of `[T, ..., D]` with `rope_tables` `[T, D]`.
 
-    The middle axes broadcast, so q and k rotate in one pass when given as `[T, 2, H, D]`.
+    `(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)`; the middle axes broadcast, so q and k
+    rotate in one pass when given as `[T, 2, H, D]` (three kernels in eager, one compiled).
     """
     half = x.shape[-1] // 2
-    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (half,)
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
     c, s = cos.reshape(shape).to(x.dtype), sin.reshape(shape).to(x.dtype)
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return torch.addcmul(x * c, swapped, s)
 
 
 def kernel_dtype(x: torch.Tensor) -> torch.dtype:

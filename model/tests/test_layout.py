@@ -143,5 +143,20 @@ def test_cls_rows_are_not_events() -> None:
     cos, sin = _jagged.rope_tables(pos, 4, 100.0)
     torch.testing.assert_close(lay.cos, cos, rtol=0, atol=0)
     torch.testing.assert_close(lay.sin, sin, rtol=0, atol=0)
-    q = torch.randn(17, 3, 4)
-    torch.testing.assert_close(_jagged.rope(q, cos, sin), _old_rope(q, pos, 100.0), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_matches_the_rotate_half_formula(dtype: torch.dtype) -> None:
+    """One multiply-add over sign-folded tables = the four-product rotate-half form (fp32:
+    to rounding, the add is fused; bf16: within one bf16 rounding of the old form)."""
+    g = torch.Generator().manual_seed(3)
+    pos = torch.randint(-4, 300, (29,), generator=g)
+    x = torch.randn(29, 2, 3, 16, generator=g).to(dtype)
+    cos, sin = _jagged.rope_tables(pos, 16, 10000.0)
+    want = _old_rope(x.reshape(29, 6, 16), pos, 10000.0).reshape(29, 2, 3, 16)
+    tol = {torch.float32: (1e-6, 1e-6), torch.bfloat16: (1.6e-2, 1e-2)}[dtype]
+    torch.testing.assert_close(_jagged.rope(x, cos, sin), want, rtol=tol[0], atol=tol[1])
+    # A rotation: norms of each (x1_i, x2_i) pair are kept.
+    if dtype == torch.float32:
+        y = _jagged.rope(x, cos, sin)
+        torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
