@@ -1,4 +1,4 @@
-"""The nine CUDA driver calls the copy-engine path needs, through ctypes (no compiled code).
+"""The ten CUDA driver calls the copy-engine path needs, through ctypes (no compiled code).
 
 Why the driver API and not `Tensor.copy_`: a `copy_` whose source lives on another GPU runs
 on the *source* device's current stream and adds a two-way event barrier with the
@@ -35,6 +35,7 @@ _SIGNATURES: dict[tuple[str, ...], list[Any]] = {
     ("cuMemAlloc_v2",): [ctypes.POINTER(_u64), _size],
     ("cuMemFree_v2",): [_u64],
     ("cuMemsetD32_v2",): [_u64, _u32, _size],
+    ("cuMemsetD32Async",): [_u64, _u32, _size, _ptr],
     ("cuIpcGetMemHandle",): [ctypes.POINTER(_IpcHandle), _u64],
     ("cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle"): [ctypes.POINTER(_u64), _IpcHandle, ctypes.c_uint],
     ("cuIpcCloseMemHandle",): [_u64],
@@ -85,6 +86,11 @@ def mem_free(ptr: int) -> None:
 def memset32(ptr: int, value: int, count: int) -> None:
     """Synchronous fill of `count` uint32 words (flags start at 0 before they are shared)."""
     _call("cuMemsetD32_v2", ptr, value, count)
+
+
+def memset32_async(ptr: int, value: int, count: int, stream: int) -> None:
+    """Fill of `count` uint32 words on `stream` (the caller waits for it with a deadline)."""
+    _call("cuMemsetD32Async", ptr, value, count, stream)
 
 
 def ipc_handle(ptr: int) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -43,6 +44,7 @@ class CommHandle:
         device: torch.device | None = None,
         keep: tuple[torch.Tensor, ...] = (),
         timeout: float | timedelta | None = None,
+        on_timeout: Callable[[], None] | None = None,
     ) -> None:
         self.backend = backend
         self._timeout = _seconds(timeout)  # the collective's `timeout=`: wait()'s default
@@ -54,6 +56,9 @@ class CommHandle:
         self._waited = False
         self._waiter: threading.Thread | None = None
         self._waiter_error: BaseException | None = None
+        # Told when wait() gives up: the copy-engine group then knows a lane may stay stuck on
+        # a flag, so releasing it leaks its buffers instead of waiting for (or freeing under) it.
+        self._on_timeout = on_timeout
 
     def is_completed(self) -> bool:
         """True once the transfer has finished (non-blocking query; some gloo Works only
@@ -124,6 +129,8 @@ class CommHandle:
             self._waiter_error = e
 
     def _raise_timeout(self, limit: float) -> None:
+        if self._on_timeout is not None:
+            self._on_timeout()
         raise TimeoutError(
             f"gem_comms {self.backend} collective did not complete within "
             f"timeout={limit} s (a peer rank may not have joined it); call release_buffers() "

@@ -24,6 +24,12 @@ its splits every call, since they change), and the staging grows collectively wh
 agreed signature needs more. Cost per byte received: one P2P copy into the destination plus,
 on the sender, one local copy of what it sends (n bytes for all-gather, not world x n).
 
+Where a flag lives (`Config.signal`): "push" writes it into the reader's memory (remote write,
+local wait), "poll" into the writer's own memory (local write, remote wait); the indices are
+the mirror image of each other (`_where` / `_signal`). Every host-side wait of this file has a
+deadline (`synchronize(deadline)`): a lane stuck on a flag that never comes turns into a
+TimeoutError and a leaked (never freed) buffer, not a hung process.
+
 The same protocol runs over host shared memory for CPU tensors (flags are shared int32
 words, waits spin with a deadline, copies are memcpy): that is how it is tested in CPU gloo
 worlds — the flag logic, the offsets and the lanes are the code the GPU runs.
@@ -49,6 +55,7 @@ from gem_comms._handle import CommHandle
 
 DEFAULT_TIMEOUT_S = 300.0
 _MIN_REGION_BYTES = 1 << 20
+_CLOSE_WAIT_S = 10.0  # release_buffers(): how long to wait for this rank's queued copies
 _SIGNATURE_CACHE = 4096  # distinct agreed signatures kept per channel (cleared identically)
 _generation: dict[str, int] = {}
 _groups: dict[tuple[str, str], PeerGroup] = {}
@@ -62,24 +69,37 @@ class Config:
     Attributes:
         lanes: side streams a large transfer is split over (copy engines in flight).
         lane_min_bytes: chunks smaller than this use one lane (fewer stream operations).
+        signal: where a flag lives. "push" (default): the writer writes into the reader's
+            flags (a remote write), the reader's stream waits on its own memory. "poll": the
+            writer writes its own flags, the reader's stream waits on the writer's memory (a
+            remote wait). Same protocol, two ways of crossing the link; the multi_gpu bench
+            probes both (env GEM_COMMS_SIGNAL sets the default).
     """
 
     lanes: int = 4
     lane_min_bytes: int = 4 << 20
+    signal: str = os.environ.get("GEM_COMMS_SIGNAL", "push")
 
 
 _config = Config()
 
 
-def configure(*, lanes: int | None = None, lane_min_bytes: int | None = None) -> Config:
+SIGNALS = ("push", "poll")
+
+
+def configure(*, lanes: int | None = None, lane_min_bytes: int | None = None,
+              signal: str | None = None) -> Config:
     """Sets the copy-engine tuning for groups set up afterwards (call `release` first)."""
     global _config
     new = Config(lanes=_config.lanes if lanes is None else lanes,
-                 lane_min_bytes=_config.lane_min_bytes if lane_min_bytes is None else lane_min_bytes)
+                 lane_min_bytes=_config.lane_min_bytes if lane_min_bytes is None else lane_min_bytes,
+                 signal=_config.signal if signal is None else signal)
     if isinstance(new.lanes, bool) or not isinstance(new.lanes, int) or not 1 <= new.lanes <= 32:
         raise ValueError(f"lanes={new.lanes!r} must be an int in [1, 32]")
     if not isinstance(new.lane_min_bytes, int) or new.lane_min_bytes < 1:
         raise ValueError(f"lane_min_bytes={new.lane_min_bytes!r} must be a positive int")
+    if new.signal not in SIGNALS:
+        raise ValueError(f"signal={new.signal!r} must be one of {SIGNALS}")
     _config = new
     return new
 
@@ -262,7 +282,7 @@ class _HostOps:
     def wrap(self, t: torch.Tensor) -> Buf:
         return t.reshape(-1).view(torch.uint8)
 
-    def alloc(self, nbytes: int) -> tuple[Any, Buf]:
+    def alloc(self, nbytes: int, deadline: float) -> tuple[Any, Buf]:
         t = torch.zeros(nbytes, dtype=torch.uint8)
         return t.untyped_storage()._share_filename_cpu_(), t
 
@@ -302,13 +322,14 @@ class _HostOps:
     def begin(self, lanes: int) -> None:
         pass
 
-    def end(self, lanes: int, epilogue: Callable[[], None] | None, keep: tuple[torch.Tensor, ...]) -> CommHandle:
+    def end(self, lanes: int, epilogue: Callable[[], None] | None, keep: tuple[torch.Tensor, ...],
+            on_timeout: Callable[[], None]) -> CommHandle:
         if epilogue is not None:
             epilogue()
         return CommHandle("copy_engine")
 
-    def synchronize(self) -> None:
-        pass
+    def synchronize(self, deadline: float) -> bool:
+        return True
 
 
 class _CudaOps:
@@ -325,10 +346,15 @@ class _CudaOps:
     def wrap(self, t: torch.Tensor) -> Buf:
         return int(t.data_ptr())
 
-    def alloc(self, nbytes: int) -> tuple[Any, Buf]:
+    def alloc(self, nbytes: int, deadline: float) -> tuple[Any, Buf]:
         ptr = _cuda.mem_alloc(nbytes)
-        _cuda.memset32(ptr, 0, max(nbytes, 4) // 4)
-        torch.cuda.synchronize(self.device)  # zeros land before any peer can see the handle
+        # Zeros land before any peer can see the handle. On a lane stream, waited for with a
+        # deadline: a device-wide synchronize would also wait for every other stream (NCCL,
+        # compute, a lane stuck on a flag) and could hang where this has no reason to.
+        _cuda.memset32_async(ptr, 0, max(nbytes, 4) // 4, self.handles[0])
+        if not self.synchronize(deadline, lanes=1):
+            raise TimeoutError("gem_comms copy_engine: zero-filling a new buffer did not finish "
+                               "(lane 0 is stuck on an earlier collective)")
         return _cuda.ipc_handle(ptr), ptr
 
     def open(self, info: Any) -> Buf:
@@ -361,7 +387,8 @@ class _CudaOps:
         for s in self.streams[:lanes]:
             s.wait_stream(caller)  # inputs produced, outputs free
 
-    def end(self, lanes: int, epilogue: Callable[[], None] | None, keep: tuple[torch.Tensor, ...]) -> CommHandle:
+    def end(self, lanes: int, epilogue: Callable[[], None] | None, keep: tuple[torch.Tensor, ...],
+            on_timeout: Callable[[], None]) -> CommHandle:
         s0 = self.streams[0]
         with torch.cuda.stream(s0):
             for s in self.streams[1:lanes]:
@@ -373,11 +400,23 @@ class _CudaOps:
         for t in keep:
             for s in self.streams[:lanes]:
                 t.record_stream(s)  # the allocator keeps the blocks until the copies are done
-        return CommHandle("copy_engine", event=done, device=self.device, keep=keep)
+        return CommHandle("copy_engine", event=done, device=self.device, keep=keep, on_timeout=on_timeout)
 
-    def synchronize(self) -> None:
-        for s in self.streams:
-            s.synchronize()
+    def synchronize(self, deadline: float, lanes: int | None = None) -> bool:
+        """Waits (polling, until `deadline`) for the work queued on the lane streams; False if
+        it did not finish (a lane waits on a flag no peer will write: never block on that)."""
+        events = []
+        for s in self.streams[:lanes]:
+            e = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            e.record(s)
+            events.append(e)
+        pause = 1e-5
+        while not all(e.query() for e in events):  # type: ignore[no-untyped-call]
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-2)
+        return True
 
 
 class PeerGroup:
@@ -387,6 +426,9 @@ class PeerGroup:
         self.device = device
         self.rank, self.world = world_of(group)
         self.cfg = _config
+        if self.cfg.signal not in SIGNALS:
+            raise ValueError(f"gem_comms copy_engine: signal={self.cfg.signal!r} (GEM_COMMS_SIGNAL) "
+                             f"must be one of {SIGNALS}")
         self.channel = Channel(group, device.type)
         self.ops: _HostOps | _CudaOps = _CudaOps(device, self.cfg.lanes) if device.type == "cuda" else _HostOps()
         self.is_cuda = device.type == "cuda"
@@ -424,15 +466,21 @@ class PeerGroup:
     # ---- buffers (collective; the sizes are identical on every rank) --------------------------
     def _setup_flags(self, timeout: float) -> None:
         words = 2 * self.cfg.lanes * self.world
-        info, self.flags = self.ops.alloc(4 * words)
+        info, self.flags = self.ops.alloc(4 * words, time.monotonic() + timeout)
         infos = self.channel.exchange(info, timeout)
         self.peer_flags = [self.flags if q == self.rank else self.ops.open(i) for q, i in enumerate(infos)]
 
     def _grow(self, need: int, timeout: float) -> None:
         """Staging of `lanes` regions of >= `need` bytes (a power of two >= 1 MiB) per rank."""
         lane_bytes = max(_MIN_REGION_BYTES, 1 << (need - 1).bit_length())
-        self.ops.synchronize()  # my stagings and my pulls from peers' old staging are done
-        info, local = self.ops.alloc(self.cfg.lanes * lane_bytes)
+        deadline = time.monotonic() + timeout
+        # My stagings and my pulls from peers' old staging are done (bounded: never hang here).
+        if not self.ops.synchronize(deadline):
+            self.timed_out = True
+            raise TimeoutError(
+                f"gem_comms copy_engine: rank {self.rank}'s earlier collectives did not finish within "
+                f"timeout={timeout} s (a peer did not join them); call release_buffers() on every rank")
+        info, local = self.ops.alloc(self.cfg.lanes * lane_bytes, deadline)
         infos = self.channel.exchange(info, timeout)
         for q, buf in enumerate(self.peers):
             if q != self.rank and buf is not None:
@@ -450,7 +498,12 @@ class PeerGroup:
             self.local, self.peers, self.flags, self.peer_flags = None, [], None, []
             return
         with self._ctx():
-            self.ops.synchronize()
+            if not self.ops.synchronize(time.monotonic() + _CLOSE_WAIT_S):
+                # A lane still waits on a flag no peer will write (e.g. after a TimeoutError
+                # that was not reported here): leak rather than free memory a stream may use.
+                self.timed_out = True
+                self.close()
+                return
             for q, buf in enumerate(self.peers):
                 if q != self.rank and buf is not None:
                     self.ops.close_peer(buf)
@@ -469,11 +522,25 @@ class PeerGroup:
     def _free(self, lane: int, q: int) -> int:
         return (self.cfg.lanes + lane) * self.world + q
 
-    def _wait_all(self, idx: Callable[[int], int], peers: list[int], value: int, lane: int,
+    def _where(self, kind: Callable[[int, int], int], lane: int, q: int) -> tuple[Buf, int]:
+        """The flag peer q writes for me: in my flags at q's slot ("push"), or in q's flags at
+        my slot ("poll")."""
+        if self.cfg.signal == "push":
+            return self.flags, kind(lane, q)
+        return self.peer_flags[q], kind(lane, self.rank)
+
+    def _signal(self, kind: Callable[[int, int], int], lane: int, q: int, value: int) -> None:
+        """Sets the flag I write for peer q (the mirror of `_where`), after the lane's work."""
+        if self.cfg.signal == "push":
+            self.ops.signal(self.peer_flags[q], kind(lane, self.rank), value, lane)
+        else:
+            self.ops.signal(self.flags, kind(lane, q), value, lane)
+
+    def _wait_all(self, kind: Callable[[int, int], int], lane: int, peers: list[int], value: int,
                   deadline: float, timeout: float, what: str) -> None:
         for q in peers:
-            if not self.ops.wait(self.flags, idx(q), value, lane, deadline):
-                missing = [p for p in peers if self.ops.peek(self.flags, idx(p)) < value]
+            if not self.ops.wait(*self._where(kind, lane, q), value, lane, deadline):
+                missing = [p for p in peers if self.ops.peek(*self._where(kind, lane, p)) < value]
                 self.timed_out = True
                 raise TimeoutError(
                     f"gem_comms copy_engine: rank {self.rank} waited timeout={timeout} s for ranks "
@@ -524,24 +591,26 @@ class PeerGroup:
             base = j * self.lane_bytes
             # A: stage what I send (once for all-gather), tell the peers, copy my own piece.
             if peers:
-                self._wait_all(lambda q: self._free(j, q), peers, s - 1, j, deadline, timeout,
+                self._wait_all(self._free, j, peers, s - 1, deadline, timeout,
                                "reading my staging from the previous call")
                 for q in peers[:1] if plan.send_whole_input else peers:
                     a, b, at = mine.pieces[j][q]
                     ops.copy(self.local, base + at, src, mine.src_off[q] + a, b - a, j)
                 for q in peers:
-                    ops.signal(self.peer_flags[q], self._ready(j, me), s, j)
+                    self._signal(self._ready, j, q, s)
             a, b, _ = mine.pieces[j][me]
             if b > a and not ops.same(dst, r_off[me] + a, src, mine.src_off[me] + a):
                 ops.copy(dst, r_off[me] + a, src, mine.src_off[me] + a, b - a, j)
             # B: pull each peer's piece straight into the output, then release its staging.
             for q in peers:
-                self._wait_all(lambda p: self._ready(j, p), [q], s, j, deadline, timeout,
-                               "staging their data")
+                self._wait_all(self._ready, j, [q], s, deadline, timeout, "staging their data")
                 a, b, at = layouts[q].pieces[j][me]
                 ops.copy(dst, r_off[q] + a, self.peers[q], base + at, b - a, j)
-                ops.signal(self.peer_flags[q], self._free(j, me), s, j)
-        return ops.end(lanes, epilogue, (output, input, *keep))
+                self._signal(self._free, j, q, s)
+        return ops.end(lanes, epilogue, (output, input, *keep), self._mark_timed_out)
+
+    def _mark_timed_out(self) -> None:
+        self.timed_out = True
 
 
 @dataclass(frozen=True)

@@ -353,8 +353,16 @@ def world_main(rank: int, world: int, path: str, device: str) -> None:
     check_all_to_all(rank, world, device, ("copy_engine",))
     check_reduce_scatter(rank, world, device, ("copy_engine",))
     check_in_place(rank, world, device)
+    # the other flag placement: writers set their own flags, readers wait on the peer's memory
     gc.release_buffers()
-    _peer.configure(lanes=_peer.Config().lanes, lane_min_bytes=_peer.Config().lane_min_bytes)
+    _peer.configure(lanes=2, lane_min_bytes=64, signal="poll")
+    check_all_gather(rank, world, device, ("copy_engine",))
+    check_all_to_all(rank, world, device, ("copy_engine",))
+    check_reduce_scatter(rank, world, device, ("copy_engine",))
+    check_in_place(rank, world, device)
+    gc.release_buffers()
+    default = _peer.Config()
+    _peer.configure(lanes=default.lanes, lane_min_bytes=default.lane_min_bytes, signal=default.signal)
     if world == 2 and device == "cpu":  # CUDA waits are on the GPU: see the README's Faults
         check_timeouts(rank, world, device)
     if device == "cpu":

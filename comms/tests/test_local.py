@@ -140,6 +140,8 @@ def test_configure_and_driver_errors_are_clear() -> None:
         _peer.configure(lanes=0)
     with pytest.raises(ValueError, match="lane_min_bytes=-1"):
         _peer.configure(lane_min_bytes=-1)
+    with pytest.raises(ValueError, match="signal='pull' must be one of"):
+        _peer.configure(signal="pull")
     assert _peer.configure() == _peer.Config()
     if not torch.cuda.is_available():
         try:
