@@ -35,6 +35,8 @@ class GEMConfig:
         num_cls: CLS tokens prepended to each sequence (= non-sequence summary tokens).
         num_pma_seeds: PMA outputs per sample (learned seeds as queries over the sequence).
         num_recent: most recent tokens taken into the sequence summary.
+        rank_buckets: buckets of an event's rank from the newest event (0 = newest), added
+            to its token: ranks below 16 exact, then log2-bucketed; 0 switches it off.
         head_hidden: width of the shared bottom and of each task tower.
         rope_base: rotary embedding base.
 
@@ -78,6 +80,7 @@ class GEMConfig:
     num_cls: int = 2
     num_pma_seeds: int = 2
     num_recent: int = 2
+    rank_buckets: int = 24
     head_hidden: int = 64
     rope_base: float = 10000.0
     sequence_attention: bool = True
@@ -105,7 +108,7 @@ class GEMConfig:
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, int) or val < 1:
                 raise ValueError(f"GEMConfig.{name}={val!r} must be an int >= 1")
-        for name in ("num_dense", "num_recent"):
+        for name in ("num_dense", "num_recent", "rank_buckets"):
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, int) or val < 0:
                 raise ValueError(f"GEMConfig.{name}={val!r} must be an int >= 0")

@@ -117,8 +117,23 @@ class DenseArch(nn.Module):
         return _flops.linear(b, self.num_dense, self.d) + _flops.linear(b, self.d, self.d)
 
 
+def rank_bucket(offsets: torch.Tensor, sample: torch.Tensor, buckets: int) -> torch.Tensor:
+    """Each token's rank from its sequence's newest event (0 = newest), bucketed: ranks
+    below 16 are their own bucket, rank r >= 16 falls in 12 + floor(log2 r); the last
+    bucket takes everything older. `sample[t]` is token t's sequence."""
+    pos = torch.arange(sample.shape[0], device=sample.device)
+    r = offsets[1:][sample] - 1 - pos
+    log_b = 12 + torch.log2(r.clamp(min=1).to(torch.float32)).long()
+    return torch.where(r < 16, r, log_b).clamp(max=buckets - 1)
+
+
 class EventArch(nn.Module):
-    """Event tokens `[T, d_model]`: item id + event type + recency bucket.
+    """Event tokens `[T, d_model]`: item id + event type + age bucket + rank bucket.
+
+    Two recency signals: the age (time since the sample's newest event, log2 seconds) and
+    the rank (how many events are newer: 0 for the newest; exact below 16, then log2
+    buckets). Rank is what "the last k events" means; on bursty time stamps the age
+    cannot tell the 8th-newest event from the 30th, the rank can.
 
     Event-level personalization (Kunlun): event type t keeps only the first
     `event_widths[t]` columns of its item embedding (the rest are masked to zero), so
@@ -135,8 +150,12 @@ class EventArch(nn.Module):
         nn.init.normal_(self.item.weight, std=0.05)
         self.type_emb = nn.Embedding(cfg.num_event_types, cfg.d_model)
         self.age = nn.Embedding(self.num_time_buckets, cfg.d_model)
-        for emb in (self.type_emb, self.age):
-            nn.init.normal_(emb.weight, std=0.02)
+        self.rank: nn.Embedding | None = None
+        if cfg.rank_buckets:
+            self.rank = nn.Embedding(cfg.rank_buckets, cfg.d_model)
+        for emb in (self.type_emb, self.age, self.rank):
+            if emb is not None:
+                nn.init.normal_(emb.weight, std=0.02)
         self.proj = nn.Linear(cfg.event_emb_dim, cfg.d_model)
         self.width_mask: torch.Tensor | None
         if cfg.event_widths is not None:
@@ -158,6 +177,8 @@ class EventArch(nn.Module):
         age = (last[sample] - timestamps).clamp(min=0).to(torch.float32)
         bucket = torch.log2(age + 1.0).long().clamp(max=self.num_time_buckets - 1)
         out: torch.Tensor = self.proj(x) + self.type_emb(types) + self.age(bucket)
+        if self.rank is not None:
+            out = out + self.rank(rank_bucket(offsets, sample, self.rank.num_embeddings))
         return out
 
     def flops(self, shapes: _flops.Shapes) -> float:

@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from _batch import FEATURES, KUNLUN, make_batch, tiny_config
 from gem_model import GEMConfig, GEMModel, presets
 from gem_model import _flops, _jagged
-from gem_model._embedding import torchrec_available
+from gem_model._embedding import rank_bucket, torchrec_available
 from gem_model._layers import recent_tokens
 
 @pytest.mark.parametrize("name", list(KUNLUN))
@@ -147,6 +147,27 @@ def test_recent_tokens_against_loops() -> None:
         last = seq[offsets[b] : offsets[b + 1]][-2:]
         want = torch.cat([torch.zeros(2 - last.shape[0], 4), last])
         torch.testing.assert_close(rec[b], want, rtol=0, atol=0)
+
+
+def test_rank_buckets_against_loops() -> None:
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    lengths = torch.randint(0, 3000, (7,), generator=g).tolist() + [0, 1, 16, 17]
+    offsets = torch.tensor([0] + lengths).cumsum(0)
+    sample = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    got = rank_bucket(offsets, sample, 24).tolist()
+    want = []
+    for n in lengths:
+        for pos in range(n):
+            r = n - 1 - pos  # events newer than this one
+            want.append(min(r if r < 16 else 12 + r.bit_length() - 1, 23))
+    assert got == want
+
+
+def test_rank_buckets_off_and_validated() -> None:
+    model = GEMModel(tiny_config(rank_buckets=0))
+    assert model.events.rank is None
+    with pytest.raises(ValueError, match="rank_buckets"):
+        tiny_config(rank_buckets=-1)
 
 
 def test_event_widths_mask_columns_per_type() -> None:
