@@ -10,9 +10,10 @@ export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:) PYTHONUNBUFF
 at="100,250,500,750,$steps"
 CUDA_VISIBLE_DEVICES=0 timeout 570 python3 -m gem_trainer.bench.quality --preset h200 --steps "$steps" \
   --models gem,pooled_mlp,logreg --eval-at "$at" --out "$OUT/h200" > "$OUT/h200.log" 2>&1 &
-( CUDA_VISIBLE_DEVICES=1 timeout 330 python3 -m gem_trainer.bench.quality --preset h200 --steps "$steps" \
+( CUDA_VISIBLE_DEVICES=1 timeout 60 python3 -m pytest -q model/tests/test_no_sync.py > "$OUT/no_sync.log" 2>&1
+  CUDA_VISIBLE_DEVICES=1 timeout 300 python3 -m gem_trainer.bench.quality --preset h200 --steps "$steps" \
     --models gem_no_attention --eval-at "$at" --out "$OUT/h200_noattn" > "$OUT/h200_noattn.log" 2>&1
-  CUDA_VISIBLE_DEVICES=1 timeout 220 python3 -m gem_trainer --preset h200 --steps 300 --ckpt-every 50 \
+  CUDA_VISIBLE_DEVICES=1 timeout 200 python3 -m gem_trainer --preset h200 --steps 300 --ckpt-every 50 \
     --eval-batches 0 --no-progress --ckpt-dir /tmp/gem_ck --log-dir "$OUT/ckpt_logs" > "$OUT/ckpt_run.log" 2>&1 ) &
 if [ $# -gt 0 ]; then
   ( JOBS=2 LIMIT=300 bash tools/quality_sweep.sh 150 150 default "rank_buckets=0" > "$OUT/sweep150.txt" 2>&1 ) &
@@ -20,6 +21,7 @@ if [ $# -gt 0 ]; then
 fi
 wait
 echo "=== tiny sweeps"; cat "$OUT"/sweep150.txt "$OUT"/sweep600.txt 2>/dev/null
+echo "=== no-sync GPU test"; tail -n 3 "$OUT/no_sync.log"
 echo "=== ckpt run"; python3 tools/trainer_summary.py "$OUT/ckpt_run.log" 2>&1 | head -3; grep -i "warning" "$OUT/ckpt_run.log" | head -3
 echo "=== h200 no-attention"; grep -E " lr=[0-9.e+-]+: mean AUC|Error" "$OUT/h200_noattn.log"
 echo "=== h200"; grep -E " lr=[0-9.e+-]+: mean AUC|Error|^ *[a-z_]+ \||Bayes" "$OUT/h200.log"
