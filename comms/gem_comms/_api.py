@@ -308,7 +308,9 @@ def reduce_scatter_tensor(
 def release_buffers(group: dist.ProcessGroup | None = None) -> None:
     """Frees this rank's copy-engine staging buffers and events for `group`.
 
-    Call on every rank (collective by convention, not by communication); the next
+    Call on every rank: the ranks meet through the store (10 s deadline) so that nothing is
+    freed while a peer still copies from it; after a TimeoutError, a lane that will not
+    finish, or a rank that does not come, the buffers are leaked instead. The next
     copy-engine call rebuilds them with fresh store keys. Use it after a TimeoutError.
     """
     _peer.release(group)

@@ -492,27 +492,32 @@ class PeerGroup:
         self.local, self.lane_bytes = local, lane_bytes
 
     def close(self) -> None:
-        if self.timed_out:
-            # A peer may still read or write these buffers (or a GPU stream may still wait on a
-            # flag): leak them rather than free memory someone else is using.
-            self.local, self.peers, self.flags, self.peer_flags = None, [], None, []
-            return
+        """Frees this rank's buffers and unmaps the peers' (collective: `release` runs it on
+        every rank). Each rank first waits for its own queued copies, then the ranks meet
+        (store, deadline): only then has every peer finished pulling from my staging and
+        writing my flags, so nothing is unmapped or freed under a peer's copy. A rank that
+        timed out, a lane that will not finish, or a peer that does not come: everyone leaks
+        the buffers (a stream or a peer may still use them) instead of hanging or freeing."""
         with self._ctx():
-            if not self.ops.synchronize(time.monotonic() + _CLOSE_WAIT_S):
-                # A lane still waits on a flag no peer will write (e.g. after a TimeoutError
-                # that was not reported here): leak rather than free memory a stream may use.
+            done = not self.timed_out and self.ops.synchronize(time.monotonic() + _CLOSE_WAIT_S)
+            agreed = [done]
+            if self.world > 1 and self.flags is not None:  # buffers are set up collectively
+                try:
+                    agreed = self.channel.exchange(done, _CLOSE_WAIT_S)
+                except (TimeoutError, RuntimeError):
+                    agreed = [False]
+            if all(agreed):
+                for q, buf in enumerate(self.peers):
+                    if q != self.rank and buf is not None:
+                        self.ops.close_peer(buf)
+                for q, buf in enumerate(self.peer_flags):
+                    if q != self.rank:
+                        self.ops.close_peer(buf)
+                for buf in (self.local, self.flags):
+                    if buf is not None:
+                        self.ops.free(buf)
+            else:
                 self.timed_out = True
-                self.close()
-                return
-            for q, buf in enumerate(self.peers):
-                if q != self.rank and buf is not None:
-                    self.ops.close_peer(buf)
-            for q, buf in enumerate(self.peer_flags):
-                if q != self.rank:
-                    self.ops.close_peer(buf)
-            for buf in (self.local, self.flags):
-                if buf is not None:
-                    self.ops.free(buf)
         self.local, self.peers, self.flags, self.peer_flags = None, [], None, []
 
     # ---- the collective ------------------------------------------------------------------------
