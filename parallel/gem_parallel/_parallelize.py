@@ -61,10 +61,19 @@ def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str) -> 
     batch size, max_len) recompiles once with those dimensions symbolic, and later batches
     reuse that graph (not `dynamic=True`: its duck sizing merges equal-valued dimensions of
     the first batch, e.g. B+1 == the number of feature tokens, and a Linear then pins both).
-    Blocks of one class with the same submodules share the graph.
+    Blocks of one class with the same submodules share the graph. A block that is one of
+    torch.nn's own containers (`nn.Sequential`, ...) is compiled without `fullgraph`: dynamo
+    skips frames in torch.nn and compiles the user code they call.
     """
+    # Every block runs the same code object, and under FSDP each block keeps its own graph
+    # (a static and a dynamic entry each): dynamo's default limit of 8 entries per code
+    # object would send a 4-block model under FSDP back to eager at its next recompile.
+    limit = 4 * len(units) + 8
+    if torch._dynamo.config.recompile_limit < limit:
+        torch._dynamo.config.recompile_limit = limit
     for parent, i in units:
-        parent[i].compile(backend=backend, fullgraph=True)
+        builtin = type(parent[i]).__module__.startswith("torch.nn.modules")
+        parent[i].compile(backend=backend, fullgraph=not builtin)
 
 
 def parallelize(
