@@ -14,10 +14,13 @@ builds the model plainly and hands it here.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+import torch.fx.experimental._config as fx_config
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -45,35 +48,50 @@ class Parallelized:
 
     @staticmethod
     def compile_counts() -> dict[str, int]:
-        """torch.compile's process-wide counters: `graphs` compiled so far (a block's first
-        compile, then one per recompile: report the difference per 100 steps; it should
-        stop growing after the first few steps) and `graph_breaks` (0 with fullgraph)."""
+        """torch.compile's process-wide counters: `graphs` compiled so far (one per block
+        kind at the first step, then one per recompile: report the difference per 100
+        steps; 0 once warm) and `graph_breaks` (0 with fullgraph)."""
         c = torch._dynamo.utils.counters
         return {"graphs": int(c["stats"]["unique_graphs"]), "graph_breaks": int(sum(c["graph_break"].values()))}
 
 
 def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str) -> None:
-    """Step 3: `torch.compile` of each (ModuleList, index) block, whole-graph.
+    """Step 3: `torch.compile` of each (ModuleList, index) block, whole-graph, dynamic shapes.
 
     `fullgraph=True`: a graph break through the kernels' custom ops (or anywhere in a block)
-    is an error at the first step, not a silent slowdown. Shapes: dynamo's automatic
-    dynamic shapes — the first step compiles for its sizes, the second (new token count,
-    batch size, max_len) recompiles once with those dimensions symbolic, and later batches
-    reuse that graph (not `dynamic=True`: its duck sizing merges equal-valued dimensions of
-    the first batch, e.g. B+1 == the number of feature tokens, and a Linear then pins both).
-    Blocks of one class with the same submodules share the graph. A block that is one of
-    torch.nn's own containers (`nn.Sequential`, ...) is compiled without `fullgraph`: dynamo
-    skips frames in torch.nn and compiles the user code they call.
+    is an error at the first step, not a silent slowdown. `dynamic=True` from the first
+    compile, so batches of any token count, batch size and max_len share one graph per block
+    kind (sizes 0 and 1 still specialise). Duck sizing is off while the blocks run: it would
+    give dimensions of equal value in the first batch one symbol (e.g. B+1 == the number of
+    feature tokens), a Linear then pins both, and the next batch recompiles. Blocks of one
+    class with the same submodules share the graph. A block that is one of torch.nn's own
+    containers (`nn.Sequential`, ...) is compiled without `fullgraph`: dynamo skips frames
+    in torch.nn and compiles the user code they call.
     """
-    # Every block runs the same code object, and under FSDP each block keeps its own graph
-    # (a static and a dynamic entry each): dynamo's default limit of 8 entries per code
-    # object would send a 4-block model under FSDP back to eager at its next recompile.
+    # Every block runs the same code object, and under FSDP each block keeps its own graph:
+    # dynamo's default limit of 8 entries per code object would send a model of more than
+    # 8 blocks (or of 4 with a few specialisations each) back to eager at its next compile.
     limit = 4 * len(units) + 8
     if torch._dynamo.config.recompile_limit < limit:
         torch._dynamo.config.recompile_limit = limit
     for parent, i in units:
-        builtin = type(parent[i]).__module__.startswith("torch.nn.modules")
-        parent[i].compile(backend=backend, fullgraph=not builtin)
+        block = parent[i]
+        builtin = type(block).__module__.startswith("torch.nn.modules")
+        block.compile(backend=backend, fullgraph=not builtin, dynamic=True)
+        block._compiled_call_impl = _without_duck_sizing(block._compiled_call_impl)
+
+
+def _without_duck_sizing(fn: Callable[..., Any] | None) -> Callable[..., Any]:
+    """`fn` run with symbolic-shape duck sizing off (a flag read when dynamo compiles)."""
+    if fn is None:
+        raise RuntimeError("nn.Module.compile set no compiled call")
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
+            return fn(*args, **kwargs)
+
+    return call
 
 
 def parallelize(

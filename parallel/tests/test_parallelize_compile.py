@@ -1,5 +1,5 @@
 """parallelize(meshes, compile=...) with HSDP: whole-graph blocks under FSDP2, the eager
-numbers, no graph breaks, and no recompile once the batch size has changed once.
+numbers, no graph breaks, and no recompile when the batch size changes.
 
 A CPU gloo world of 2 (FSDP over 2 shards), backend "aot_eager" (inductor's C++ codegen is
 minutes on this box). The GEM model's own blocks are covered in model/tests/test_compile.py.
@@ -64,5 +64,5 @@ def test_compiled_fsdp_blocks_match_eager_and_stop_recompiling() -> None:
         assert r["blocks"] == 2
         assert max(r["diff"]) < 1e-5, r["diff"]
         assert r["breaks"] == [0, 0, 0, 0]
-        # Under FSDP each block keeps its own graph: static at step 1, dynamic at step 2.
-        assert r["graphs"][1:] == [r["graphs"][1]] * 3 and r["graphs"][1] == 2 * r["graphs"][0], r["graphs"]
+        # Under FSDP each block keeps its own (dynamic) graph, compiled at step 1.
+        assert r["graphs"] == [2, 2, 2, 2], r["graphs"]
