@@ -54,7 +54,7 @@ def test_training_steps_do_not_sync(compile: bool) -> None:
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
-    for batch in batches[:3]:  # warm-up: kernel compilation, compile's static + dynamic graphs
+    for batch in batches[:3]:  # warm-up: Triton kernel compilation, the blocks' graphs
         step(batch)
     torch.cuda.synchronize()
     losses = []
