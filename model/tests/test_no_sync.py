@@ -32,7 +32,7 @@ def _on_cuda(batch: Any) -> Any:
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
-@pytest.mark.parametrize("compile", [False, True])
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
 def test_training_steps_do_not_sync(compile: bool) -> None:
     torch.manual_seed(0)
     # The h200 preset's switches (GDPA FFN, hierarchical pooling, computation skip) at a
