@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -51,7 +52,7 @@ class DistillConfig:
     batch_size: int = 128
     lr: float = 3e-3
     weight_decay: float = 1e-4
-    kd_weights: tuple[float, ...] = (0.5, 0.9)
+    kd_weights: tuple[float, ...] = (0.5, 0.9, 1.0)
     temperature: float = 1.0
     val_fraction: float = 0.1
     patience: int = 6
@@ -149,14 +150,19 @@ def _forward(student: Student, data: ScoredSet, device: torch.device) -> torch.T
 
 def predict(student: Student, data: ScoredSet, *, batch_size: int = 1024,
             device: torch.device | str = "cpu") -> torch.Tensor:
-    """Student probabilities `[N, num_tasks]` (CPU float32)."""
+    """Student probabilities `[N, num_tasks]` (CPU float32), computed on `device` (the student
+    is moved there for the call and back afterwards)."""
     dev = torch.device(device)
-    student.eval()
+    home = student.repr_mean.device
+    student.to(dev).eval()
     out = []
-    with torch.no_grad():
-        for s in range(0, len(data), batch_size):
-            part = data.take(np.arange(s, min(s + batch_size, len(data))))
-            out.append(torch.sigmoid(_forward(student, part, dev)).float().cpu())
+    try:
+        with torch.no_grad():
+            for s in range(0, len(data), batch_size):
+                part = data.take(np.arange(s, min(s + batch_size, len(data))))
+                out.append(torch.sigmoid(_forward(student, part, dev)).float().cpu())
+    finally:
+        student.to(home)
     return torch.cat(out)
 
 
@@ -166,7 +172,8 @@ def _trained_state(model: Student) -> dict[str, torch.Tensor]:
 
 def train_student(method: str, data: ScoredSet, features: Any, *, student: StudentConfig | None = None,
                   train: DistillConfig | None = None, tables: Mapping[str, torch.Tensor] | None = None,
-                  device: torch.device | str = "cpu") -> tuple[Student, dict[str, Any]]:
+                  device: torch.device | str = "cpu",
+                  max_seconds: float | None = None) -> tuple[Student, dict[str, Any]]:
     """Trains one student with `method` on `data`.
 
     Args:
@@ -176,6 +183,9 @@ def train_student(method: str, data: ScoredSet, features: Any, *, student: Stude
         student: base sizes (the method sets repr_dim and share).
         train: DistillConfig.
         tables: `teacher_tables(teacher)`, needed by "sharing" and "combined".
+        max_seconds: wall-time limit of the whole call (None: none), shared equally by the KD
+            weight candidates; a fit that runs out stops (mid-epoch, after at least one step)
+            and keeps its best validated state so far ("stopped_by": "time").
 
     Returns:
         (the student at its best validation epoch (and KD weight), on CPU in eval mode,
@@ -190,8 +200,11 @@ def train_student(method: str, data: ScoredSet, features: Any, *, student: Stude
         raise ValueError(f"{len(data)} training samples leave none after val_fraction={tc.val_fraction}")
     val, tr = data.take(np.sort(perm[:n_val])), perm[n_val:]
     best: tuple[Student, dict[str, Any]] | None = None
-    for a in (tc.kd_weights if kd else (0.0,)):
-        model, info = _fit(cfg, features, tables, data, tr, val, a, tc, dev)
+    weights = tc.kd_weights if kd else (0.0,)
+    t0 = time.perf_counter()
+    for i, a in enumerate(weights):
+        until = math.inf if max_seconds is None else t0 + max_seconds * (i + 1) / len(weights)
+        model, info = _fit(cfg, features, tables, data, tr, val, a, tc, dev, until)
         if best is None or info["val_loss"] < best[1]["val_loss"]:
             best = (model, info)
     assert best is not None
@@ -201,8 +214,10 @@ def train_student(method: str, data: ScoredSet, features: Any, *, student: Stude
 
 
 def _fit(cfg: StudentConfig, features: Any, tables: Mapping[str, torch.Tensor] | None, data: ScoredSet,
-         tr: np.ndarray, val: ScoredSet, a: float, tc: DistillConfig, dev: torch.device) -> tuple[Student, dict[str, Any]]:
-    """One student, KD weight `a` (0: labels only), early-stopped on the validation label loss."""
+         tr: np.ndarray, val: ScoredSet, a: float, tc: DistillConfig, dev: torch.device,
+         until: float = math.inf) -> tuple[Student, dict[str, Any]]:
+    """One student, KD weight `a` (0: labels only), early-stopped on the validation label loss
+    (and stopped at wall time `until`, a perf_counter value)."""
     torch.manual_seed(tc.seed)
     model = Student(cfg, features, tables).to(dev)
     if cfg.repr_dim:
@@ -211,10 +226,13 @@ def _fit(cfg: StudentConfig, features: Any, tables: Mapping[str, torch.Tensor] |
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tc.lr,
                             weight_decay=tc.weight_decay)
     best, best_state, best_epoch, waited, epoch = math.inf, _trained_state(model), 0, 0, 0
+    stopped = "epochs"
     for epoch in range(1, tc.epochs + 1):
         model.train()
         order = rng.permutation(tr)
         for s in range(0, len(order), tc.batch_size):
+            if s and time.perf_counter() > until:
+                break
             part = data.take(order[s:s + tc.batch_size])
             z = _forward(model, part, dev)
             loss = _loss(z, part.labels.to(dev), part.teacher_logits.to(dev) if a > 0 else None, a, tc.temperature)
@@ -230,9 +248,14 @@ def _fit(cfg: StudentConfig, features: Any, tables: Mapping[str, torch.Tensor] |
         else:
             waited += 1
             if waited >= tc.patience:
+                stopped = "patience"
                 break
+        if time.perf_counter() > until:
+            stopped = "time"
+            break
     model.load_state_dict(best_state, strict=False)  # the frozen tables never changed
-    return model, {"epochs": epoch, "best_epoch": best_epoch, "val_loss": best, "kd_weight": a}
+    return model, {"epochs": epoch, "best_epoch": best_epoch, "val_loss": best, "kd_weight": a,
+                   "stopped_by": stopped}
 
 
 def evaluate(probs: torch.Tensor, labels: torch.Tensor, tasks: Sequence[str]) -> dict[str, dict[str, float]]:

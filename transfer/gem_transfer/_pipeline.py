@@ -2,10 +2,16 @@
 
 Data split of one synthetic stream (the same planted function everywhere):
     teacher     blocks [0, T)              the full multi-domain stream
-    students    blocks [0, S), S << T      far fewer samples (a prefix of the teacher's)
+    students    blocks [T, T + S), S << T  far fewer samples, after the teacher's
     held-out    blocks [2^30 / block, +H)  never trained on, >= eval_samples samples
 With Parquet data the row groups play the blocks: held-out = the last row groups holding
->= eval_samples rows, teacher = every other row group, students = the first ones.
+>= eval_samples rows, students = the row groups just before them, teacher = the rest.
+
+The students' samples are ones the teacher did not train on, as a value model trains on
+fresh traffic the foundation model scores: on its own training samples the teacher's
+outputs and tables carry memorized labels (Adagrad moves a rare id's row a full step per
+occurrence), so a student fitting them there learns a leak that the held-out data lack
+(measured in BENCHMARKS.md: sharing and combined lost 0.03-0.05 AUC on overlapping samples).
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ import torch
 
 import gem_data
 import gem_model
-from gem_transfer._distill import METHODS, DistillConfig, ScoredSet, evaluate, predict, train_student
+from gem_transfer._distill import METHODS, DistillConfig, ScoredSet, evaluate, method_config, predict, train_student
 from gem_transfer._scoring import score_to_parquet
 from gem_transfer._student import StudentConfig
 from gem_transfer._teacher import load_teacher, save_teacher, teacher_tables, train_teacher
@@ -45,7 +51,8 @@ class TransferConfig:
             how many samples it saw.
         teacher_batch_blocks: blocks per teacher step (when teacher_tokens is 0).
         teacher_tokens: token budget per teacher step (0: fixed teacher_batch_blocks).
-        teacher_lr: AdamW learning rate of the teacher.
+        teacher_lr: AdamW peak learning rate of the teacher's dense parameters.
+        teacher_table_lr: Adagrad learning rate of the teacher's embedding tables (None: AdamW).
         student_samples: labelled samples every student trains on (validation split included).
         eval_samples: held-out samples every model is scored on (at least this many).
         block_size: samples per synthetic block.
@@ -56,6 +63,12 @@ class TransferConfig:
             of surface d — its student and held-out samples are domain d's only (the teacher
             still trains on every domain). Synthetic data only.
         seed: data seed (planted function) and teacher init.
+        smoke: the preset's code path at toy sizes (short histories, small vocabularies, a
+            narrow teacher of the same architecture): tests the gem preset on a CPU.
+        time_budget: wall seconds for the whole `run_transfer` (None: no limit). The teacher
+            stops at whichever comes first, teacher_seconds or the budget less a reserve for
+            scoring and students (`_REST_SHARE` of it); the students share what remains,
+            each stopping its epochs when its slice is spent.
         student: base student sizes; distill: student training.
     """
 
@@ -66,6 +79,7 @@ class TransferConfig:
     teacher_batch_blocks: int = 1
     teacher_tokens: int = 0
     teacher_lr: float = 3e-3
+    teacher_table_lr: float | None = 0.1
     student_samples: int = 2048
     eval_samples: int = 4096
     block_size: int = 64
@@ -74,6 +88,8 @@ class TransferConfig:
     student_seeds: int = 1
     student_domain: int | None = None
     seed: int = 0
+    smoke: bool = False
+    time_budget: float | None = None
     student: StudentConfig = dataclasses.field(default_factory=StudentConfig)
     distill: DistillConfig = dataclasses.field(default_factory=DistillConfig)
 
@@ -89,8 +105,10 @@ class TransferConfig:
                 raise ValueError(f"TransferConfig.{name}={v!r} must be an int >= 1")
         if isinstance(self.teacher_tokens, bool) or not isinstance(self.teacher_tokens, int) or self.teacher_tokens < 0:
             raise ValueError(f"TransferConfig.teacher_tokens={self.teacher_tokens!r} must be an int >= 0")
-        if self.teacher_seconds is not None and not self.teacher_seconds > 0:
-            raise ValueError(f"TransferConfig.teacher_seconds={self.teacher_seconds!r} must be > 0 or None")
+        for name in ("teacher_seconds", "time_budget"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ValueError(f"TransferConfig.{name}={v!r} must be > 0 or None")
         if self.student_domain is not None and (isinstance(self.student_domain, bool) or self.student_domain < 0):
             raise ValueError(f"TransferConfig.student_domain={self.student_domain!r} must be None or an int >= 0")
         bad = [m for m in self.methods if m not in METHODS]
@@ -101,15 +119,26 @@ class TransferConfig:
                              f"{self.teacher_samples} (students learn from far fewer samples)")
 
 
+# smoke: the gem preset's data and teacher at toy sizes (same features, tasks, domains, layer kinds)
+_SMOKE_DATA: dict[str, Any] = dict(event_vocab=5000, seq_len_mean=48.0, seq_len_min=4, seq_len_cap=192,
+                                   sparse_features=(("user_id", 2000), ("ad_id", 1000), ("advertiser", 200),
+                                                    ("page", 100), ("country", 20)))
+_SMOKE_MODEL: dict[str, Any] = dict(d_model=32, num_heads=2, num_layers=1, emb_dim=8, event_emb_dim=16, ffn_mult=2,
+                                    num_cls=2, num_pma_seeds=2, num_recent=2, head_hidden=32, gdpa_kv_len=4,
+                                    hier_seeds=4, hier_rank=2)
+_REST_SHARE = 0.35  # of time_budget kept for scoring and the students when the teacher trains
+
+
 def data_config(cfg: TransferConfig) -> gem_data.DataConfig:
     if cfg.preset == "tiny":
         return gem_data.presets.tiny(seed=cfg.seed)
-    return gem_data.presets.gem(seed=cfg.seed, seq_len_cap=8192)
+    return gem_data.presets.gem(**{"seed": cfg.seed, "seq_len_cap": 8192, **(_SMOKE_DATA if cfg.smoke else {})})
 
 
 def teacher_config(cfg: TransferConfig, features: Any) -> gem_model.GEMConfig:
     make = gem_model.presets.tiny if cfg.preset == "tiny" else gem_model.presets.h200
-    return make(**gem_model.presets.feature_sizes(features), use_torchrec=False)
+    extra = _SMOKE_MODEL if cfg.smoke and cfg.preset == "gem" else {}
+    return make(**gem_model.presets.feature_sizes(features), use_torchrec=False, **extra)
 
 
 def _blocks_for(source: Any, start: int, samples: int, domain: int | None = None) -> list[int]:
@@ -135,7 +164,7 @@ def _splits(cfg: TransferConfig, dcfg: gem_data.DataConfig) -> tuple[Any, Any, l
         t_blocks = math.ceil(cfg.teacher_samples / cfg.block_size)
         h0 = _HELD_OUT // cfg.block_size
         d = cfg.student_domain
-        return (src, BlockWindow(src, 0, t_blocks), _blocks_for(src, 0, cfg.student_samples, d),
+        return (src, BlockWindow(src, 0, t_blocks), _blocks_for(src, t_blocks, cfg.student_samples, d),
                 _blocks_for(src, h0, cfg.eval_samples, d), dcfg)
     # the preset's DataConfig gives the table sizes; ParquetSource checks the files against it
     psrc = gem_data.ParquetSource(cfg.data[len("parquet:"):], expect=dcfg)
@@ -148,10 +177,16 @@ def _splits(cfg: TransferConfig, dcfg: gem_data.DataConfig) -> tuple[Any, Any, l
     if got < cfg.eval_samples or k == 0:
         raise ValueError(f"data={cfg.data!r}: {sum(rows)} rows cannot hold eval_samples={cfg.eval_samples} "
                          "held-out rows and a training part")
-    train_part = BlockWindow(psrc, 0, k)
     if cfg.student_domain is not None:
         raise ValueError("student_domain is supported with synthetic data only")
-    return psrc, train_part, _blocks_for(train_part, 0, cfg.student_samples), list(range(k, n)), dcfg
+    j, got = k, 0
+    while got < cfg.student_samples and j > 0:
+        j -= 1
+        got += rows[j]
+    if got < cfg.student_samples or j == 0:
+        raise ValueError(f"data={cfg.data!r}: {sum(rows)} rows cannot hold eval_samples={cfg.eval_samples} held-out, "
+                         f"student_samples={cfg.student_samples} student rows and a teacher part")
+    return psrc, BlockWindow(psrc, 0, j), list(range(j, k)), list(range(k, n)), dcfg
 
 
 def run_transfer(cfg: TransferConfig, out_dir: str | os.PathLike[str], *, device: torch.device | str = "cpu",
@@ -175,6 +210,8 @@ def run_transfer(cfg: TransferConfig, out_dir: str | os.PathLike[str], *, device
          "eval_set", "train_set"}}; "objects" holds the live models (the bench measures them)
         and is not JSON.
     """
+    t_start = time.perf_counter()
+    deadline = t_start + cfg.time_budget if cfg.time_budget is not None else math.inf
     out = Path(out_dir)
     stream = log if log is not None else sys.stderr
     dev = torch.device(device)
@@ -188,10 +225,15 @@ def run_transfer(cfg: TransferConfig, out_dir: str | os.PathLike[str], *, device
     if teacher is None:
         torch.manual_seed(cfg.seed)
         model: torch.nn.Module = gem_model.GEMModel(teacher_config(cfg, features)).to(dev)
+        t_secs = cfg.teacher_seconds
+        if cfg.time_budget is not None:
+            left = deadline - time.perf_counter() - _REST_SHARE * cfg.time_budget
+            t_secs = max(1.0, min(t_secs or math.inf, left))
         res["teacher_train"] = train_teacher(model, t_source, batch_blocks=cfg.teacher_batch_blocks,
                                              tokens_per_batch=cfg.teacher_tokens or None,
-                                             lr=cfg.teacher_lr, max_samples=cfg.teacher_samples,
-                                             max_seconds=cfg.teacher_seconds, device=dev, seed=cfg.seed, log=stream)
+                                             lr=cfg.teacher_lr, table_lr=cfg.teacher_table_lr,
+                                             max_samples=cfg.teacher_samples,
+                                             max_seconds=t_secs, device=dev, seed=cfg.seed, log=stream)
         if save_teacher_to is not None:
             save_teacher(model, save_teacher_to)
     elif isinstance(teacher, torch.nn.Module):
@@ -224,13 +266,19 @@ def run_transfer(cfg: TransferConfig, out_dir: str | os.PathLike[str], *, device
     tables = teacher_tables(model) if any(m in ("sharing", "combined") for m in cfg.methods) else None
     students: dict[str, Any] = {}
     live: dict[str, Any] = {}
+    # fits left (KD-loss methods fit once per candidate weight): each student's time slice
+    n_kd = len(cfg.distill.kd_weights)
+    fits = sum(n_kd if method_config(m, cfg.student, 1)[1] else 1 for m in cfg.methods) * cfg.student_seeds
     for method in cfg.methods:
         runs = []
+        per = n_kd if method_config(method, cfg.student, 1)[1] else 1
         for s in range(cfg.student_seeds):
             dc = dataclasses.replace(cfg.distill, seed=cfg.distill.seed + s)
+            secs = None if cfg.time_budget is None else max(0.0, deadline - time.perf_counter()) * per / fits
             st, info = train_student(method, train_set, features, student=cfg.student, train=dc,
-                                     tables=tables, device=dev)
-            info["tasks"] = evaluate(predict(st, eval_set), labels, tasks)
+                                     tables=tables, device=dev, max_seconds=secs)
+            fits -= per
+            info["tasks"] = evaluate(predict(st, eval_set, device=dev), labels, tasks)
             runs.append(info)
             live.setdefault(method, st)
         mean = {t: {k: float(np.mean([r["tasks"][t][k] for r in runs])) for k in ("auc", "ne")} for t in tasks}

@@ -119,10 +119,10 @@ class Student(nn.Module):
                 self.weights[n] = nn.Parameter(w)
             elif cfg.share == "finetune":
                 assert tables is not None
-                self.weights[n] = nn.Parameter(tables[n].detach().float().cpu().clone())
+                self.weights[n] = nn.Parameter(tables[n].detach().float().clone())
             else:
                 assert tables is not None
-                self.register_buffer(f"frozen_{n}", tables[n].detach().float().cpu().clone())
+                self.register_buffer(f"frozen_{n}", tables[n].detach().float().clone())
         widths = {n: int(self.table(n).shape[1]) for n in vocabs}
         self.widths = widths
         fan_in = (sum(widths[n] for n in self.names) + 2 * widths["event"] + self.num_types + 1

@@ -6,9 +6,12 @@ its activation): one `[B, head_hidden]` vector per sample that every task tower 
 captured with a forward hook, so gem_model needs no change. A model whose heads have no
 `bottom` Linear falls back to the mean over the heads' input tokens (`[B, d_model]`).
 
-The teacher training loop is deliberately small (AdamW, linear decay, bf16 autocast on CUDA);
-the full trainer with parallelism and checkpoints is gem_trainer, which transfer may not
-import (dependency direction: transfer -> model, data).
+The teacher training loop is deliberately small; it follows the trainer's recipe with torch's
+own optimizers: Adagrad at a large step (`table_lr`, 0.1) for the embedding tables (a rare id's
+row must move on its few occurrences; AdamW at a transformer's rate leaves the tail untrained,
+gem_trainer/_optim.py measures it), AdamW with a linear warm-up and a cosine decay for the
+rest, bf16 autocast on CUDA. The full trainer with parallelism and checkpoints is gem_trainer,
+which transfer may not import (dependency direction: transfer -> model, data).
 """
 from __future__ import annotations
 
@@ -143,7 +146,10 @@ def load_teacher(path: str | os.PathLike[str], *, device: torch.device | str = "
     blob = torch.load(p, map_location="cpu", weights_only=True)
     if not isinstance(blob, dict) or blob.get("format") != _FORMAT:
         raise ValueError(f"teacher path={str(p)!r} is not a gem_transfer teacher file (format {_FORMAT})")
-    fields = {k: _tuples(v) for k, v in blob["config"].items()}
+    # a field GEMConfig no longer has (a removed option) is dropped: a change that matters to
+    # the weights still fails below, in the strict load_state_dict
+    known = {f.name for f in dataclasses.fields(gem_model.GEMConfig)}
+    fields = {k: _tuples(v) for k, v in blob["config"].items() if k in known}
     cfg = gem_model.GEMConfig(**{**fields, **overrides})
     model = gem_model.GEMModel(cfg)
     model.load_state_dict(blob["state_dict"])
@@ -152,14 +158,33 @@ def load_teacher(path: str | os.PathLike[str], *, device: torch.device | str = "
 
 # ---- training --------------------------------------------------------------------------------
 
+def embedding_tables(model: nn.Module) -> list[torch.Tensor]:
+    """The weights of every nn.Embedding / nn.EmbeddingBag in `model`, each once."""
+    out: list[torch.Tensor] = []
+    for mod in model.modules():
+        if isinstance(mod, (nn.Embedding, nn.EmbeddingBag)) and all(mod.weight is not p for p in out):
+            out.append(mod.weight)
+    return out
+
+
+def _lr_scale(progress: float, warmup: float = 0.02, final: float = 0.1) -> float:
+    """Dense lr multiplier at `progress` in [0, 1]: linear warm-up, then cosine decay to `final`."""
+    if progress < warmup:
+        return max(progress / warmup, 0.01)
+    t = min((progress - warmup) / (1.0 - warmup), 1.0)
+    return final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
 def train_teacher(model: nn.Module, source: Any, *, batch_blocks: int = 1, tokens_per_batch: int | None = None,
-                  lr: float = 3e-3, max_samples: int | None = None, max_seconds: float | None = None,
-                  device: torch.device | str = "cpu", seed: int = 0, log_every: int = 50,
-                  log: Any = None) -> dict[str, Any]:
+                  lr: float = 3e-3, table_lr: float | None = 0.1, max_samples: int | None = None,
+                  max_seconds: float | None = None, device: torch.device | str = "cpu", seed: int = 0,
+                  log_every: int = 50, log: Any = None) -> dict[str, Any]:
     """Trains `model` in place on `source` (one pass), then puts it in eval mode.
 
-    AdamW, BCE on every task, bf16 autocast on CUDA; the learning rate decays linearly to 10 %
-    of `lr` with the progress towards whichever limit ends the run first (samples or seconds).
+    BCE on every task, bf16 autocast on CUDA. Embedding tables: Adagrad at `table_lr` (None:
+    AdamW like the rest); the other parameters: AdamW at `lr` with a linear warm-up over the
+    first 2 % and a cosine decay to 10 %, driven by the progress towards whichever limit ends
+    the run first (samples or seconds).
     Batches come from gem_data's `JaggedLoader` (`batch_blocks` blocks per step, or blocks up to
     `tokens_per_batch` tokens; background prefetch, async host-to-device copy).
 
@@ -169,6 +194,8 @@ def train_teacher(model: nn.Module, source: Any, *, batch_blocks: int = 1, token
             give max_samples), ParquetSource or a BlockWindow.
         batch_blocks: blocks per step (ignored with tokens_per_batch).
         tokens_per_batch: token-budget batching (GEM-like lengths vary 100x between samples).
+        lr: AdamW peak learning rate (dense parameters).
+        table_lr: Adagrad learning rate of the embedding tables; None: they train with AdamW.
         max_samples: stop after this many samples (None: the whole source, which must be finite).
         max_seconds: stop after this much wall time (None: no limit); the summary says how many
             samples were actually seen.
@@ -185,13 +212,19 @@ def train_teacher(model: nn.Module, source: Any, *, batch_blocks: int = 1, token
         raise ValueError(f"{max_samples=} must be >= 1 or None")
     if max_seconds is not None and not max_seconds > 0:
         raise ValueError(f"{max_seconds=} must be > 0 or None")
+    if not lr > 0 or (table_lr is not None and not table_lr > 0):
+        raise ValueError(f"{lr=} must be > 0 and {table_lr=} > 0 or None")
     if source.num_blocks is None and max_samples is None:
         raise ValueError("an endless source (num_blocks=None) needs max_samples")
     dev = torch.device(device)
     out = log if log is not None else sys.stderr
     budget = max_samples if max_samples is not None else source.num_blocks * int(source.lengths(0).shape[0])
     torch.manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    tables = embedding_tables(model) if table_lr is not None else []
+    dense = [p for p in model.parameters() if all(p is not t for t in tables)]
+    opts: list[torch.optim.Optimizer] = [torch.optim.AdamW(dense, lr=lr)]
+    if table_lr is not None and tables:
+        opts.append(torch.optim.Adagrad(tables, lr=table_lr))
     loader = gem_data.JaggedLoader(source, blocks_per_batch=batch_blocks, tokens_per_batch=tokens_per_batch,
                                    device=dev, num_workers=2, prefetch=4, sparse_kind="native", balance=False,
                                    num_epochs=1 if source.num_blocks is not None else None)
@@ -204,14 +237,16 @@ def train_teacher(model: nn.Module, source: Any, *, batch_blocks: int = 1, token
         for batch in loader:
             elapsed = time.perf_counter() - t0
             progress = min(1.0, max(samples / budget, elapsed / max_seconds if max_seconds else 0.0))
-            for g in opt.param_groups:
-                g["lr"] = lr * (1.0 - 0.9 * progress)
+            for g in opts[0].param_groups:
+                g["lr"] = lr * _lr_scale(progress)
             with amp:
                 logits = model(batch)
             loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
-            opt.zero_grad(set_to_none=True)
+            for o in opts:
+                o.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
-            opt.step()
+            for o in opts:
+                o.step()
             steps += 1
             samples += batch.num_samples
             tokens += batch.num_tokens

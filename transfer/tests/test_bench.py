@@ -50,7 +50,8 @@ def test_end_to_end_command_trains_saves_and_reloads(tmp_path: Path, capsys: pyt
 
 
 def test_run_transfer_on_parquet_data(tmp_path: Path) -> None:
-    """`data="parquet:DIR"`: the last row groups are held out, the students take the first ones."""
+    """`data="parquet:DIR"`: the last row groups are held out, the students take the ones just
+    before them, the teacher the rest."""
     import gem_data
     from gem_transfer import read_scores, run_transfer
     from gem_transfer.presets import tiny
@@ -64,14 +65,16 @@ def test_run_transfer_on_parquet_data(tmp_path: Path) -> None:
     assert res["teacher_train"]["samples"] == 512 and res["score"]["eval"]["samples"] == 256
     held = read_scores(tmp_path / "run" / "scores_eval")
     assert sorted(set(held["block"].tolist())) == list(range(24, 32))  # 32 row groups of 32 rows
+    assert sorted(set(read_scores(tmp_path / "run" / "scores_student")["block"].tolist())) == list(range(20, 24))
     assert set(res["students"]) == {"label_only", "sharing"} and "sharing" in res["table"]
 
 
 def test_per_domain_students(tmp_path: Path) -> None:
-    """student_domain=d: every student and held-out sample is from surface d; the teacher saw all."""
+    """student_domain=d: every student and held-out sample is from surface d; the teacher saw all
+    domains, and none of the students' samples (they follow its 4 blocks)."""
     import numpy as np
 
-    from gem_transfer import run_transfer
+    from gem_transfer import read_scores, run_transfer
     from gem_transfer.presets import tiny
 
     cfg = tiny(teacher_samples=256, student_samples=100, eval_samples=200, methods=("label_only",), student_domain=1)
@@ -80,5 +83,36 @@ def test_per_domain_students(tmp_path: Path) -> None:
     assert 100 <= len(tr) < 100 + 64 and 200 <= len(ev) < 200 + 64
     assert (np.asarray(tr.host.domain) == 1).all() and (np.asarray(ev.host.domain) == 1).all()
     assert len(tr) == len(tr.teacher_logits) == len(tr.teacher_repr)
+    assert read_scores(tmp_path / "scores_student")["block"].min() == 256 // 64
     with pytest.raises(ValueError, match="student_domain=-1"):
         tiny(student_domain=-1)
+
+
+def test_gem_preset_smoke_runs_the_gpu_code_path_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--preset gem --smoke`: GEM-like features (3 tasks, 4 domains), the h200 teacher's layer
+    kinds at toy widths, token-budget teacher steps, the time budget, the JSON line."""
+    last = bench(["--preset", "gem", "--smoke", "--out", str(tmp_path), "--device", "cpu", "--time-budget", "120"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(out[-1]) == last and last["preset"] == "gem" and last["smoke"] is True
+    assert set(last["tasks"]) == {"click", "conversion", "engagement"}
+    assert last["time_budget"] == 120.0 and last["seconds"] < 120.0
+    cfg = last["teacher_params"]
+    assert cfg > 0 and last["teacher_train"]["steps"] > 1  # token-budget steps, not one step
+    assert all(r["stopped_by"] in ("epochs", "patience", "time") for v in last["students"].values() for r in v)
+
+
+def test_time_budget_cuts_teacher_and_students(tmp_path: Path) -> None:
+    """A tight time_budget stops the teacher at its share and every student at its slice."""
+    import time
+
+    from gem_transfer import run_transfer
+    from gem_transfer.presets import tiny
+
+    cfg = tiny(teacher_samples=1 << 20, student_samples=256, eval_samples=128, time_budget=5.0,
+               methods=("label_only", "kd"))
+    t0 = time.perf_counter()
+    res = run_transfer(cfg, tmp_path)
+    took = time.perf_counter() - t0
+    assert res["teacher_train"]["stopped_by"] == "seconds" and res["teacher_train"]["samples"] < 1 << 20
+    assert took < 5.0 + 10.0, took  # scoring and evaluation are not budgeted (a busy box); unbudgeted: minutes
+    assert {r["stopped_by"] for v in res["students"].values() for r in v["runs"]} <= {"time", "patience", "epochs"}
