@@ -72,3 +72,15 @@ def test_method_configs_and_errors() -> None:
         DistillConfig(kd_weights=(1.5,))
     with pytest.raises(ValueError, match="val_fraction=1.0"):
         DistillConfig(val_fraction=1.0)
+
+
+def test_max_seconds_stops_each_fit_after_one_step() -> None:
+    """max_seconds=0: every KD-weight fit takes one step, validates it, and stops on time."""
+    data = _oracle_set(range(2))
+    tc = DistillConfig(epochs=50, kd_weights=(0.5, 1.0), batch_size=16, patience=50)
+    st, info = train_student("kd", data, DATA, student=StudentConfig(emb_dim=4), train=tc, max_seconds=0.0)
+    assert info["stopped_by"] == "time" and info["epochs"] == 1 and info["best_epoch"] == 1
+    assert info["kd_weight"] in (0.5, 1.0) and np.isfinite(info["val_loss"])
+    _, free = train_student("label_only", data, DATA, student=StudentConfig(emb_dim=4),
+                            train=DistillConfig(epochs=3, patience=50))
+    assert free["stopped_by"] == "epochs" and free["epochs"] == 3
