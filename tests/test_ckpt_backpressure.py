@@ -30,3 +30,7 @@ def test_fast_writes_save_on_schedule(tmp_path: Path) -> None:
     s = json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("{")][-1])
     assert Checkpointer(str(ck)).steps() == [3, 6]
     assert s["ckpt_delayed_steps"] == 0 and "slower than --ckpt-every" not in res.stderr, s
+    # the cost figures: saves inside the loop (3 and 6 are both in-loop), state size, rate
+    assert s["ckpt_saves"] == 2 and s["ckpt_stall_per_save_s"] >= 0, s
+    assert s["ckpt_state_gb"] > 0 and s["ckpt_write_gb_per_s"] > 0, s
+    assert 0 <= s["ckpt_stall_frac"] < 1 and s["ckpt_prepare_s"] >= 0, s

@@ -202,6 +202,21 @@ class Checkpointer:
         self._thread.start()
         self.last_stall_s = time.perf_counter() - t0
 
+    def prepare(self, state: MutableMapping[str, Any]) -> int:
+        """Allocates the host buffers a save of `state` stages into, now; returns their bytes.
+
+        Optional: without it the first async save() allocates them, and pinned memory for a
+        CUDA state of several GB takes seconds (on the H200 preset the first save stalled
+        3.4 s, later ones 0.3 s). Call it at start-up, after building the state, when a
+        one-off start-up cost is cheaper than a stall in the middle of training. Calling it
+        while a save is writing is an error (the buffers are in use)."""
+        check_state(state)
+        if self.pending is not None:
+            raise CheckpointBusyError(f"prepare() while step {self._inflight} is being written")
+        if not self.async_save:
+            return 0
+        return self._stager.allocate(to_plain(state))
+
     def wait(self) -> None:
         """Blocks until the in-flight save ends; raises CheckpointWriteError if it failed."""
         self._join()

@@ -54,6 +54,7 @@ class Stager:
     def __init__(self) -> None:
         self._buffers: dict[tuple[object, ...], torch.Tensor] = {}
         self._saw_cuda = False
+        self._copy = True
 
     def stage(self, obj: Any) -> Any:
         self._saw_cuda = False
@@ -62,6 +63,17 @@ class Stager:
             torch.cuda.synchronize()  # the writer thread reads these buffers next
         return out
 
+    def allocate(self, obj: Any) -> int:
+        """Makes the buffers `stage(obj)` will use, copying nothing; returns their bytes.
+        Pinned host memory costs about a second per GB to allocate: done ahead of the
+        first save, it keeps that save's stall as short as every later one's."""
+        self._copy = False
+        try:
+            self._stage(obj, ())
+        finally:
+            self._copy = True
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
     def _buffer(self, path: tuple[object, ...], src: torch.Tensor) -> torch.Tensor:
         pin = src.is_cuda
         self._saw_cuda |= pin
@@ -69,7 +81,8 @@ class Stager:
         if buf is None or buf.shape != src.shape or buf.dtype != src.dtype or buf.is_pinned() != pin:
             buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=pin)
             self._buffers[path] = buf
-        buf.copy_(src.detach(), non_blocking=pin)
+        if self._copy:
+            buf.copy_(src.detach(), non_blocking=pin)
         return buf
 
     def _stage(self, obj: Any, path: tuple[object, ...]) -> Any:

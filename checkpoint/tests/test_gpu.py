@@ -21,6 +21,7 @@ def test_cuda_round_trip_pinned_staging(tmp_path: Path) -> None:
     torch.cuda.manual_seed(123)
     state = {"model": model, "optim": optim, "rng": RNGState()}
     ckpt = Checkpointer(tmp_path)
+    assert ckpt.prepare(state) > 3 * 4 * 4096 * 4096 * 4  # pinned ahead of the first save
     ckpt.save(1, state)
     snapshot = {k: v.clone() for k, v in model.state_dict().items()}
     expect = torch.rand(5, device="cuda")

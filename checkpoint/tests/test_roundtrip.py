@@ -83,6 +83,29 @@ def test_async_save_snapshots_at_call_time(tmp_path: Path) -> None:
     assert torch.equal(w2, snapshot) and out["meta"] == {"pos": 3, "hist": [1, 2]}
 
 
+def test_prepare_allocates_the_buffers_save_reuses(tmp_path: Path) -> None:
+    seed = random.randrange(1 << 30)
+    model, optim = trained(seed)
+    state = {"model": model, "optim": optim, "step": 3}
+    release = threading.Event()
+    ckpt = Checkpointer(tmp_path, fault_hook=lambda stage: release.wait(30))  # holds the write
+    nbytes = ckpt.prepare(state)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert nbytes >= 3 * params  # weights + AdamW's two moments
+    before = {k: v.data_ptr() for k, v in ckpt._stager._buffers.items()}
+    snapshot = {k: v.clone() for k, v in model.state_dict().items()}
+    ckpt.save(3, state)
+    assert {k: v.data_ptr() for k, v in ckpt._stager._buffers.items()} == before  # reused, none new
+    with pytest.raises(CheckpointBusyError, match="prepare"):
+        ckpt.prepare(state)  # the buffers are being written from
+    release.set()
+    ckpt.wait()
+    model2, optim2 = trained(seed + 1, steps=0)
+    assert Checkpointer(tmp_path).load({"model": model2, "optim": optim2, "step": 0}) == 3
+    assert all(torch.equal(v, snapshot[k]) for k, v in model2.state_dict().items())
+    assert Checkpointer(tmp_path / "sync", async_save=False).prepare(state) == 0  # nothing staged
+
+
 def test_retention_keep_last_and_every(tmp_path: Path) -> None:
     ckpt = Checkpointer(tmp_path, keep_last=2, keep_every=4)
     for step in range(1, 11):

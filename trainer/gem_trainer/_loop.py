@@ -228,6 +228,43 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig,
                       final_frac=cfg.lr_final_frac)
 
 
+def _compile_counts() -> dict[str, int]:
+    import gem_parallel
+
+    return gem_parallel.Parallelized.compile_counts()
+
+
+def _compile_summary(cfg: TrainConfig, timers: Timers, warm_graphs: int | None) -> dict[str, Any]:
+    """With --compile: graphs compiled and graph breaks (process-wide dynamo counters), and
+    graphs compiled after the warm-up steps per 100 steps (recompiles; 0 when the dynamic
+    shapes cover every batch)."""
+    if not cfg.compile:
+        return {}
+    counts = _compile_counts()
+    late = timers.steps_done - WARMUP_STEPS
+    per100 = 100.0 * (counts["graphs"] - warm_graphs) / late if warm_graphs is not None and late > 0 else None
+    return {"compile_graphs": counts["graphs"], "compile_graph_breaks": counts["graph_breaks"],
+            "recompiles_per_100_steps": per100}
+
+
+def _ckpt_summary(ckpt: Checkpointer | None, timers: Timers) -> dict[str, Any]:
+    """What checkpoints cost this run: saves inside the loop, the median stall of one, the
+    state size and the storage's write rate (last write), and the stalls' share of the
+    loop's wall time (`ckpt_stall_frac`; the end-of-run flush is `ckpt_final_wait_s`)."""
+    if ckpt is None:
+        return {}
+    saves = timers.ckpt_saves
+    loop_s = timers.compute + timers.optimizer + timers.data_wait + timers.ckpt_stall
+    return {
+        "ckpt_saves": len(saves),
+        "ckpt_stall_per_save_s": statistics.median(saves) if saves else None,
+        "ckpt_stall_frac": timers.ckpt_stall / loop_s if loop_s > 0 else 0.0,
+        "ckpt_prepare_s": timers.extra.get("ckpt_prepare_s", 0.0),
+        "ckpt_state_gb": timers.extra.get("ckpt_state_bytes", 0) / 1e9,
+        "ckpt_write_gb_per_s": ckpt.last_bytes / 1e9 / ckpt.last_write_s if ckpt.last_write_s else None,
+    }
+
+
 def _sparse_summary(cfg: TrainConfig, world: int, synced: bool) -> dict[str, Any] | None:
     """How the tables were placed: sharding type, model-parallel group size, replicas."""
     if cfg.sparse_sharding == "none":
@@ -365,6 +402,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     # the host waits on the loss, and the optimizer runs while the host fetches the next batch
     # (no other host sync in the step). A non-finite step then drops its gradients. Sharded
     # tables update inside backward (fused optimizers), so there the check comes first.
+    warm_graphs: int | None = None  # dynamo's graph count at the end of the warm-up steps
     save_due, warned_slow_ckpt = False, False  # checkpoint back-pressure (see the save below)
     late_check = cfg.sparse_sharding == "none"  # (2-D replica sync implies sharded tables)
     opt_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
@@ -436,6 +474,8 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             flops = _flops(model, batch)
             timers.model_flops += 3.0 * flops
             timers.step_s.append(t3 - t0)
+            if cfg.compile and timers.steps_done == WARMUP_STEPS:
+                warm_graphs = _compile_counts()["graphs"]
             if timers.steps_done > WARMUP_STEPS:
                 timers.steady_flops += 3.0 * flops
                 timers.steady_s += t3 - t0
@@ -446,6 +486,14 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{last_loss:.4f}")
+            if ckpt is not None and timers.steps_done == 1:
+                # Allocate the (pinned) staging buffers now, in a warm-up step, not in the
+                # first save: ~1 s per GB of state (3.4 s on the h200 preset). After the first
+                # step, because the optimizer state exists only from then on.
+                t4 = time.perf_counter()
+                ckpt_bytes = ckpt.prepare(state)
+                timers.extra["ckpt_prepare_s"] = time.perf_counter() - t4
+                timers.extra["ckpt_state_bytes"] = ckpt_bytes
             save_due = save_due or (ckpt is not None and step % cfg.ckpt_every == 0)
             if ckpt is not None and save_due and busy_sum > 0 and not stop_signum:
                 # Back-pressure (issue #16): the previous write has not finished, so saving now
@@ -464,6 +512,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
                 ckpt.save(step, state)
                 stall = time.perf_counter() - t4
                 timers.ckpt_stall += stall
+                timers.ckpt_saves.append(stall)
                 if timers.steps_done > WARMUP_STEPS:
                     timers.steady_s += stall  # end to end: checkpoint stalls count
             if stop_signum:
@@ -507,6 +556,8 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         "data_wait_frac": timers.data_wait / busy if busy > 0 else 0.0,
         "ckpt_stall_s": timers.ckpt_stall,
         "ckpt_final_wait_s": timers.extra.get("ckpt_final_wait_s", 0.0),
+        **_ckpt_summary(ckpt, timers),
+        **_compile_summary(cfg, timers, warm_graphs),
         # steps on which a due save waited for the previous write (back-pressure, not a stall)
         "ckpt_delayed_steps": int(timers.extra.get("ckpt_delayed_steps", 0)),
         "compute_s": timers.compute,

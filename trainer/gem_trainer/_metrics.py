@@ -25,6 +25,7 @@ class Timers:
     compute: float = 0.0
     optimizer: float = 0.0
     ckpt_stall: float = 0.0
+    ckpt_saves: list[float] = field(default_factory=list)  # stall of each save inside the loop
     total: float = 0.0
     first_step: float | None = None
     samples: int = 0
