@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Issue 18 on a 2-GPU machine in one call (no Bazel, no network, no torchrec):
-#   1. comms bench `--quick` (probe of the copy-engine primitives, results vs NCCL, busbw, matmul
-#      slowdown); its working flag mode is passed on to the trainer runs (GEM_COMMS_SIGNAL);
-#   2. trainer/tests/test_multi_gpu.py: the end of a 2-GPU run under NCCL (evaluation, summary,
+#   1. the full comms bench first (probe of the copy-engine primitives, results vs NCCL, busbw,
+#      matmul slowdown beside each all-gather, then all-to-all, reduce-scatter, lanes, host
+#      cost); its working flag mode is passed on to the trainer runs (GEM_COMMS_SIGNAL);
+#   2. h200 preset, 60 steps: 1 GPU, 2 GPUs --comms nccl, 2 GPUs --comms copy_engine;
+#   3. trainer/tests/test_multi_gpu.py: the end of a 2-GPU run under NCCL (evaluation, summary,
 #      checkpoint, resume), FSDP all-gathers through NCCL and through copy engines;
-#   3. h200 preset, 60 steps: 1 GPU, 2 GPUs --comms nccl, 2 GPUs --comms copy_engine;
-#   4. the full comms bench if the budget still allows it;
-#   5. a compact final table (tools/multi_gpu_table.py).
+#   4. a compact final table (tools/multi_gpu_table.py).
 # Every stage runs under `timeout` and writes $OUT/<stage>.log; this script's own output is
-# tee'd to $OUT/multi_gpu.log. Typical total ~400 s; the stage limits are cut to the budget
-# (default 560 s, first argument), so it ends before a 600 s call limit whatever hangs.
-# Usage (repo root, on the GPU box): OUT=/some/dir bash tools/multi_gpu.sh [BUDGET_S]
+# tee'd to $OUT/multi_gpu.log. The stage limits are cut to the budget (first argument, else
+# $BUDGET, else 560 s), so it ends before the call limit whatever hangs; a stage that would get
+# less than 30 s is skipped. Typical: bench ~60 s, each h200 run ~45 s, the trainer test ~100 s.
+# Usage (repo root, on the GPU box): OUT=/some/dir BUDGET=300 bash tools/multi_gpu.sh
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/multi_gpu}
@@ -21,7 +22,7 @@ export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | sort -u | paste -sd:)
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 # NVLink multicast stays off on the lent machines (KINDS.md): keep it so in every child.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-budget=${1:-560}
+budget=${1:-${BUDGET:-560}}
 t0=$SECONDS
 left() { echo $(( budget - (SECONDS - t0) )); }
 
@@ -48,33 +49,26 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 nvidia-smi topo -m 2>/dev/null | head -n 4
 python3 -c "import torch; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'p2p 0->1', torch.cuda.device_count() > 1 and torch.cuda.can_device_access_peer(0, 1))"
 
-# 1. comms bench, quick (the probe says which flag placement works; the trainer runs use it)
+# 1. the full comms bench first (the probe says which flag placement works; the trainer runs
+#    use it). 32 hardware queues: a matmul stream must not share one with a copy-engine lane
+#    waiting on a flag (the bench sets the same default itself).
 rm -f "$OUT/comms_multi_gpu.json"
-run comms_quick 90 "${torchrun2[@]}" -m gem_comms.bench.multi_gpu --quick --watchdog 60
-[ -f "$OUT/comms_multi_gpu.json" ] && cp "$OUT/comms_multi_gpu.json" "$OUT/comms_multi_gpu_quick.json"
-sig=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1])).get('signal') or '')" "$OUT/comms_multi_gpu_quick.json" 2>/dev/null)
+lim=$(( $(left) - 20 )); (( lim > 150 )) && lim=150
+run comms_full "$lim" env CUDA_DEVICE_MAX_CONNECTIONS=32 "${torchrun2[@]}" -m gem_comms.bench.multi_gpu --watchdog $(( lim - 15 ))
+[ -f "$OUT/comms_multi_gpu.json" ] && cp "$OUT/comms_multi_gpu.json" "$OUT/comms_multi_gpu_full.json"
+sig=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1])).get('signal') or '')" "$OUT/comms_multi_gpu_full.json" 2>/dev/null)
 if [ -n "$sig" ]; then export GEM_COMMS_SIGNAL=$sig; echo "GEM_COMMS_SIGNAL=$sig (from the probe)"; fi
 
-# 2. the end of a 2-GPU trainer run (evaluation, summary, checkpoint, resume)
-run trainer_multi_gpu_test 170 python3 -m pytest -q -rA -x trainer/tests/test_multi_gpu.py
-
-# 3. scaling: h200 preset, 60 steps, 1 GPU vs 2 GPUs (HSDP) through NCCL and copy engines
+# 2. scaling: h200 preset, 60 steps, 1 GPU vs 2 GPUs (HSDP) through NCCL and copy engines
 common=(--preset h200 --steps 60 --eval-batches 0 --no-progress --log-every 1)
 rm -rf "$OUT"/h200_1gpu "$OUT"/h200_2gpu_nccl "$OUT"/h200_2gpu_copy_engine
 run h200_1gpu 110 python3 -m gem_trainer "${common[@]}" --log-dir "$OUT/h200_1gpu"
 run h200_2gpu_nccl 110 "${torchrun2[@]}" -m gem_trainer "${common[@]}" --comms nccl --log-dir "$OUT/h200_2gpu_nccl"
 run h200_2gpu_copy_engine 110 "${torchrun2[@]}" -m gem_trainer "${common[@]}" --comms copy_engine --log-dir "$OUT/h200_2gpu_copy_engine"
 
-# 4. the full comms bench, if the budget allows (its limit is cut to what is left)
-if (( $(left) >= 110 )); then
-  rm -f "$OUT/comms_multi_gpu.json"
-  wd=$(( $(left) - 35 )); (( wd > 185 )) && wd=185
-  run comms_full 200 "${torchrun2[@]}" -m gem_comms.bench.multi_gpu --watchdog $wd
-  [ -f "$OUT/comms_multi_gpu.json" ] && cp "$OUT/comms_multi_gpu.json" "$OUT/comms_multi_gpu_full.json"
-else
-  echo "=== comms_full skipped: $(left) s of the budget left"
-fi
+# 3. the end of a 2-GPU trainer run (evaluation, summary, checkpoint, resume)
+run trainer_multi_gpu_test 170 python3 -m pytest -q -rA -x trainer/tests/test_multi_gpu.py
 
-# 5. compact table, last
+# 4. compact table, last
 echo "=== summary ($(( SECONDS - t0 )) s)"
 python3 tools/multi_gpu_table.py "$OUT"

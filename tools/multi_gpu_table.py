@@ -118,7 +118,11 @@ def main(out: str) -> dict[str, Any]:
                                         for r in ag],
                 "ag_ce_over_nccl_ge64MiB": min((r["ce_busbw_gbs"] / r["ref_busbw_gbs"] for r in big), default=None),
                 "mm_slowdown_ce_pct": mm.get("beside copy_engine all-gather"),
-                "mm_slowdown_nccl_pct": mm.get("beside NCCL all-gather"), "error": bench.get("error")}
+                "mm_slowdown_nccl_pct": mm.get("beside NCCL all-gather"),
+                "mm_tflops_busbw_during": [(r["scenario"], round(r["tflops"], 1),
+                                            round(r.get("comm_busbw_during_gbs", 0.0), 1))
+                                           for r in st.get("interference", [])],
+                "error": bench.get("error")}
         summary[name] = head
         print(json.dumps(head))
     print("stage rc / wall s: " + ", ".join(f"{k} {v}" for k, v in rcs.items()))

@@ -64,14 +64,17 @@ def resolve_backend(
     *,
     reduction: bool = False,
     timeout: float | None = None,
+    nbytes: int | None = None,
 ) -> str:
     """The backend a collective on `tensor` over `group` will use.
 
     `auto`: no process group (a world of one) -> copy_engine; CPU tensors -> gloo; CUDA
     tensors -> copy_engine when every rank of the group is on this host and all their GPUs
     have peer access, else nccl. Reductions (`reduction=True`) on more than one rank -> nccl.
-    The decision is collective for CUDA tensors on first use (all ranks must call it) and
-    identical on every rank.
+    With `nbytes` (bytes per rank, identical on every rank: all-gather passes its input's),
+    fewer than `configure(auto_min_bytes=)` (64 MiB) on more than one rank -> nccl, where
+    the copy-engine path is host-bound and slower. The decision is collective for CUDA
+    tensors on first use (all ranks must call it) and identical on every rank.
 
     Raises:
         ValueError: unknown backend, or a backend that cannot serve `tensor`'s device.
@@ -100,7 +103,8 @@ def resolve_backend(
         return "copy_engine"
     if dev.type == "cpu":
         return "gloo"
-    if reduction and dist.get_world_size(group) > 1:
+    if dist.get_world_size(group) > 1 and (
+            reduction or (nbytes is not None and nbytes < _peer._config.auto_min_bytes)):
         return "nccl"
     pg = _peer.get_peer_group(group, dev, _limit(timeout))
     return "copy_engine" if pg.one_host and pg.peer_access else "nccl"
@@ -192,7 +196,6 @@ def all_gather_into_tensor(
     check_pair(output_tensor, input_tensor)
     rank, world = _peer.world_of(group)
     check_gather(output_tensor, input_tensor, world)
-    b = resolve_backend(input_tensor, group, backend, timeout=timeout)
     n = input_tensor.numel()
     plan = _peer.Plan(
         op="all_gather_into_tensor",
@@ -203,6 +206,12 @@ def all_gather_into_tensor(
         send_names=("input_tensor.numel()", "output_tensor.numel() / world_size"),
         send_whole_input=True,
     )
+    nbytes = n * input_tensor.element_size()
+    if backend == "auto" and world > 1 and _device(input_tensor).type == "cuda":
+        # The size rule below must pick alike on every rank: check first that every rank
+        # gathers the same size (the usual ValueError otherwise; once per signature).
+        _peer.torch_channel(group).agree(plan, _limit(timeout))
+    b = resolve_backend(input_tensor, group, backend, timeout=timeout, nbytes=nbytes)
     if b != "copy_engine":
         return _via_torch("all_gather_into_tensor", b, plan, group, async_op, timeout,
                           _device(input_tensor), output_tensor, input_tensor)

@@ -74,11 +74,16 @@ class Config:
             writer writes its own flags, the reader's stream waits on the writer's memory (a
             remote wait). Same protocol, two ways of crossing the link; the multi_gpu bench
             probes both (env GEM_COMMS_SIGNAL sets the default).
+        auto_min_bytes: `backend="auto"` moves an all-gather of fewer bytes per rank than
+            this through NCCL: below it the copy-engine path is host-bound (a dozen driver
+            calls from Python per lane) and NCCL is faster; at and above it copy engines
+            match or beat NCCL's bus bandwidth (crossover measured in BENCHMARKS.md).
     """
 
     lanes: int = 4
     lane_min_bytes: int = 4 << 20
     signal: str = os.environ.get("GEM_COMMS_SIGNAL", "push")
+    auto_min_bytes: int = 64 << 20
 
 
 _config = Config()
@@ -88,16 +93,19 @@ SIGNALS = ("push", "poll")
 
 
 def configure(*, lanes: int | None = None, lane_min_bytes: int | None = None,
-              signal: str | None = None) -> Config:
+              signal: str | None = None, auto_min_bytes: int | None = None) -> Config:
     """Sets the copy-engine tuning for groups set up afterwards (call `release` first)."""
     global _config
     new = Config(lanes=_config.lanes if lanes is None else lanes,
                  lane_min_bytes=_config.lane_min_bytes if lane_min_bytes is None else lane_min_bytes,
-                 signal=_config.signal if signal is None else signal)
+                 signal=_config.signal if signal is None else signal,
+                 auto_min_bytes=_config.auto_min_bytes if auto_min_bytes is None else auto_min_bytes)
     if isinstance(new.lanes, bool) or not isinstance(new.lanes, int) or not 1 <= new.lanes <= 32:
         raise ValueError(f"lanes={new.lanes!r} must be an int in [1, 32]")
     if not isinstance(new.lane_min_bytes, int) or new.lane_min_bytes < 1:
         raise ValueError(f"lane_min_bytes={new.lane_min_bytes!r} must be a positive int")
+    if isinstance(new.auto_min_bytes, bool) or not isinstance(new.auto_min_bytes, int) or new.auto_min_bytes < 0:
+        raise ValueError(f"auto_min_bytes={new.auto_min_bytes!r} must be a non-negative int")
     if new.signal not in SIGNALS:
         raise ValueError(f"signal={new.signal!r} must be one of {SIGNALS}")
     _config = new

@@ -34,15 +34,29 @@ def test_cpu_run_prints_stages_rows_and_json(tmp_path: Path, signal: str) -> Non
     res = _bench(tmp_path, "--signal-mode", signal)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     for rank in (0, 1):
-        for stage in ("init", "all_gather", "all_to_all", "reduce_scatter", "lanes", "host", "release"):
+        for stage in ("init", "all_gather", "all_to_all", "reduce_scatter", "lanes", "host", "interference", "release"):
             assert f"rank {rank}: stage {stage}" in res.stdout, (rank, stage)
     assert "| all_gather (busbw) | 0.5 MiB/rank | True |" in res.stdout
     last = json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("{")][-1])
     assert last["ok"] is True and last["signal"] == signal
     saved = _json(tmp_path)
     stages = saved["stages"]
-    assert isinstance(stages, dict) and set(stages) == {"all_gather", "all_to_all", "reduce_scatter", "lanes", "host"}
+    assert isinstance(stages, dict) and set(stages) == {"all_gather", "all_to_all", "reduce_scatter", "lanes", "host",
+                                                     "interference"}
     assert all(r["equal_to_ref"] for r in stages["all_gather"]) and stages["all_to_all"]["equal_to_ref"]
+
+
+def test_interference_ranks_issue_the_same_collectives(tmp_path: Path) -> None:
+    """Rank 1's matmul windows take 20 ms longer, so the ranks would size the run of collectives
+    beside them differently (locally: 67 vs 9); they must issue the same count, or the
+    copy-engine rank with the larger one waits for flags its peer never writes (the stage hung
+    so on 2 H200; with the local count this test times out)."""
+    res = _bench(tmp_path, "--stage-timeout", "20", "--skip", "all_to_all,reduce_scatter,lanes,host",
+                 stall="interference_matmul:1:0.02", limit=90)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    rows = _json(tmp_path)["stages"]["interference"]  # type: ignore[index]
+    assert [r["scenario"] for r in rows] == ["matmul alone", "beside copy_engine all-gather", "beside gloo all-gather"]
+    assert all(r["count"] > 2 for r in rows[1:])  # sized by rank 1's longer window
 
 
 def test_late_rank_fails_the_stage_by_its_deadline(tmp_path: Path) -> None:

@@ -133,6 +133,41 @@ def test_lane_layout_covers_every_chunk_without_overlap() -> None:
             assert all(e <= lay.lane_bytes[j] for _, e in staged)
 
 
+def test_auto_moves_small_all_gathers_through_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`auto` on CUDA, 2 ranks on one host with peer access: all-gathers under auto_min_bytes
+    per rank go through NCCL (the copy-engine path is host-bound there), larger ones through
+    copy engines; reductions stay on NCCL; a world of one always copies locally."""
+    from gem_comms import _api, _peer
+
+    class OneHost:
+        one_host = peer_access = True
+
+    monkeypatch.setattr(_api, "_device", lambda t: torch.device("cuda", 0))
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    world = [2]
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: world[0])
+    monkeypatch.setattr(_peer, "get_peer_group", lambda *a: OneHost())
+    x = torch.empty(1)
+    limit = _peer._config.auto_min_bytes
+    assert limit == 64 << 20
+    assert gc.resolve_backend(x) == "copy_engine"  # no size: the group's transport
+    for nbytes, expect in ((0, "nccl"), (1, "nccl"), (limit - 1, "nccl"), (limit, "copy_engine"),
+                           (limit + 1, "copy_engine")):
+        assert gc.resolve_backend(x, nbytes=nbytes) == expect, nbytes
+        assert gc.resolve_backend(x, backend="copy_engine", nbytes=nbytes) == "copy_engine"
+    assert gc.resolve_backend(x, reduction=True, nbytes=limit) == "nccl"
+    keep = _peer._config
+    try:
+        _peer.configure(auto_min_bytes=0)
+        assert gc.resolve_backend(x, nbytes=1) == "copy_engine"
+    finally:
+        _peer._config = keep
+    world[0] = 1
+    assert gc.resolve_backend(x, nbytes=1) == "copy_engine"
+    with pytest.raises(ValueError, match="auto_min_bytes=-1 must be a non-negative int"):
+        _peer.configure(auto_min_bytes=-1)
+
+
 def test_configure_and_driver_errors_are_clear() -> None:
     from gem_comms import _cuda, _peer
 

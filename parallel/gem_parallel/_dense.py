@@ -70,8 +70,9 @@ def comms_all_gather(backend: str, timeout: float | None = None) -> Any:
     """An FSDP2 ``AllGather`` (``torch.distributed.fsdp`` custom collective) over ``gem_comms``.
 
     Args:
-        backend: ``gem_comms`` backend: "auto" (copy engines on one host with peer access,
-            else NCCL; gloo on CPU) or "copy_engine" (also on CPU, over shared memory).
+        backend: ``gem_comms`` backend: "auto" (per call: NCCL under 64 MiB per rank,
+            copy engines at and above it on one host with peer access, else NCCL; gloo on
+            CPU) or "copy_engine" (also on CPU, over shared memory).
         timeout: forwarded to ``gem_comms`` (None: stream-ordered, no host wait).
 
     Raises:
@@ -163,8 +164,11 @@ def apply_hsdp(model: nn.Module, mesh: Meshes | DeviceMesh, *,
         comms: who moves the parameter all-gathers: ``"nccl"`` (FSDP's own collective on
             the group's backend: NCCL on GPU, gloo on CPU), ``"copy_engine"``
             (``gem_comms`` copy engines; on CPU host shared memory) or ``"auto"``
-            (``gem_comms`` picks: copy engines when the shard group is on one host with
-            GPU peer access, else NCCL; gloo on CPU). Reduce-scatter stays on the group.
+            (``gem_comms`` picks per all-gather: NCCL for shards under
+            ``gem_comms`` ``auto_min_bytes`` (64 MiB per rank, where the copy-engine
+            path is host-bound and slower), copy engines at and above it when the shard
+            group is on one host with GPU peer access, else NCCL; gloo on CPU).
+            Reduce-scatter stays on the group.
 
     Returns:
         ``model`` (now an ``FSDPModule``): parameters are DTensors placed

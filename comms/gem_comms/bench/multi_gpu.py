@@ -11,11 +11,12 @@ starts, so a hang names its stage:
             memory for the peer's own write ("poll"). The rows after it use a mode that passed;
   all_gather  FSDP sizes (bf16, MiB per rank): copy_engine result == NCCL's, bus bandwidth of
             each (busbw = (world-1)/world x output bytes / time, nccl-tests' rule);
+  interference  an 8192^3 bf16 matmul stream alone and beside back-to-back all-gathers
+            (the same count on every rank);
   all_to_all  uneven splits (the embedding exchange): result == NCCL's, bandwidth;
   reduce_scatter  copy_engine (copies + one SM sum) close to NCCL's;
   lanes     side streams a transfer is split over, at the largest size;
-  host      host time per 4 KiB call, steady state;
-  interference  an 8192^3 bf16 matmul stream alone and beside back-to-back all-gathers.
+  host      host time per 4 KiB call, steady state.
 Every host wait has a deadline and the ranks agree through the c10d store (not through NCCL,
 whose kernels could queue behind a stuck copy-engine stream); the first copy-engine failure
 stops the run with its reason. A watchdog (`faulthandler`) prints every thread's stack on
@@ -390,56 +391,104 @@ def stage_host(b: Bench) -> dict[str, Any]:
     return res
 
 
+def window_count(b: Bench, alone_s: float, one_s: float) -> int:
+    """Collectives to issue beside the matmul window: one before it starts and enough to cover
+    it (1.3x its time), **the same on every rank** (the largest any rank asks for).
+
+    Each rank times its own matmul and its own collective, so a count computed locally differs
+    between ranks; with copy engines the rank that issued more collectives then waits on GPU
+    flags for calls its peer never made (how the stage hung on 2 H200, BENCHMARKS.md)."""
+    mine = max(2, 1 + math.ceil(1.3 * alone_s / one_s)) if one_s > 0 else 2
+    return int(max(b.agree(mine, "interference: count")))
+
+
 def stage_interference(b: Bench) -> list[dict[str, Any]]:
-    """Matmul TFLOP/s alone and while back-to-back all-gathers run beside it on another stream."""
-    size, mm_iters, windows = 8192, (20 if b.quick else 60), (1 if b.quick else 3)
+    """Matmul TFLOP/s alone and while back-to-back all-gathers run beside it on another stream.
+
+    Every rank issues the same collectives (`window_count`). On CPU (the plumbing test) the
+    "streams" are the host: the collectives run before the matmuls, so its slowdown means
+    nothing, but the per-rank counts and the copy-engine flags are the GPU run's."""
+    size = 8192 if b.cuda else 256
+    mm_iters, windows = (20 if b.quick else 60), (1 if b.quick else 3)
     a = torch.randn(size, size, device=b.device, dtype=torch.bfloat16)
     bm = torch.randn(size, size, device=b.device, dtype=torch.bfloat16)
     c = torch.empty_like(a)
-    n = ((64 if b.quick else 256) << 20) // 2
+    n = ((64 if b.quick else 256) << 20) // 2 if b.cuda else (256 << 10) // 2
     x = torch.randn(n, device=b.device, dtype=torch.bfloat16)
     out = torch.empty(b.world * n, device=b.device, dtype=torch.bfloat16)
-    mm_s, comm_s = torch.cuda.Stream(), torch.cuda.Stream()  # type: ignore[no-untyped-call]
     flops = 2 * size**3 * mm_iters
 
-    def window(comm: Callable[[], object] | None, count: int) -> tuple[float, float, bool]:
+    def window_cpu(comm: Callable[[], object] | None, count: int) -> tuple[float, float, bool]:
+        b.agree(0, "interference: window")
+        t0 = time.perf_counter()
+        if comm is not None:
+            for _ in range(count):
+                comm()
+        t_comm = time.perf_counter() - t0
+        for _ in range(mm_iters):
+            torch.mm(a, bm, out=c)
+        _stall("interference_matmul", b.rank)
+        return time.perf_counter() - t0 - t_comm, t_comm, True
+
+    def window_cuda(comm: Callable[[], object] | None, count: int) -> tuple[float, float, bool]:
+        """The matmuls start once the first collective is done (the rest are then queued
+        behind it) and are timed from their own start: a copy-engine call costs ~0.1 ms of
+        host time, so timing from a common start would charge the matmul with the host's
+        time to queue the collectives, not with their interference."""
         b.sync("interference: before window")
         b.agree(0, "interference: window")
-        e0 = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        e_mm = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        e_comm = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]  # type: ignore[no-untyped-call]
+        e0, e_mm0, e_mm, e_comm = ev
         e0.record()
         mm_s.wait_event(e0)
         comm_s.wait_event(e0)
         if comm is not None:
             with torch.cuda.stream(comm_s):
-                for _ in range(count):
-                    comm()
-                e_comm.record()
+                comm()
+                first = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                first.record()
+            mm_s.wait_event(first)
         with torch.cuda.stream(mm_s):
+            e_mm0.record()
             for _ in range(mm_iters):
                 torch.mm(a, bm, out=c)
             e_mm.record()
+        if comm is not None:
+            with torch.cuda.stream(comm_s):
+                for _ in range(count - 1):
+                    comm()
+                e_comm.record()
         b.wait_event(e_mm, "interference: matmul")
         if comm is not None:
-            b.wait_event(e_comm, "interference: collectives")
-        t_mm = e0.elapsed_time(e_mm) / 1e3
-        t_comm = e0.elapsed_time(e_comm) / 1e3 if comm is not None else 0.0
-        return t_mm, t_comm, comm is None or t_comm >= t_mm
+            b.wait_event(e_comm, f"interference: {count} collectives")
+        # the next window's (or stage's) work on the default stream comes after both
+        torch.cuda.current_stream().wait_stream(mm_s)
+        torch.cuda.current_stream().wait_stream(comm_s)
+        t_mm = e_mm0.elapsed_time(e_mm) / 1e3
+        if comm is None:
+            return t_mm, 0.0, True
+        t_comm = e0.elapsed_time(e_comm) / 1e3
+        return t_mm, t_comm, e0.elapsed_time(e_comm) >= e0.elapsed_time(e_mm)
 
+    if b.cuda:
+        mm_s, comm_s = torch.cuda.Stream(), torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    window = window_cuda if b.cuda else window_cpu
+    window(None, 0)  # warm-up (cuBLAS set-up, clocks): --quick times a single window
     alone = statistics.median(window(None, 0)[0] for _ in range(windows))
     rows: list[dict[str, Any]] = [{"scenario": "matmul alone", "tflops": flops / alone / 1e12, "slowdown_pct": 0.0}]
     b.row(f"| matmul alone | {rows[0]['tflops']:.1f} | - | - | - |")
     for name, fn in (("beside copy_engine all-gather", lambda: gc.all_gather_into_tensor(out, x, backend="copy_engine")),
-                     ("beside NCCL all-gather", lambda: dist.all_gather_into_tensor(out, x))):
+                     ("beside NCCL all-gather" if b.cuda else "beside gloo all-gather",
+                      lambda: b.ref("all_gather_into_tensor", out, x))):
         b.say(f"interference {name}")
         t_one = b.timeit(fn, 5, f"interference {name}", reps=1)
-        count = max(2, math.ceil(1.3 * alone / t_one))
+        count = window_count(b, alone, t_one)
         runs = [window(fn, count) for _ in range(windows)]
         t_mm = statistics.median(r[0] for r in runs)
+        t_comm = statistics.median(r[1] for r in runs)
         r = {"scenario": name, "tflops": flops / t_mm / 1e12, "slowdown_pct": 100 * (t_mm / alone - 1),
-             "covered": all(r[2] for r in runs),
-             "comm_busbw_during_gbs": (b.world - 1) * n * 2 * count / 1e9 / statistics.median(r[1] for r in runs)}
+             "covered": all(r[2] for r in runs), "count": count,
+             "comm_busbw_during_gbs": _busbw(b.world, 2 * b.world * n * count, t_comm)}
         rows.append(r)
         b.row(f"| {name} | {r['tflops']:.1f} | {r['slowdown_pct']:.1f} % | {r['covered']} | "
               f"{r['comm_busbw_during_gbs']:.1f} |")
@@ -465,11 +514,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 STAGES: tuple[tuple[str, Callable[[Bench], Any], bool], ...] = (
     # (name, function, needs CUDA)
     ("all_gather", stage_all_gather, False),
+    ("interference", stage_interference, False),  # the figure still missing, so early
     ("all_to_all", stage_all_to_all, False),
     ("reduce_scatter", stage_reduce_scatter, False),
     ("lanes", stage_lanes, False),
     ("host", stage_host, False),
-    ("interference", stage_interference, True),
 )
 
 
@@ -485,6 +534,10 @@ def main(argv: list[str] | None = None) -> int:
     rank_env = os.environ.get("RANK", "?")
     print(f"rank {rank_env}: stage init (watchdog {watchdog:.0f} s)", flush=True)
     if cuda:
+        # Before the CUDA context exists: torch's stream pool maps its streams onto this many
+        # hardware queues (default 8), and a matmul stream sharing a queue with a copy-engine
+        # lane that waits on a flag waits with it, which would time the queue, not the SMs.
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         device = torch.device("cuda", torch.cuda.current_device())
         dist.init_process_group("nccl", device_id=device)
@@ -497,7 +550,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     skip = {s for s in args.skip.split(",") if s}
     if cuda:
-        b.res.update(gpu=torch.cuda.get_device_name(), nccl=".".join(map(str, torch.cuda.nccl.version())))  # type: ignore[no-untyped-call]
+        b.res.update(connections=os.environ["CUDA_DEVICE_MAX_CONNECTIONS"],
+                     gpu=torch.cuda.get_device_name(), nccl=".".join(map(str, torch.cuda.nccl.version())))  # type: ignore[no-untyped-call]
     b.agree(0, "init")
     # started together on every rank (just met at the store): each prints its stacks and exits
     faulthandler.dump_traceback_later(watchdog, exit=True)
@@ -519,12 +573,14 @@ def main(argv: list[str] | None = None) -> int:
         elif args.signal != "auto":
             _peer.configure(signal=args.signal)
         b.res["signal"] = _peer._config.signal
-        b.res["auto_picks"] = gc.resolve_backend(torch.empty(1, device=device))  # collective on CUDA
+        b.res["auto_picks"] = {f"{mib} MiB/rank all-gather": gc.resolve_backend(  # collective on CUDA
+        torch.empty(1, device=device), nbytes=mib << 20) for mib in (16, 64)}
         b.say(f"copy_engine signal mode: {_peer._config.signal}")
         b.row(f"# {b.res.get('gpu', 'cpu')} x{world}, torch {torch.__version__}, "
               f"reference {'NCCL ' + b.res.get('nccl', '') if cuda else 'gloo'}, copy_engine signal {_peer._config.signal}")
-        b.row("| collective | size | equal | copy_engine GB/s | reference GB/s | ratio |")
-        b.row("|---|---|---|---|---|---|")
+        header = ("| collective | size | equal | copy_engine GB/s | reference GB/s | ratio |\n"
+                  "|---|---|---|---|---|---|")
+        b.row(header)
         for name, fn, needs_cuda in STAGES:
             if name in skip or (needs_cuda and not cuda):
                 continue
@@ -532,8 +588,10 @@ def main(argv: list[str] | None = None) -> int:
             _stall(name, rank)
             b.agree(0, f"{name}: start")  # a missing rank is named here, not inside a collective
             if name == "interference":
-                b.row("| matmul 8192^3 bf16 | TFLOP/s | slowdown | covered | comm busbw during |")
+                b.row(f"| matmul {8192 if cuda else 256}^3 bf16 | TFLOP/s | slowdown | covered | comm busbw during |")
                 b.row("|---|---|---|---|---|")
+            if name == "all_to_all":
+                b.row(header)
             b.res["stages"][name] = fn(b)
             b.say(f"stage {name} done")
             b.save()
@@ -561,7 +619,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _stall(stage: str, rank: int) -> None:
     """Test hook: GEM_COMMS_BENCH_STALL="stage:rank:seconds" makes one rank late for a stage
-    (how the CPU test checks the stage deadlines and the watchdog)."""
+    (how the CPU test checks the stage deadlines and the watchdog); "interference_matmul"
+    slows one rank's matmul windows on CPU, so the ranks measure different windows."""
     spec = os.environ.get("GEM_COMMS_BENCH_STALL", "")
     if spec.count(":") == 2:
         name, r, secs = spec.split(":")
