@@ -68,7 +68,9 @@ class Config:
 
     Attributes:
         lanes: side streams a large transfer is split over (copy engines in flight).
-        lane_min_bytes: chunks smaller than this use one lane (fewer stream operations).
+        lane_min_bytes: chunks smaller than this use one lane: each lane costs its own driver
+            calls from Python, and below this size a call is bound by them, not by the link
+            (BENCHMARKS.md: one lane already reaches ~97 % of four at 256 MiB).
         signal: where a flag lives. "push" (default): the writer writes into the reader's
             flags (a remote write), the reader's stream waits on its own memory. "poll": the
             writer writes its own flags, the reader's stream waits on the writer's memory (a
@@ -81,7 +83,7 @@ class Config:
     """
 
     lanes: int = 4
-    lane_min_bytes: int = 4 << 20
+    lane_min_bytes: int = 64 << 20
     signal: str = os.environ.get("GEM_COMMS_SIGNAL", "push")
     auto_min_bytes: int = 64 << 20
 
@@ -391,9 +393,10 @@ class _CudaOps:
         raise NotImplementedError  # never needed: CUDA waits cannot time out on the host
 
     def begin(self, lanes: int) -> None:
-        caller = torch.cuda.current_stream(self.device)
+        start = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        start.record(torch.cuda.current_stream(self.device))
         for s in self.streams[:lanes]:
-            s.wait_stream(caller)  # inputs produced, outputs free
+            s.wait_event(start)  # inputs produced, outputs free (one event for every lane)
 
     def end(self, lanes: int, epilogue: Callable[[], None] | None, keep: tuple[torch.Tensor, ...],
             on_timeout: Callable[[], None]) -> CommHandle:
@@ -406,8 +409,9 @@ class _CudaOps:
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(s0)
         for t in keep:
-            for s in self.streams[:lanes]:
-                t.record_stream(s)  # the allocator keeps the blocks until the copies are done
+            # The allocator keeps the blocks until the copies are done: lane 0 waited for every
+            # other lane above, so its later work follows all of them.
+            t.record_stream(s0)
         return CommHandle("copy_engine", event=done, device=self.device, keep=keep, on_timeout=on_timeout)
 
     def synchronize(self, deadline: float, lanes: int | None = None) -> bool:
@@ -460,6 +464,7 @@ class PeerGroup:
         self.flags: Buf = None  # this rank's flags: ready[lane][q], then free[lane][q]
         self.peer_flags: list[Buf] = []
         self._seq = [0] * self.cfg.lanes
+        self._layouts: dict[tuple[object, ...], list[_Layout]] = {}
         self.timed_out = False
 
     def _access(self) -> list[bool]:
@@ -586,7 +591,12 @@ class PeerGroup:
         lanes = self.cfg.lanes if peers and max_chunk >= self.cfg.lane_min_bytes else 1
         # Where every sender keeps each piece: lane j owns staging bytes [j*lane_bytes, ...),
         # so a lane only ever overwrites what its own `free` flags protect.
-        layouts = [_lane_layout(p, q, lanes) for q, p in enumerate(plans)]
+        lkey = (lanes, *(p.key() for p in plans))
+        layouts = self._layouts.get(lkey)
+        if layouts is None:  # pure function of the plans: computed once per signature
+            if len(self._layouts) >= _SIGNATURE_CACHE:
+                self._layouts.clear()
+            layouts = self._layouts[lkey] = [_lane_layout(p, q, lanes) for q, p in enumerate(plans)]
         if peers:
             if self.flags is None:
                 self._setup_flags(timeout)
