@@ -7,19 +7,23 @@ optimizer → checkpointer → resume. The loop itself only moves batches, steps
 Reliability rules (DESIGN.md §4 trainer):
 - SIGTERM/SIGINT: finish the current step, save a checkpoint, exit 0.
 - A non-finite loss skips the optimizer step (the gradients are dropped) and is counted;
-  `max_bad_steps` in a row stop the run after saving the last good state.
+  `max_bad_steps` in a row stop the run after saving the last good state. The skip is
+  decided on the device and the host learns of it one step late, so a steady-state step
+  never waits on the GPU (issue #16 item 3; `_settle_now` says which steps are read at once).
 - Checkpoints are async (gem_checkpoint); resume restores model, optimizer, loader
   position, RNG and step, so a resumed run repeats the uninterrupted run's losses.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import signal
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -30,7 +34,7 @@ import gem_data
 import gem_model
 from gem_checkpoint import Checkpointer, RNGState
 from gem_trainer._metrics import WARMUP_STEPS, MetricLog, Timers, mfu
-from gem_trainer._optim import Optimizers, RowWiseAdagrad, embedding_tables
+from gem_trainer._optim import Optimizers, RowWiseAdagrad, dense_adamw, embedding_tables
 from gem_trainer._stats import task_metrics
 from gem_trainer.config import TrainConfig
 
@@ -222,7 +226,7 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig,
     skip = {id(p) for p in exclude or ()}
     tables = [p for p in embedding_tables(model) if id(p) not in skip]
     skip |= {id(p) for p in tables}
-    dense = torch.optim.AdamW([p for p in model.parameters() if id(p) not in skip], lr=cfg.lr)
+    dense = dense_adamw([p for p in model.parameters() if id(p) not in skip], lr=cfg.lr)
     table_opt = RowWiseAdagrad(tables, lr=cfg.sparse_lr) if tables else None
     return Optimizers(dense, table_opt, total_steps=cfg.steps, warmup=cfg.warmup_steps,
                       final_frac=cfg.lr_final_frac)
@@ -344,6 +348,117 @@ def make_loader(cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int, world: i
         num_workers=2, prefetch=4)
 
 
+@dataclasses.dataclass
+class _Pending:
+    """A queued step on its way to the host: `host` (pinned [3]: mean loss over ranks, stop
+    signal, checkpoint busy) is filled behind the step's optimizer, which `opt_events[1]`
+    follows; the host-side figures are booked once the values are read."""
+
+    host: torch.Tensor | None = None
+    opt_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+    t0: float = 0.0  # step start; t1: batch in hand; t2: optimizer queued from; t3: end
+    t1: float = 0.0
+    t2: float = 0.0
+    t3: float = 0.0
+    samples: int = 0
+    tokens: int = 0
+    flops: float = 0.0
+    vals: list[float] | None = None  # read already (the sharded path's synchronous check)
+
+    def values(self) -> list[float]:
+        if self.vals is None:
+            if self.opt_events is not None:
+                # Done, or nearly, when the next step's forward/backward has been queued.
+                # An event wait is not a sync torch.cuda.set_sync_debug_mode reports.
+                self.opt_events[1].synchronize()
+            if self.host is None:
+                raise ValueError("a _Pending needs `host` or `vals`")
+            self.vals = self.host.tolist()
+        return self.vals
+
+
+@dataclasses.dataclass
+class _Books:
+    """The loop's host-side bookkeeping, updated as each step's values are read."""
+
+    step: int  # optimizer steps taken (non-finite ones excluded)
+    bad_in_row: int = 0
+    last_loss: float = math.nan
+    stop_signum: int = 0  # a stop signal seen on any rank (kept until the run stops)
+    reason: str | None = None  # why the run stops now: "nan" or "signal N"
+    save_due: bool = False  # checkpoint back-pressure: a due save waits for the last write
+    warned_slow_ckpt: bool = False
+    opt_gpu_s: float = 0.0  # optimizer time measured on the GPU, moved out of compute
+    opt_timing: list[tuple[torch.cuda.Event, torch.cuda.Event]] = dataclasses.field(default_factory=list)
+
+    def read_opt_timing(self) -> None:
+        """Adds the GPU time of the optimizer steps that have finished (query: no wait)."""
+        while self.opt_timing and self.opt_timing[0][1].query():  # type: ignore[no-untyped-call]
+            start, end = self.opt_timing.pop(0)
+            self.opt_gpu_s += start.elapsed_time(end) / 1e3
+
+
+def _settle_now(cfg: TrainConfig, books: _Books, timers: Timers, ckpt: bool) -> bool:
+    """Must the step just queued be read at its end (a wait on the GPU), rather than during
+    the next step? Yes when its outcome decides what happens before the next batch is drawn
+    (a checkpoint and a stop save the loader's position and the RNG, so they come right
+    after the step they follow): in the warm-up steps (checkpoint buffers are prepared after
+    the first, compiled graphs are counted after the last), at the last step, when a save is
+    due or delayed, after a stop signal, and when one more non-finite loss would end the
+    run. `books` holds the steps before this one; this one counts as step `books.step + 1`
+    if its loss is finite."""
+    nxt = books.step + 1
+    return (timers.steps_done < WARMUP_STEPS or nxt >= cfg.steps or bool(books.stop_signum)
+            or books.bad_in_row + 1 >= cfg.max_bad_steps
+            or (ckpt and (books.save_due or nxt % cfg.ckpt_every == 0)))
+
+
+class _SyncDebug:
+    """Test hook (issue #16 item 3): `GEM_SYNC_DEBUG_AFTER=N` runs every step after the first
+    N completed ones under `torch.cuda.set_sync_debug_mode("error")` (CUDA only), so a host
+    sync in a steady-state step raises; checkpoint saves (a deliberate copy to the host) are
+    exempt. The summary's `sync_debug_steps` says how many steps ran under it."""
+
+    def __init__(self, after: int | None) -> None:
+        self.after, self.on, self.steps = after, False, 0
+
+    @classmethod
+    def from_env(cls, cuda: bool) -> _SyncDebug:
+        raw = os.environ.get("GEM_SYNC_DEBUG_AFTER", "")
+        if not raw:
+            return cls(None)
+        if not raw.isdigit():
+            raise ValueError(f"GEM_SYNC_DEBUG_AFTER={raw!r} must be a step count (an int >= 0)")
+        return cls(int(raw) if cuda else None)
+
+    def maybe_start(self, steps_done: int) -> None:
+        if self.after is not None and not self.on and steps_done >= self.after:
+            torch.cuda.set_sync_debug_mode("error")
+            self.on = True
+
+    def count(self) -> None:
+        self.steps += self.on
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        if not self.on:
+            yield
+            return
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    def stop(self) -> None:
+        if self.on:
+            torch.cuda.set_sync_debug_mode(0)
+            self.on = False
+
+    def summary(self) -> dict[str, int]:
+        return {"sync_debug_steps": self.steps} if self.after is not None else {}
+
+
 def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = None) -> dict[str, Any]:
     """Runs one training job and returns the summary dict (also printed as one JSON line).
 
@@ -394,21 +509,105 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     # No bar (stdout/stderr is a pipe or a file): a plain line every log_every steps instead.
     line = ProgressLine(cfg.steps, step, cfg.log_every) if bar is None and cfg.progress and rank == 0 else None
     use_bf16 = device.type == "cuda" and cfg.precision != "fp32"
-    bad_in_row = 0
-    last_loss = math.nan
+    books = _Books(step=step)
     it = iter(loader)
-    reason = "steps"
-    # Dense tables: the loss is checked after backward is queued, so the GPU runs backward while
-    # the host waits on the loss, and the optimizer runs while the host fetches the next batch
-    # (no other host sync in the step). A non-finite step then drops its gradients. Sharded
-    # tables update inside backward (fused optimizers), so there the check comes first.
+    # Dense tables (late_check): no host sync in a steady-state step (issue #16 item 3). The
+    # skip-or-step decision of a non-finite loss is taken on the device (Optimizers.step(skip)),
+    # and the step's [mean loss, stop signal, checkpoint busy] reach the host one step late:
+    # copied into pinned memory behind the step, read during the next step after its
+    # forward/backward is queued and before its optimizer (so its lr is the exact schedule
+    # step). Steps whose outcome decides what happens next (warm-up, the last step, a save, a
+    # stop, a run of bad steps about to end the run) are read at their end, as before.
+    # Sharded tables update inside backward (fused optimizers): there the check comes first.
     warm_graphs: int | None = None  # dynamo's graph count at the end of the warm-up steps
-    save_due, warned_slow_ckpt = False, False  # checkpoint back-pressure (see the save below)
     late_check = cfg.sparse_sharding == "none"  # (2-D replica sync implies sharded tables)
-    opt_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
-    opt_gpu_s = 0.0  # optimizer time measured on the GPU (CUDA events), moved out of compute
+    cuda = device.type == "cuda"
+    pinned = [torch.empty(3, pin_memory=cuda) for _ in range(2)]  # double-buffered readback
+    pending: _Pending | None = None
+    queued = 0  # steps queued by this loop (selects the readback buffer)
+    sync_debug = _SyncDebug.from_env(cuda)
+
+    def settle(p: _Pending, *, final: bool) -> None:
+        """Books step `p` from its values; `final`: it is the last step queued (a save or a
+        stop may follow). Not final, no save or stop can be due (see _settle_now)."""
+        step_loss, stop_sum, busy_sum = p.values()
+        if stop_sum > 0:  # any rank's signal stops every rank (all read the reduced value)
+            books.stop_signum = books.stop_signum or stop.signum or int(stop_sum)
+        if not math.isfinite(step_loss):
+            timers.bad_steps += 1
+            books.bad_in_row += 1
+            if books.bad_in_row >= cfg.max_bad_steps:
+                books.reason = "nan"
+            return
+        books.bad_in_row = 0
+        books.step += 1
+        books.last_loss = step_loss
+        step = books.step
+        if p.opt_events is not None:
+            books.opt_timing.append(p.opt_events)
+        books.read_opt_timing()
+        timers.data_wait += p.t1 - p.t0
+        timers.compute += p.t2 - p.t1
+        timers.optimizer += p.t3 - p.t2
+        timers.samples += p.samples
+        timers.tokens += p.tokens
+        timers.steps_done += 1
+        if timers.first_step is None:
+            timers.first_step = p.t3 - t_start
+        timers.model_flops += 3.0 * p.flops
+        timers.step_s.append(p.t3 - p.t0)
+        if cfg.compile and timers.steps_done == WARMUP_STEPS:
+            warm_graphs = _compile_counts()["graphs"]
+        if timers.steps_done > WARMUP_STEPS:
+            timers.steady_flops += 3.0 * p.flops
+            timers.steady_s += p.t3 - p.t0
+        stopping = final and books.stop_signum
+        if step % cfg.log_every == 0 or step == cfg.steps or stopping:
+            log.write(step, loss=step_loss, samples=timers.samples, tokens=timers.tokens)
+        if line is not None:
+            line.update(step, step_loss, p.tokens * world)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{step_loss:.4f}")
+        if ckpt is not None and timers.steps_done == 1:
+            # Allocate the (pinned) staging buffers now, in a warm-up step, not in the
+            # first save: ~1 s per GB of state (3.4 s on the h200 preset). After the first
+            # step, because the optimizer state exists only from then on.
+            t4 = time.perf_counter()
+            with sync_debug.paused():
+                ckpt_bytes = ckpt.prepare(state)
+            timers.extra["ckpt_prepare_s"] = time.perf_counter() - t4
+            timers.extra["ckpt_state_bytes"] = ckpt_bytes
+        if not final:
+            return
+        books.save_due = books.save_due or (ckpt is not None and step % cfg.ckpt_every == 0)
+        if ckpt is not None and books.save_due and busy_sum > 0 and not stopping:
+            # Back-pressure (issue #16): the previous write has not finished, so saving now
+            # would stall training until it does. Delay the save to the first step after
+            # the write ends, and say so once, with the figures.
+            timers.extra["ckpt_delayed_steps"] = timers.extra.get("ckpt_delayed_steps", 0) + 1
+            if not books.warned_slow_ckpt:
+                books.warned_slow_ckpt = True
+                print(f"gem: warning: checkpoint writes are slower than --ckpt-every={cfg.ckpt_every} "
+                      f"steps (last write {ckpt.last_write_s or 0.0:.1f} s, "
+                      f"{(ckpt.last_bytes or 0) / 1e9:.2f} GB): saves are delayed until the "
+                      "previous write ends", file=sys.stderr, flush=True)
+        elif ckpt is not None and books.save_due:
+            books.save_due = False
+            t4 = time.perf_counter()
+            with sync_debug.paused():
+                ckpt.save(step, state)
+            stall = time.perf_counter() - t4
+            timers.ckpt_stall += stall
+            timers.ckpt_saves.append(stall)
+            if timers.steps_done > WARMUP_STEPS:
+                timers.steady_s += stall  # end to end: checkpoint stalls count
+        if stopping:
+            books.reason = f"signal {books.stop_signum}"
+
     try:
-        while step < cfg.steps:
+        while books.reason is None and books.step + (pending is not None) < cfg.steps:
+            sync_debug.maybe_start(timers.steps_done)
             t0 = time.perf_counter()
             batch = next(it)
             t1 = time.perf_counter()
@@ -417,113 +616,71 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             loss = loss_fn(logits, batch.labels)
             if late_check:
                 loss.backward()  # type: ignore[no-untyped-call]
-            # One host sync per step: the mean loss over ranks decides skip-or-step on every
-            # rank alike, and a stop signal seen by any rank stops every rank after this
-            # step (rank-local decisions would desynchronise the collectives).
-            # The third entry: is a checkpoint still being written on this rank? Reduced with
-            # the rest, so every rank takes the same save-or-delay decision below.
+            # The mean loss over ranks decides skip-or-step on every rank alike, and a stop
+            # signal seen by any rank stops every rank (rank-local decisions would
+            # desynchronise the collectives). The third entry: is a checkpoint still being
+            # written on this rank? Reduced with the rest, so every rank takes the same
+            # save-or-delay decision. torch.full, not torch.tensor: no blocking host copy.
             busy = float(ckpt is not None and ckpt.pending is not None)
             lt = torch.stack([loss.detach().float().reshape(()),
-                              torch.tensor(float(stop.signum or 0), device=loss.device),
-                              torch.tensor(busy, device=loss.device)])
+                              torch.full((), float(stop.signum or 0), device=loss.device),
+                              torch.full((), busy, device=loss.device)])
             if world > 1:
                 dist.all_reduce(lt)
                 lt[0] /= world
-            step_loss, stop_sum, busy_sum = lt.tolist()
-            if opt_events is not None:  # the previous step's optimizer has finished by now
-                opt_gpu_s += opt_events[0].elapsed_time(opt_events[1]) / 1e3
-                opt_events = None
-            stop_signum = (stop.signum or int(stop_sum)) if stop_sum > 0 else 0
-            finite = math.isfinite(step_loss)
-            if not finite:
-                opt.zero_grad(set_to_none=True)
-                timers.bad_steps += 1
-                bad_in_row += 1
-                if bad_in_row >= cfg.max_bad_steps:
-                    reason = "nan"
-                    break
-                continue
-            bad_in_row = 0
+            host: torch.Tensor | None = None
+            vals: list[float] | None = None
             if not late_check:
+                # Sharded tables: the check comes before backward (one host sync per step).
+                vals = lt.tolist()
+                if not math.isfinite(vals[0]):
+                    opt.zero_grad(set_to_none=True)
+                    settle(_Pending(vals=vals), final=True)
+                    continue
                 loss.backward()  # type: ignore[no-untyped-call]
-                if device.type == "cuda":
+                if cuda:
                     torch.cuda.synchronize()
+                skip = None
+            else:
+                skip = ~torch.isfinite(lt[0])
+                host = pinned[queued % 2]  # (the other buffer holds the pending step's values)
+                queued += 1
+                host.copy_(lt, non_blocking=cuda)
+                if pending is not None:  # the previous step: done on the GPU by now, or nearly
+                    settle(pending, final=False)
+                    pending = None
             t2 = time.perf_counter()
-            if device.type == "cuda":
+            opt_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+            if cuda:
                 opt_events = (torch.cuda.Event(enable_timing=True),  # type: ignore[no-untyped-call]
                               torch.cuda.Event(enable_timing=True))  # type: ignore[no-untyped-call]
                 opt_events[0].record()
-            opt.set_step(step)
-            opt.step()
+            opt.set_step(books.step)
+            opt.step(skip=skip)
             opt.zero_grad(set_to_none=True)
             if sparse_sync is not None:
                 sparse_sync()  # average the 2-D replicas' tables (their fused step ran in backward)
             if opt_events is not None:
-                opt_events[1].record()
+                opt_events[1].record()  # also marks the readback of `lt` done
             t3 = time.perf_counter()
-            step += 1
-            last_loss = step_loss
-            timers.data_wait += t1 - t0
-            timers.compute += t2 - t1
-            timers.optimizer += t3 - t2
-            timers.samples += batch.num_samples
-            timers.tokens += batch.num_tokens
-            timers.steps_done += 1
-            if timers.first_step is None:
-                timers.first_step = t3 - t_start
-            flops = _flops(model, batch)
-            timers.model_flops += 3.0 * flops
-            timers.step_s.append(t3 - t0)
-            if cfg.compile and timers.steps_done == WARMUP_STEPS:
-                warm_graphs = _compile_counts()["graphs"]
-            if timers.steps_done > WARMUP_STEPS:
-                timers.steady_flops += 3.0 * flops
-                timers.steady_s += t3 - t0
-            if step % cfg.log_every == 0 or step == cfg.steps or stop_signum:
-                log.write(step, loss=last_loss, samples=timers.samples, tokens=timers.tokens)
-            if line is not None:
-                line.update(step, last_loss, batch.num_tokens * world)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{last_loss:.4f}")
-            if ckpt is not None and timers.steps_done == 1:
-                # Allocate the (pinned) staging buffers now, in a warm-up step, not in the
-                # first save: ~1 s per GB of state (3.4 s on the h200 preset). After the first
-                # step, because the optimizer state exists only from then on.
-                t4 = time.perf_counter()
-                ckpt_bytes = ckpt.prepare(state)
-                timers.extra["ckpt_prepare_s"] = time.perf_counter() - t4
-                timers.extra["ckpt_state_bytes"] = ckpt_bytes
-            save_due = save_due or (ckpt is not None and step % cfg.ckpt_every == 0)
-            if ckpt is not None and save_due and busy_sum > 0 and not stop_signum:
-                # Back-pressure (issue #16): the previous write has not finished, so saving now
-                # would stall training until it does. Delay the save to the first step after
-                # the write ends, and say so once, with the figures.
-                timers.extra["ckpt_delayed_steps"] = timers.extra.get("ckpt_delayed_steps", 0) + 1
-                if not warned_slow_ckpt:
-                    warned_slow_ckpt = True
-                    print(f"gem: warning: checkpoint writes are slower than --ckpt-every={cfg.ckpt_every} "
-                          f"steps (last write {ckpt.last_write_s or 0.0:.1f} s, "
-                          f"{(ckpt.last_bytes or 0) / 1e9:.2f} GB): saves are delayed until the "
-                          "previous write ends", file=sys.stderr, flush=True)
-            elif ckpt is not None and save_due:
-                save_due = False
-                t4 = time.perf_counter()
-                ckpt.save(step, state)
-                stall = time.perf_counter() - t4
-                timers.ckpt_stall += stall
-                timers.ckpt_saves.append(stall)
-                if timers.steps_done > WARMUP_STEPS:
-                    timers.steady_s += stall  # end to end: checkpoint stalls count
-            if stop_signum:
-                reason = f"signal {stop_signum}"
-                break
-        if device.type == "cuda":
+            p = _Pending(host=host, opt_events=opt_events, t0=t0, t1=t1, t2=t2, t3=t3,
+                         samples=batch.num_samples, tokens=batch.num_tokens,
+                         flops=_flops(model, batch), vals=vals)
+            sync_debug.count()
+            if not late_check or _settle_now(cfg, books, timers, ckpt is not None):
+                settle(p, final=True)
+            else:
+                pending = p
+        if pending is not None:  # (not reached by the rules of _settle_now; kept for safety)
+            settle(pending, final=True)
+            pending = None
+        sync_debug.stop()
+        if cuda:
             torch.cuda.synchronize()
-            if opt_events is not None:
-                opt_gpu_s += opt_events[0].elapsed_time(opt_events[1]) / 1e3
-        timers.compute -= opt_gpu_s
-        timers.optimizer += opt_gpu_s
+            books.read_opt_timing()
+        timers.compute -= books.opt_gpu_s
+        timers.optimizer += books.opt_gpu_s
+        step, last_loss, reason = books.step, books.last_loss, books.reason or "steps"
         if ckpt is not None and step > 0 and ckpt.latest() != step:
             t4 = time.perf_counter()
             ckpt.save(step, state)
@@ -534,6 +691,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             ckpt.wait()
             timers.extra["ckpt_final_wait_s"] = time.perf_counter() - t4
     finally:
+        sync_debug.stop()
         stop.restore()
         if bar is not None:
             bar.close()
@@ -558,6 +716,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         "ckpt_final_wait_s": timers.extra.get("ckpt_final_wait_s", 0.0),
         **_ckpt_summary(ckpt, timers),
         **_compile_summary(cfg, timers, warm_graphs),
+        **sync_debug.summary(),
         # steps on which a due save waited for the previous write (back-pressure, not a stall)
         "ckpt_delayed_steps": int(timers.extra.get("ckpt_delayed_steps", 0)),
         "compute_s": timers.compute,

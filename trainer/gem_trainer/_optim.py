@@ -13,6 +13,12 @@ a large first step and a frequent one anneals. This file is that optimizer in pl
 
 Rows whose gradient is zero in a step (absent ids) are left untouched.
 
+A step can be skipped on the device (`skip`, a bool device scalar: the trainer's
+"this step's loss is not finite"): the dense AdamW is torch's fused kernel, which reads
+`found_inf` on the device (the flag torch's GradScaler sets) and leaves parameters, moments
+and step count untouched when it is 1; the tables' update zeroes its gradients first. No
+host sync either way (issue #16 item 3).
+
 The dense learning rate follows a linear warm-up and a cosine decay to `final_frac` of the
 peak, computed from the step number alone, so a resumed run needs no scheduler state.
 """
@@ -45,7 +51,11 @@ class RowWiseAdagrad(torch.optim.Optimizer):
                     raise ValueError(f"RowWiseAdagrad takes 2-D tables, got a parameter of shape {tuple(p.shape)}")
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+    def step(self, closure: Any = None, *,  # type: ignore[override]
+             skip: torch.Tensor | None = None) -> None:
+        """One update; with `skip` (a bool scalar on the tables' device) set, a no-op decided on
+        the device: the gradients are zeroed in place first, so accumulators and weights are
+        unchanged bit for bit (w + -0.0 == w), whatever the gradients held (NaN included)."""
         for group in self.param_groups:
             lr, eps = group["lr"], group["eps"]
             for p in group["params"]:
@@ -56,6 +66,8 @@ class RowWiseAdagrad(torch.optim.Optimizer):
                 w = p.to_local() if hasattr(p, "to_local") else p
                 grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
                 g = grad.float()
+                if skip is not None:
+                    g.masked_fill_(skip, 0.0)
                 state = self.state[p]
                 if "sum" not in state:
                     state["sum"] = _accumulator(p, w)
@@ -77,6 +89,17 @@ def _accumulator(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
 
     return DTensor.from_local(acc, p.device_mesh, p.placements, run_check=False,  # type: ignore[attr-defined]
                               shape=torch.Size([p.shape[0]]), stride=(1,))
+
+
+def dense_adamw(params: list[nn.Parameter], lr: float) -> torch.optim.AdamW:
+    """torch's AdamW, fused where the parameters' device has the fused kernel (CUDA, CPU): one
+    kernel per dtype group instead of a foreach chain, and the device-side `found_inf` skip
+    that `Optimizers.step(skip=...)` relies on."""
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    ok = set(_get_fused_kernels_supported_devices())
+    fused = bool(params) and all(p.device.type in ok and torch.is_floating_point(p) for p in params)
+    return torch.optim.AdamW(params, lr=lr, fused=fused or None)
 
 
 def embedding_tables(model: nn.Module) -> list[nn.Parameter]:
@@ -122,9 +145,29 @@ class Optimizers:
         for g, peak in zip(self.dense.param_groups, self._peak, strict=True):
             g["lr"] = peak * s
 
-    def step(self) -> None:
-        for o in self.optimizers:
-            o.step()
+    def step(self, skip: torch.Tensor | None = None) -> None:
+        """Steps both optimizers; `skip` (bool scalar on the device): when true, the step is a
+        no-op decided on the device (parameters and optimizer state unchanged, no host sync).
+        The dense optimizer must then be fused (`dense_adamw` makes it so where supported)."""
+        if skip is None:
+            for o in self.optimizers:
+                o.step()
+            return
+        if self.tables is not None and not isinstance(self.tables, RowWiseAdagrad):
+            raise ValueError("Optimizers.step(skip=...) needs RowWiseAdagrad tables, got "
+                             f"{type(self.tables).__name__}")
+        if not all(g.get("fused") for g in self.dense.param_groups):
+            raise ValueError("Optimizers.step(skip=...) needs a fused dense optimizer "
+                             f"(found_inf); got {type(self.dense).__name__} without fused=True")
+        # Fused Adam(W) skips the update and un-counts the step where found_inf == 1
+        # (torch.optim.adam._fused_adam; the flag GradScaler sets): float32, on the device.
+        self.dense.found_inf = skip.float()  # type: ignore[attr-defined]
+        try:
+            self.dense.step()
+        finally:
+            del self.dense.found_inf  # type: ignore[attr-defined]
+        if isinstance(self.tables, RowWiseAdagrad):
+            self.tables.step(skip=skip)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for o in self.optimizers:

@@ -82,6 +82,8 @@ def test_trainer_optimizer_splits_tables_from_dense() -> None:
     dense = {id(p) for g in opt.dense.param_groups for p in g["params"]}
     assert not dense & tables
     assert dense | tables == {id(p) for p in model.parameters()}
+    # fused: the device-side skip of a non-finite step (found_inf) needs the fused kernel
+    assert all(g["fused"] for g in opt.dense.param_groups)
     opt.set_step(0)
     assert opt.dense.param_groups[0]["lr"] == pytest.approx(cfg.lr / cfg.warmup_steps)
     opt.set_step(cfg.steps - 1)

@@ -1,0 +1,189 @@
+"""No host sync in a steady-state training step (issue #16 item 3).
+
+The skip of a non-finite step is decided on the device (fused AdamW's `found_inf`, the
+tables' masked gradients) and the step's loss, stop signal and checkpoint flag are read one
+step late (gem_trainer._loop). On CPU: a skipped step leaves parameters and optimizer state
+bitwise unchanged, and reading late books exactly what reading every step at its end does,
+NaN runs included. On CUDA (skipped without a GPU): the trainer's steady-state steps run
+under `torch.cuda.set_sync_debug_mode("error")` (the GEM_SYNC_DEBUG_AFTER hook), NaN
+injection included.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import gem_trainer._loop as loop
+from gem_checkpoint import Checkpointer
+from gem_trainer import presets_tiny, train
+from gem_trainer._metrics import WARMUP_STEPS
+from gem_trainer._optim import Optimizers, RowWiseAdagrad, dense_adamw
+
+CUDA = torch.cuda.is_available()
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="needs a GPU"))]
+
+
+def _optimizers(device: str, seed: int) -> tuple[Optimizers, list[torch.nn.Parameter]]:
+    g = torch.Generator().manual_seed(seed)
+    dense = [torch.nn.Parameter(torch.randn(5, 3, generator=g).to(device)),
+             torch.nn.Parameter(torch.randn(4, generator=g).to(device))]
+    table = torch.nn.Parameter(torch.randn(9, 6, generator=g).to(device))
+    opt = Optimizers(dense_adamw(dense, lr=1e-2), RowWiseAdagrad([table], lr=0.1),
+                     total_steps=20, warmup=2, final_frac=0.1)
+    return opt, [*dense, table]
+
+
+def _grads(params: list[torch.nn.Parameter], seed: int, *, nan: bool = False) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for p in params:
+        grad = torch.randn(p.shape, generator=g)
+        if p.dim() == 2 and p.shape[0] == 9:
+            grad[torch.rand(9, generator=g) < 0.4] = 0.0  # absent ids
+        if nan:
+            grad[0] = math.nan
+        p.grad = grad.to(p.device)
+
+
+def _snapshot(opt: Optimizers, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    out = [p.detach().clone() for p in params]
+    for o in opt.optimizers:
+        for p in params:
+            out += [v.clone() for _, v in sorted(o.state.get(p, {}).items())]
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_skipped_step_changes_nothing_and_is_not_counted(device: str, seed: int) -> None:
+    opt, params = _optimizers(device, seed)
+    ref, ref_params = _optimizers(device, seed)
+    assert all(g["fused"] for g in opt.dense.param_groups)
+    no, yes = torch.tensor(False, device=device), torch.tensor(True, device=device)
+    for i in range(3):
+        _grads(params, 10 * seed + i)
+        _grads(ref_params, 10 * seed + i)
+        opt.set_step(i)
+        opt.step(skip=no)
+        ref.set_step(i)
+        ref.step()  # without the flag: the same update, bit for bit
+    before = _snapshot(opt, params)
+    assert len(before) == len(params) + 3 * 2 + 1  # AdamW exp_avg, exp_avg_sq, step; Adagrad sum
+    _grads(params, 99, nan=True)
+    opt.set_step(3)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        opt.step(skip=~torch.isfinite(params[0].grad.sum()))  # type: ignore[union-attr]
+    finally:
+        if device == "cuda":
+            torch.cuda.set_sync_debug_mode(0)
+    opt.zero_grad()
+    after = _snapshot(opt, params)
+    for a, b in zip(before, after, strict=True):
+        assert torch.equal(a, b) or (a.isnan().any() and torch.equal(a.isnan(), b.isnan()))
+    # The skipped step was not counted: the next one equals the reference's fourth.
+    _grads(params, 7)
+    _grads(ref_params, 7)
+    opt.set_step(3)
+    opt.step(skip=no)
+    ref.set_step(3)
+    ref.step()
+    for a, b in zip(_snapshot(opt, params), _snapshot(ref, ref_params), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_skip_refuses_an_unfused_dense_optimizer() -> None:
+    w = torch.nn.Parameter(torch.zeros(3))
+    opt = Optimizers(torch.optim.AdamW([w], fused=False), None, total_steps=1, warmup=0, final_frac=1.0)
+    w.grad = torch.ones(3)
+    with pytest.raises(ValueError, match="fused"):
+        opt.step(skip=torch.tensor(False))
+
+
+def _poison(at: set[int]) -> Any:
+    calls = {"n": 0}
+    real = loop.loss_fn
+
+    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        out = real(logits, labels)
+        return out * math.nan if calls["n"] in at else out
+
+    return loss
+
+
+def _losses(log_dir: Path) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for line in (log_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if "loss" in rec and "samples" in rec:
+            out[int(rec["step"])] = float(rec["loss"])
+    return out
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, tmp: Path, poison: set[int], *, every_step: bool,
+         **kw: Any) -> tuple[dict[str, Any], dict[int, float]]:
+    with monkeypatch.context() as m:
+        m.setattr(loop, "loss_fn", _poison(poison))
+        if every_step:  # the reference: every step read at its end (the pre-issue-16 loop)
+            m.setattr(loop, "_settle_now", lambda *a, **k: True)
+        s = train(presets_tiny(batch_size=16, eval_batches=0, progress=False, log_every=1,
+                               log_dir=str(tmp), **kw))
+    return s, _losses(tmp)
+
+
+_KEYS = ("steps", "loss", "bad_steps", "stop_reason")
+
+
+def test_reading_late_books_what_reading_every_step_does(monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Path) -> None:
+    """NaNs after the warm-up (read late): the same steps skipped, the same lr schedule
+    positions (every logged loss bitwise equal), the same summary."""
+    poison = {WARMUP_STEPS + 3, WARMUP_STEPS + 5, WARMUP_STEPS + 6}
+    ref, want = _run(monkeypatch, tmp_path / "ref", poison, every_step=True, steps=12)
+    got_s, got = _run(monkeypatch, tmp_path / "late", poison, every_step=False, steps=12)
+    assert ref["steps"] == 12 and ref["bad_steps"] == 3, ref
+    assert {k: got_s[k] for k in _KEYS} == {k: ref[k] for k in _KEYS}
+    assert sorted(got) == list(range(1, 13)) and got == want
+
+
+def test_a_run_of_nans_read_late_stops_where_the_reference_stops(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    first = WARMUP_STEPS + 3
+    kw = {"steps": 40, "max_bad_steps": 3, "ckpt_every": 100}
+    ref, want = _run(monkeypatch, tmp_path / "ref", set(range(first, 100)), every_step=True,
+                     ckpt_dir=str(tmp_path / "ck_ref"), **kw)
+    got_s, got = _run(monkeypatch, tmp_path / "late", set(range(first, 100)), every_step=False,
+                      ckpt_dir=str(tmp_path / "ck_late"), **kw)
+    assert ref["stop_reason"] == "nan" and ref["steps"] == first - 1 and ref["bad_steps"] == 3, ref
+    assert {k: got_s[k] for k in _KEYS} == {k: ref[k] for k in _KEYS} and got == want
+    assert Checkpointer(str(tmp_path / "ck_late")).latest() == first - 1
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+@pytest.mark.parametrize("poison", [set(), {WARMUP_STEPS + 5, WARMUP_STEPS + 7}], ids=["clean", "nan"])
+def test_steady_state_steps_do_not_sync_on_cuda(monkeypatch: pytest.MonkeyPatch, poison: set[int]) -> None:
+    """Steps after the warm-up run under set_sync_debug_mode("error"); a NaN there is still
+    skipped on the device and counted."""
+    monkeypatch.setenv("GEM_SYNC_DEBUG_AFTER", str(WARMUP_STEPS))
+    monkeypatch.setattr(loop, "loss_fn", _poison(poison))
+    s = train(presets_tiny(steps=16, batch_size=16, eval_batches=0, progress=False))
+    assert s["device"].startswith("cuda"), s
+    assert s["steps"] == 16 and s["bad_steps"] == len(poison) and math.isfinite(s["loss"]), s
+    assert s["sync_debug_steps"] >= 8, s  # the steps after warm-up + the first late read
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_a_run_of_nans_stops_on_cuda_under_sync_debug(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GEM_SYNC_DEBUG_AFTER", str(WARMUP_STEPS))
+    first = WARMUP_STEPS + 4
+    monkeypatch.setattr(loop, "loss_fn", _poison(set(range(first, 100))))
+    s = train(presets_tiny(steps=40, batch_size=16, eval_batches=0, progress=False, max_bad_steps=3))
+    assert s["stop_reason"] == "nan" and s["steps"] == first - 1 and s["bad_steps"] == 3, s
+    assert s["sync_debug_steps"] > 0, s
