@@ -10,7 +10,7 @@ export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:) PYTHONUNBUFF
 at="100,250,500,750,$steps"
 CUDA_VISIBLE_DEVICES=0 timeout 570 python3 -m gem_trainer.bench.quality --preset h200 --steps "$steps" \
   --models gem,pooled_mlp,logreg --eval-at "$at" --out "$OUT/h200" > "$OUT/h200.log" 2>&1 &
-( CUDA_VISIBLE_DEVICES=1 timeout 60 python3 -m pytest -q model/tests/test_no_sync.py > "$OUT/no_sync.log" 2>&1
+( CUDA_VISIBLE_DEVICES=1 timeout 60 python3 -m pytest -q tests/test_no_sync_model.py > "$OUT/no_sync.log" 2>&1
   CUDA_VISIBLE_DEVICES=1 timeout 300 python3 -m gem_trainer.bench.quality --preset h200 --steps "$steps" \
     --models gem_no_attention --eval-at "$at" --out "$OUT/h200_noattn" > "$OUT/h200_noattn.log" 2>&1
   CUDA_VISIBLE_DEVICES=1 timeout 200 python3 -m gem_trainer --preset h200 --steps 300 --ckpt-every 50 \

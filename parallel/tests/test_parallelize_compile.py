@@ -2,7 +2,7 @@
 numbers, no graph breaks, and no recompile when the batch size changes.
 
 A CPU gloo world of 2 (FSDP over 2 shards), backend "aot_eager" (inductor's C++ codegen is
-minutes on this box). The GEM model's own blocks are covered in model/tests/test_compile.py.
+minutes on this box). The GEM model's own blocks are covered in tests/test_compile_blocks.py.
 """
 
 from __future__ import annotations

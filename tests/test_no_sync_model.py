@@ -9,26 +9,25 @@ The model reads lengths only through host ints (`Batch.max_seq_len`) and tensor 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
+import gem_parallel
 import pytest
 import torch
 import torch.nn.functional as F
 
-from _batch import FEATURES, make_batch
+from gem_data import SyntheticSource, presets as data_presets
 from gem_model import GEMModel, presets
 
+# In tests/, not model/tests: the compiled case goes through gem_parallel.parallelize, and the
+# model package may not depend on gem_parallel (dependency direction model -> kernels).
 CUDA = torch.cuda.is_available()
+_DATA = data_presets.tiny(seq_len_mean=300.0, seq_len_cap=700)
 
 
-def _on_cuda(batch: Any) -> Any:
-    fields = ("event_ids", "event_types", "timestamps", "seq_offsets", "dense", "domain", "labels")
-    out = dataclasses.replace(batch, **{f: getattr(batch, f).cuda() for f in fields})
-    out.sparse = type(batch.sparse)(
-        {k: (j.values().cuda(), j.lengths().cuda()) for k, j in batch.sparse.to_dict().items()}
-    )
-    return out
+def _batch(b: int, seed: int) -> Any:
+    """A planted-task block of b samples on the GPU (lengths differ from block to block)."""
+    return SyntheticSource(_DATA, block_size=b).batch(seed, sparse_kind="native").to("cuda")
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
@@ -37,14 +36,12 @@ def test_training_steps_do_not_sync(compile: bool) -> None:
     torch.manual_seed(0)
     # The h200 preset's switches (GDPA FFN, hierarchical pooling, computation skip) at a
     # small width, so every kernel path of a real step runs.
-    cfg = presets.h200(**FEATURES, num_layers=2, d_model=256, num_heads=2)
+    cfg = presets.h200(**presets.feature_sizes(_DATA), num_layers=2, d_model=256, num_heads=2)
     model = GEMModel(cfg).cuda()
     if compile:
-        gem_parallel = pytest.importorskip("gem_parallel")
         gem_parallel.parallelize(model, None, compile=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    sizes = [(16, 300), (12, 500), (20, 200), (9, 650), (16, 400), (14, 350)]
-    batches = [_on_cuda(make_batch(b, max_len=m, seed=i)) for i, (b, m) in enumerate(sizes)]
+    batches = [_batch(b, seed=i) for i, b in enumerate([16, 12, 20, 9, 16, 14])]
 
     def step(batch: Any) -> torch.Tensor:
         with torch.autocast("cuda", dtype=torch.bfloat16):
