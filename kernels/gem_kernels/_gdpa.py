@@ -101,6 +101,9 @@ class GdpaTiles:
     block_n: int = 64
     num_warps: int = 8
     num_stages: int = 3
+    # Sigmoid (SiLU, GELU, sigmoid) through one `tanh.approx.f32` instead of exp2 + reciprocal
+    # for 16-bit inputs on the GPU (_triton_gdpa._sigmoid); off for fp32 and the interpreter.
+    tanh_sigmoid: bool = True
 
 
 _TILE_OVERRIDE: dict[str, GdpaTiles] = {}
@@ -138,7 +141,8 @@ def gdpa_tiles(max_kv_len: int, head_dim: int, *, kind: str = "fwd") -> GdpaTile
     # Backward: the tiles the H200 GPU tests passed with. The sweep's faster narrow tiles
     # (dq 64x32, dkdv 32x64, 4 warps, 3 stages: 1.61 ms vs 2.39 ms fwd+bwd at D=128) hit an
     # illegal memory access in test_gpu_real_sizes[full-gelu] on the H200 (2026-11-29) and
-    # stay off until that is understood (kernels/BENCHMARKS.md).
+    # stay off until tests/test_gdpa_narrow_tiles.py's GPU test passes (its bounds-checked
+    # interpreter run finds no out-of-bounds index; kernels/BENCHMARKS.md, issue 15).
     return GdpaTiles(block_m=64, block_n=64 if big else 128, num_warps=8 if big else 4, num_stages=2)
 
 
@@ -323,6 +327,11 @@ def _block_b(b: int) -> int:
     return max(16, 1 << max(0, b - 1).bit_length())
 
 
+def _tanh(t: GdpaTiles, dtype: torch.dtype) -> bool:
+    """Whether the kernels compute sigmoid with PTX tanh.approx (see `GdpaTiles.tanh_sigmoid`)."""
+    return t.tanh_sigmoid and dtype != torch.float32 and os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
 def _prec(dtype: torch.dtype) -> str:
     """Dot precision: exact fp32 for fp32 inputs; fp32-upcast 16-bit dots in the interpreter."""
     if dtype == torch.float32:
@@ -352,7 +361,7 @@ def gdpa_forward_triton(
         out.stride(0), out.stride(1),
         scale, 1.0 / divisor, window or 0, b,
         D=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_B=_block_b(b), ACT=activation,
-        CAUSAL=causal, HAS_WINDOW=window is not None, PREC=_prec(q.dtype),
+        TANH=_tanh(t, q.dtype), CAUSAL=causal, HAS_WINDOW=window is not None, PREC=_prec(q.dtype),
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     return out
@@ -392,7 +401,7 @@ def gdpa_backward_triton(
         q, k, v, dout, dq, dka, dva, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1), dka.stride(0), dka.stride(1),
-        scale, 1.0 / divisor, window or 0, b, FUSED_KV=fused, **common,
+        scale, 1.0 / divisor, window or 0, b, FUSED_KV=fused, TANH=_tanh(t, q.dtype), **common,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
     )
     if fused:
@@ -403,7 +412,7 @@ def gdpa_backward_triton(
         q, k, v, dout, dk, dv, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        scale, 1.0 / divisor, window or 0, b, **common,
+        scale, 1.0 / divisor, window or 0, b, TANH=_tanh(t, q.dtype), **common,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
     )
     return dq, dk, dv

@@ -40,26 +40,37 @@ def _dot(a, b, PREC: tl.constexpr):
 
 
 @triton.jit
-def _sigmoid(x):
-    """Fast sigmoid: exp2 and the approximate (non-IEEE) division, ~2 ulp."""
+def _sigmoid(x, TANH: tl.constexpr):
+    """Fast sigmoid in fp32.
+
+    TANH (16-bit inputs on the GPU): sigma(x) = 1/2 + tanh(x/2)/2 with PTX `tanh.approx.f32`,
+    one special-function (MUFU) op per score instead of two (exp2 + reciprocal); max relative
+    error of tanh.approx ~2^-11, below bf16/fp16 rounding. The SFU is what bounds the GDPA
+    loop (kernels/BENCHMARKS.md, GDPA). Otherwise: exp2 and the approximate division, ~2 ulp
+    (also the interpreter's path: it cannot run inline PTX).
+    """
+    if TANH:
+        t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x * 0.5], dtype=tl.float32,
+                                      is_pure=True, pack=1)
+        return 0.5 + 0.5 * t
     return tl.fdiv(1.0, 1.0 + tl.exp2(x * -1.4426950408889634), ieee_rounding=False)
 
 
 @triton.jit
-def _act(x, ACT: tl.constexpr):
+def _act(x, ACT: tl.constexpr, TANH: tl.constexpr):
     """act(x) in fp32. One branch per activation (keep in sync with _gdpa.ACTIVATIONS)."""
     if ACT == "silu":
-        y = x * _sigmoid(x)
+        y = x * _sigmoid(x, TANH)
     elif ACT == "gelu":
         u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        y = x * _sigmoid(2.0 * u)  # 0.5 * x * (1 + tanh(u)) == x * sigmoid(2u)
+        y = x * _sigmoid(2.0 * u, TANH)  # 0.5 * x * (1 + tanh(u)) == x * sigmoid(2u)
     elif ACT == "relu":
         y = tl.maximum(x, 0.0)
     elif ACT == "relu2":
         r = tl.maximum(x, 0.0)
         y = r * r
     elif ACT == "sigmoid":
-        y = _sigmoid(x)
+        y = _sigmoid(x, TANH)
     elif ACT == "identity":
         y = x
     else:
@@ -68,15 +79,15 @@ def _act(x, ACT: tl.constexpr):
 
 
 @triton.jit
-def _act_and_grad(x, ACT: tl.constexpr):
+def _act_and_grad(x, ACT: tl.constexpr, TANH: tl.constexpr):
     """(act(x), act'(x)) in fp32."""
     if ACT == "silu":
-        s = _sigmoid(x)
+        s = _sigmoid(x, TANH)
         y = x * s
         g = s * (1.0 + x * (1.0 - s))
     elif ACT == "gelu":
         u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        s = _sigmoid(2.0 * u)  # (1 + tanh(u)) / 2
+        s = _sigmoid(2.0 * u, TANH)  # (1 + tanh(u)) / 2
         y = x * s
         # d/dx [x * (1 + t) / 2] = (1 + t) / 2 + x * (1 - t^2) / 2 * u'
         # with (1 + t) / 2 = s and (1 - t^2) / 2 = 2 s (1 - s)
@@ -89,7 +100,7 @@ def _act_and_grad(x, ACT: tl.constexpr):
         y = r * r
         g = 2.0 * r
     elif ACT == "sigmoid":
-        s = _sigmoid(x)
+        s = _sigmoid(x, TANH)
         y = s
         g = s * (1.0 - s)
     elif ACT == "identity":
@@ -186,7 +197,7 @@ def _split(lo, hi, flo, fhi, BLOCK: tl.constexpr):
 
 @triton.jit
 def _fwd_inner(acc, q, K, V, kv_start, stride_kt, stride_vt, offs_m, offs_d, start, end, r_lo, r_hi,
-               shift, window, scale, ACT: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               shift, window, scale, ACT: tl.constexpr, TANH: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -198,7 +209,7 @@ def _fwd_inner(acc, q, K, V, kv_start, stride_kt, stride_vt, offs_m, offs_d, sta
             k = tl.load(K + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :])
             v = tl.load(V + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :])
         s = _dot(q, tl.trans(k), PREC) * scale
-        p = _act(s, ACT)
+        p = _act(s, ACT, TANH)
         if MASKED:
             p = tl.where(_visible(offs_m, offs_n, shift, window, r_lo, r_hi, CAUSAL, HAS_WINDOW), p, 0.0)
         acc += _dot(p.to(v.dtype), v, PREC)
@@ -210,7 +221,7 @@ def _gdpa_fwd_kernel(Q, K, V, O, q_offsets, kv_offsets,
                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                      scale, inv_div, window, B,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-                     ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr):
+                     ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
     b, m_block, total = _locate(q_offsets, pid, B, BLOCK_M, BLOCK_B)
@@ -237,11 +248,11 @@ def _gdpa_fwd_kernel(Q, K, V, O, q_offsets, kv_offsets,
 
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     acc = _fwd_inner(acc, q, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, m1, m2, m1, m2,
-                     shift, window, scale, ACT, False, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
+                     shift, window, scale, ACT, TANH, False, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
     acc = _fwd_inner(acc, q, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, lo, m1, lo, m1,
-                     shift, window, scale, ACT, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
+                     shift, window, scale, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
     acc = _fwd_inner(acc, q, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, m2, hi, m2, hi,
-                     shift, window, scale, ACT, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
+                     shift, window, scale, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
     out = acc * inv_div
     tl.store(O + h * stride_oh + (q_start + offs_m)[:, None] * stride_ot + offs_d[None, :],
              out.to(O.dtype.element_ty), mask=row_ok[:, None])
@@ -249,7 +260,7 @@ def _gdpa_fwd_kernel(Q, K, V, O, q_offsets, kv_offsets,
 
 @triton.jit
 def _dq_inner(dq, q, do, K, V, DKA, DVA, kv_start, stride_kt, stride_vt, stride_at, offs_m, offs_d, start, end,
-              r_lo, r_hi, shift, window, scale, inv_div, ACT: tl.constexpr, MASKED: tl.constexpr,
+              r_lo, r_hi, shift, window, scale, inv_div, ACT: tl.constexpr, TANH: tl.constexpr, MASKED: tl.constexpr,
               CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
               FUSED_KV: tl.constexpr):
     for start_n in range(start, end, BLOCK_N):
@@ -262,7 +273,7 @@ def _dq_inner(dq, q, do, K, V, DKA, DVA, kv_start, stride_kt, stride_vt, stride_
             k = tl.load(K + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :])
             v = tl.load(V + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :])
         s = _dot(q, tl.trans(k), PREC) * scale
-        y, g = _act_and_grad(s, ACT)
+        y, g = _act_and_grad(s, ACT, TANH)
         dp = _dot(do, tl.trans(v), PREC)
         ds = dp * g * inv_div
         if MASKED:
@@ -290,7 +301,7 @@ def _gdpa_bwd_dq_kernel(Q, K, V, DO, DQ, DKA, DVA, q_offsets, kv_offsets,
                         stride_dot, stride_doh, stride_dqt, stride_dqh, stride_at, stride_ah,
                         scale, inv_div, window, B,
                         D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-                        ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
+                        ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
                         FUSED_KV: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
@@ -321,13 +332,13 @@ def _gdpa_bwd_dq_kernel(Q, K, V, DO, DQ, DKA, DVA, q_offsets, kv_offsets,
     dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     dq = _dq_inner(dq, q, do, Kh, Vh, DKA + h * stride_ah, DVA + h * stride_ah, kv_start, stride_kt, stride_vt,
                    stride_at, offs_m, offs_d, m1, m2, m1, m2,
-                   shift, window, scale, inv_div, ACT, False, CAUSAL, HAS_WINDOW, BLOCK_N, PREC, FUSED_KV)
+                   shift, window, scale, inv_div, ACT, TANH, False, CAUSAL, HAS_WINDOW, BLOCK_N, PREC, FUSED_KV)
     dq = _dq_inner(dq, q, do, Kh, Vh, DKA + h * stride_ah, DVA + h * stride_ah, kv_start, stride_kt, stride_vt,
                    stride_at, offs_m, offs_d, lo, m1, lo, m1,
-                   shift, window, scale, inv_div, ACT, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC, FUSED_KV)
+                   shift, window, scale, inv_div, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC, FUSED_KV)
     dq = _dq_inner(dq, q, do, Kh, Vh, DKA + h * stride_ah, DVA + h * stride_ah, kv_start, stride_kt, stride_vt,
                    stride_at, offs_m, offs_d, m2, hi, m2, hi,
-                   shift, window, scale, inv_div, ACT, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC, FUSED_KV)
+                   shift, window, scale, inv_div, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC, FUSED_KV)
     dq = dq * scale
     tl.store(DQ + h * stride_dqh + (q_start + offs_m)[:, None] * stride_dqt + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
@@ -335,7 +346,7 @@ def _gdpa_bwd_dq_kernel(Q, K, V, DO, DQ, DKA, DVA, q_offsets, kv_offsets,
 
 @triton.jit
 def _dkdv_inner(dk, dv, k, v, Q, DO, q_start, stride_qt, stride_dot, offs_n, offs_d, start, end, r_lo, r_hi,
-                shift, window, scale, inv_div, ACT: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                shift, window, scale, inv_div, ACT: tl.constexpr, TANH: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                 HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr):
     for start_m in range(start, end, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -348,7 +359,7 @@ def _dkdv_inner(dk, dv, k, v, Q, DO, q_start, stride_qt, stride_dot, offs_n, off
             do = tl.load(DO + (q_start + offs_m)[:, None] * stride_dot + offs_d[None, :])
         # Transposed scores: sT[j, i] = scale * k_j . q_i
         st = _dot(k, tl.trans(q), PREC) * scale
-        pt, g = _act_and_grad(st, ACT)
+        pt, g = _act_and_grad(st, ACT, TANH)
         dpt = _dot(v, tl.trans(do), PREC)
         pt = pt * inv_div
         dst = dpt * g * inv_div
@@ -369,7 +380,7 @@ def _gdpa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, q_offsets, kv_offsets,
                           stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
                           scale, inv_div, window, B,
                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-                          ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr):
+                          ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
     b, n_block, total = _locate(kv_offsets, pid, B, BLOCK_N, BLOCK_B)
@@ -399,11 +410,11 @@ def _gdpa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, q_offsets, kv_offsets,
     dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, q_start, stride_qt, stride_dot, offs_n, offs_d, m1, m2, m1, m2,
-                         shift, window, scale, inv_div, ACT, False, CAUSAL, HAS_WINDOW, BLOCK_M, PREC)
+                         shift, window, scale, inv_div, ACT, TANH, False, CAUSAL, HAS_WINDOW, BLOCK_M, PREC)
     dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, q_start, stride_qt, stride_dot, offs_n, offs_d, lo, m1, lo, m1,
-                         shift, window, scale, inv_div, ACT, True, CAUSAL, HAS_WINDOW, BLOCK_M, PREC)
+                         shift, window, scale, inv_div, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_M, PREC)
     dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, q_start, stride_qt, stride_dot, offs_n, offs_d, m2, hi, m2, hi,
-                         shift, window, scale, inv_div, ACT, True, CAUSAL, HAS_WINDOW, BLOCK_M, PREC)
+                         shift, window, scale, inv_div, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_M, PREC)
     dk = dk * scale
     tl.store(DK + h * stride_dkh + (kv_start + offs_n)[:, None] * stride_dkt + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=col_ok[:, None])

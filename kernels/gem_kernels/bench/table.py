@@ -1,0 +1,330 @@
+"""Bench: issue 15's table in one command, ours beside the best torch path in the same run.
+
+    cd kernels && PYTHONPATH=. python3 -m gem_kernels.bench.table [--out DIR] [--iters N]
+
+Why a third bench: `attention` and `gdpa` sweep many shapes and tiles; this one prints only
+the issue's rows on the issue's batch (`torch.manual_seed(62)`; 64 lengths
+`LogNormal(6.5, 1.0)` clamped to 64..16384, H=4, D=128, bf16) plus a length-mix sweep (mean
+100 -> 4,000 at ~constant tokens) showing where each path wins, in well under two minutes
+on an H200. Timing: eager calls, warm-up, CUDA events, median (STYLE.md point 11). Useful
+FLOPs = 4 * visible pairs * D * H forward, x3.5 forward+backward. Torch paths: nested-jagged
+SDPA (no padding) and padded cuDNN SDPA (pre-padded; padding not timed) for softmax; a
+per-sample loop of eager matmuls for GDPA (torch has no fused elementwise attention; a
+padded batch would be 64 x 4,787^2 scores). Each of ours is checked against the fp32
+reference on the first 8 samples in the same run. The compact table is printed last, then
+one JSON line; `--out` also writes the JSON there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from gem_kernels import block_attention, generalized_dot_product_attention, jagged_flash_attention, pad_jagged
+from gem_kernels._gdpa import GdpaTiles, force_tiles, gdpa_tiles
+from gem_kernels.bench._common import (attention_flops, bench_ms, emit_json, env_info, offsets_from_lengths,
+                                       print_table, visible_pairs)
+
+H, D = 4, 128
+DT = torch.bfloat16
+
+
+def issue_lengths(n: int = 64, *, mu: float = 6.5, seed: int = 62) -> list[int]:
+    """The issue's batch: `torch.manual_seed(seed)`; LogNormal(mu, 1.0) clamped to 64..16384."""
+    torch.manual_seed(seed)
+    x = torch.distributions.LogNormal(mu, 1.0).sample((n,))  # type: ignore[no-untyped-call]
+    return [int(v) for v in x.clamp(64, 16384).long().tolist()]
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.detach().float(), want.detach().float()
+    return float((got - want).abs().max()) / max(1.0, float(want.abs().max()))
+
+
+class Batch:
+    """q, k, v, dout `[T, H, D]` and offsets for one length list (self-attention)."""
+
+    def __init__(self, lengths: list[int], device: str) -> None:
+        self.lengths = lengths
+        self.off = offsets_from_lengths(lengths, device)
+        self.max = max(lengths)
+        g = torch.Generator(device=device).manual_seed(1)
+        t = sum(lengths)
+        self.q, self.k, self.v, self.do = (torch.randn(t, H, D, generator=g, device=device).to(DT) for _ in range(4))
+        self.qg, self.kg, self.vg = (x.clone().requires_grad_() for x in (self.q, self.k, self.v))
+
+    def head(self, n: int) -> Batch:
+        """The first n samples (for the reference check)."""
+        return Batch(self.lengths[:n], str(self.q.device))
+
+
+def _check(ours: Callable[..., torch.Tensor], ref: Callable[..., torch.Tensor], b: Batch) -> float:
+    """Worst relative error of ours (bf16) vs the fp32 reference over out, dq, dk, dv."""
+    qg, kg, vg = (x.clone().requires_grad_() for x in (b.q, b.k, b.v))
+    out = ours(qg, kg, vg, b)
+    grads = torch.autograd.grad(out, (qg, kg, vg), b.do)
+    q32, k32, v32 = (x.float().requires_grad_() for x in (b.q, b.k, b.v))
+    r = ref(q32, k32, v32, b)
+    rg = torch.autograd.grad(r, (q32, k32, v32), b.do.float())
+    return max([_rel_err(out, r)] + [_rel_err(g, w) for g, w in zip(grads, rg)])
+
+
+def _fwd_bwd(fn: Callable[..., torch.Tensor], b: Batch) -> Callable[[], object]:
+    def run() -> object:
+        o = fn(b.qg, b.kg, b.vg, b)
+        return torch.autograd.grad(o, (b.qg, b.kg, b.vg), b.do)
+    return run
+
+
+def _fwd(fn: Callable[..., torch.Tensor], b: Batch) -> Callable[[], object]:
+    def run() -> object:
+        with torch.no_grad():
+            return fn(b.q, b.k, b.v, b)
+    return run
+
+
+def jfa(causal: bool, backend: str = "triton") -> Callable[..., torch.Tensor]:
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: Batch) -> torch.Tensor:
+        return jagged_flash_attention(q, k, v, b.off, b.off, b.max, b.max, causal=causal, backend=backend)
+    return f
+
+
+def gdpa(backend: str = "triton") -> Callable[..., torch.Tensor]:
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: Batch) -> torch.Tensor:
+        return generalized_dot_product_attention(q, k, v, b.off, b.off, b.max, b.max, activation="silu",
+                                                 causal=True, backend=backend)
+    return f
+
+
+def nested_sdpa(causal: bool) -> Callable[..., torch.Tensor]:
+    """torch's nested-jagged SDPA (flash backend under the hood; no padding)."""
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: Batch) -> torch.Tensor:
+        qn, kn, vn = (torch.nested.nested_tensor_from_jagged(x, b.off, max_seqlen=b.max).transpose(1, 2)
+                      for x in (q, k, v))
+        return F.scaled_dot_product_attention(qn, kn, vn, is_causal=causal).transpose(1, 2).values()
+    return f
+
+
+def gdpa_torch_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: Batch) -> torch.Tensor:
+    """GDPA SiLU causal as a per-sample loop of eager bf16 matmuls (torch's best unpadded path)."""
+    off = [0, *torch.tensor(b.lengths).cumsum(0).tolist()]
+    outs = []
+    for s, e in zip(off[:-1], off[1:]):
+        qb, kb, vb = (x[s:e].transpose(0, 1) for x in (q, k, v))  # [H, L, D]
+        sc = torch.matmul(qb, kb.transpose(1, 2)) * (1.0 / math.sqrt(D))
+        p = F.silu(sc).tril() / b.max
+        outs.append(torch.matmul(p, vb).transpose(0, 1))
+    return torch.cat(outs)
+
+
+def _padded_cudnn(b: Batch, causal: bool, iters: int, *, fwd_only: bool = False
+                  ) -> tuple[float | None, float | None]:
+    """Padded cuDNN SDPA on pre-padded tensors: (fwd ms, fwd+bwd ms), None where it fails."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    try:
+        qp, kp, vp, dp = (pad_jagged(x, b.off, b.max).transpose(1, 2).contiguous() for x in (b.q, b.k, b.v, b.do))
+        qg, kg, vg = (x.clone().requires_grad_() for x in (qp, kp, vp))
+
+        def fwd() -> object:
+            with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(qp, kp, vp, is_causal=causal)
+
+        def fwd_bwd() -> object:
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+            return torch.autograd.grad(o, (qg, kg, vg), dp)
+
+        f_ms = bench_ms(fwd, warmup=1, iters=iters)
+        return f_ms, None if fwd_only else bench_ms(fwd_bwd, warmup=1, iters=iters)
+    except Exception as e:  # noqa: BLE001 - a baseline that cannot run is reported, not fatal
+        print(f"padded cudnn failed: {type(e).__name__}: {str(e)[:80]}", flush=True)
+        return None, None
+
+
+def _try_ms(fn: Callable[[], object], iters: int) -> float | None:
+    try:
+        return bench_ms(fn, warmup=1, iters=iters)
+    except Exception as e:  # noqa: BLE001
+        print(f"torch path failed: {type(e).__name__}: {str(e)[:80]}", flush=True)
+        return None
+
+
+def _tf(flops: float, ms: float | None) -> float | None:
+    return None if ms is None else flops / (ms * 1e-3) / 1e12
+
+
+def main_table(iters: int) -> list[dict[str, object]]:
+    b = Batch(issue_lengths(), "cuda")
+    small = b.head(8)
+    rows: list[dict[str, object]] = []
+    pad_ratio = len(b.lengths) * b.max / sum(b.lengths)
+    print(f"batch: B={len(b.lengths)} mean={sum(b.lengths) / len(b.lengths):.0f} max={b.max} "
+          f"padding={pad_ratio:.2f}x", flush=True)
+
+    def add(case: str, ours_ms: float | None, flops: float, peer: str, peer_ms: float | None, err: float | None,
+            unit: str = "TFLOP/s") -> None:
+        rows.append({"case": case, "ours": _tf(flops, ours_ms), "ours_ms": ours_ms, "peer": peer,
+                     "peer_val": _tf(flops, peer_ms), "peer_ms": peer_ms, "unit": unit, "err": err})
+        print(rows[-1], flush=True)
+
+    for causal in (False, True):
+        name = "causal" if causal else "full"
+        f_fwd, f_all = attention_flops(visible_pairs(b.lengths, b.lengths, causal=causal), H, D)
+        err = _check(jfa(causal), jfa(causal, "reference"), small)
+        fwd = bench_ms(_fwd(jfa(causal), b), iters=iters)
+        all_ = bench_ms(_fwd_bwd(jfa(causal), b), iters=iters)
+        # torch's nested SDPA rejects is_causal with nested q/k: padded cuDNN is the causal peer.
+        nf = None if causal else _try_ms(_fwd(nested_sdpa(causal), b), iters)
+        na = None if causal else _try_ms(_fwd_bwd(nested_sdpa(causal), b), iters)
+        pf, pa = _padded_cudnn(b, causal, max(2, iters // 2))
+        torch.cuda.empty_cache()
+        bf, bn = min(((nf, "nested SDPA"), (pf, "padded cuDNN")), key=lambda x: math.inf if x[0] is None else x[0])
+        ba, bna = min(((na, "nested SDPA"), (pa, "padded cuDNN")), key=lambda x: math.inf if x[0] is None else x[0])
+        add(f"JFA fwd {name}", fwd, f_fwd, bn, bf, err)
+        add(f"JFA fwd+bwd {name}", all_, f_all, bna, ba, err)
+
+    f_fwd, f_all = attention_flops(visible_pairs(b.lengths, b.lengths, causal=True), H, D)
+    err = _check(gdpa(), gdpa("reference"), small)
+    add("GDPA SiLU causal fwd", bench_ms(_fwd(gdpa(), b), iters=iters), f_fwd, "torch per-sample loop",
+        _try_ms(_fwd(gdpa_torch_loop, b), max(2, iters // 2)), err)
+    add("GDPA SiLU causal fwd+bwd", bench_ms(_fwd_bwd(gdpa(), b), iters=iters), f_all, "torch per-sample loop",
+        _try_ms(_fwd_bwd(gdpa_torch_loop, b), max(2, iters // 2)), err)
+    # A/B of the tanh.approx sigmoid (the default): the same kernels with exp2 + reciprocal.
+    old = {kind: dataclasses.replace(gdpa_tiles(b.max, D, kind=kind), tanh_sigmoid=False)
+           for kind in ("fwd", "dq", "dkdv")}
+    with force_tiles(**old):
+        err_old = _check(gdpa(), gdpa("reference"), small)
+        add("GDPA SiLU causal fwd, exp2+rcp sigmoid", bench_ms(_fwd(gdpa(), b), iters=iters), f_fwd, "-", None,
+            err_old)
+        add("GDPA SiLU causal fwd+bwd, exp2+rcp", bench_ms(_fwd_bwd(gdpa(), b), iters=iters), f_all, "-", None,
+            err_old)
+    torch.cuda.empty_cache()
+
+    # BlockAttention(64) forward: bytes = q, k, v read + out written; roof = a plain copy.
+    nbytes = 4 * b.q.numel() * b.q.element_size()
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms = bench_ms(lambda: dst.copy_(src), iters=iters)  # reads + writes nbytes in all
+    blk_ms = bench_ms(lambda: block_attention(b.q, b.k, b.v, b.off, b.max, block_size=64), iters=iters)
+    blk_err = _rel_err(block_attention(small.q, small.k, small.v, small.off, small.max, block_size=64),
+                       block_attention(small.q.float(), small.k.float(), small.v.float(), small.off, small.max,
+                                       block_size=64, backend="reference"))
+    rows.append({"case": "BlockAttention(64) fwd", "ours": nbytes / (blk_ms * 1e-3) / 1e12, "ours_ms": blk_ms,
+                 "peer": "copy (same bytes)", "peer_val": nbytes / (copy_ms * 1e-3) / 1e12, "peer_ms": copy_ms,
+                 "unit": "TB/s", "err": blk_err})
+    print(rows[-1], flush=True)
+    del src, dst
+
+    # Dense 8 x 4096, 16 heads, full: ours vs cuDNN SDPA.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    qd, kd, vd = (torch.randn(8 * 4096, 16, D, generator=g, device="cuda").to(DT) for _ in range(3))
+    offd = offsets_from_lengths([4096] * 8, "cuda")
+    f_dense = 4.0 * 8 * 4096 * 4096 * D * 16
+    ours_d = bench_ms(lambda: jagged_flash_attention(qd, kd, vd, offd, offd, 4096, 4096), iters=iters)
+    qp, kp, vp = (x.view(8, 4096, 16, D).transpose(1, 2).contiguous() for x in (qd, kd, vd))
+
+    def cudnn() -> object:
+        with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qp, kp, vp)
+
+    with torch.no_grad():
+        ref_d = F.scaled_dot_product_attention(qp, kp, vp).transpose(1, 2).reshape(8 * 4096, 16, D)
+        err_d = _rel_err(jagged_flash_attention(qd, kd, vd, offd, offd, 4096, 4096), ref_d)
+    add("dense 8x4096x16 fwd", ours_d, f_dense, "cuDNN SDPA", _try_ms(cudnn, iters), err_d)
+    return rows
+
+
+def sweep(iters: int) -> list[dict[str, object]]:
+    """Length mixes (mean ~120 -> ~3,200 at ~64k tokens): where each path wins, forward full
+    (ours, nested SDPA, padded cuDNN) and causal (ours, padded cuDNN: torch's nested SDPA
+    rejects is_causal), causal fwd+bwd, and GDPA SiLU causal forward. Useful TFLOP/s."""
+    rows: list[dict[str, object]] = []
+    for mean in (100, 300, 1000, 2000, 4000):
+        n = max(8, 65536 // mean)
+        b = Batch(issue_lengths(n, mu=math.log(mean) - 0.5, seed=62), "cuda")
+        f_full = attention_flops(visible_pairs(b.lengths, b.lengths), H, D)[0]
+        f_fwd, f_all = attention_flops(visible_pairs(b.lengths, b.lengths, causal=True), H, D)
+        r: dict[str, object] = {"mean": round(sum(b.lengths) / n), "B": n, "max": b.max}
+        r["full_ours"] = _tf(f_full, bench_ms(_fwd(jfa(False), b), warmup=2, iters=iters))
+        r["full_nested"] = _tf(f_full, _try_ms(_fwd(nested_sdpa(False), b), iters))
+        r["full_cudnn"] = _tf(f_full, _padded_cudnn(b, False, iters, fwd_only=True)[0])
+        r["causal_ours"] = _tf(f_fwd, bench_ms(_fwd(jfa(True), b), warmup=2, iters=iters))
+        pf, pa = _padded_cudnn(b, True, iters)
+        r["causal_cudnn"] = _tf(f_fwd, pf)
+        r["causal_fb_ours"] = _tf(f_all, bench_ms(_fwd_bwd(jfa(True), b), warmup=2, iters=iters))
+        r["causal_fb_cudnn"] = _tf(f_all, pa)
+        r["gdpa_fwd"] = _tf(f_fwd, bench_ms(_fwd(gdpa(), b), warmup=2, iters=iters))
+        for col in ("full", "causal", "causal_fb"):
+            cands = {k: float(v) for k, v in r.items() if k.startswith(col + "_") and k.count("_") == col.count("_") + 1
+                     and isinstance(v, float)}
+            r[col + "_win"] = max(cands, key=lambda k: cands[k]).split("_")[-1] if cands else None
+        rows.append(r)
+        print(r, flush=True)
+        del b
+        torch.cuda.empty_cache()
+    return rows
+
+
+def narrow_bwd(iters: int) -> list[dict[str, object]]:
+    """GDPA SiLU causal fwd+bwd: default backward tiles vs the narrow sweep winners (dQ 64x32,
+    dK/dV 32x64, 4 warps, 3 stages) that once faulted on the H200. Run it in its own process:
+    an illegal memory access poisons the CUDA context."""
+    b = Batch(issue_lengths(), "cuda")
+    f_all = attention_flops(visible_pairs(b.lengths, b.lengths, causal=True), H, D)[1]
+    narrow = {"dq": GdpaTiles(block_m=64, block_n=32, num_warps=4, num_stages=3),
+              "dkdv": GdpaTiles(block_m=32, block_n=64, num_warps=4, num_stages=3)}
+    rows: list[dict[str, object]] = []
+    for name, tiles in (("default", {}), ("narrow", narrow)):
+        with force_tiles(**tiles):
+            err = _check(gdpa(), gdpa("reference"), b.head(8))
+            ms = bench_ms(_fwd_bwd(gdpa(), b), iters=iters)
+            torch.cuda.synchronize()
+        rows.append({"bwd_tiles": name, "fwdbwd_ms": ms, "tflops": _tf(f_all, ms), "err": err})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--iters", type=int, default=7, help="timed iterations per figure (median)")
+    p.add_argument("--no-sweep", action="store_true")
+    p.add_argument("--narrow-bwd", action="store_true", help="only GDPA fwd+bwd, default vs narrow backward tiles")
+    p.add_argument("--out", default=os.environ.get("OUT"), help="directory for table.json (default $OUT)")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("table bench needs CUDA (the CPU toy runs are `bench.attention --quick` / `bench.gdpa --quick`)")
+        skipped: dict[str, object] = {"bench": "table", "skipped": "no CUDA", **env_info()}
+        emit_json(skipped)
+        return
+    if args.narrow_bwd:
+        nb: dict[str, object] = {"bench": "table_narrow_bwd", **env_info(), "rows": narrow_bwd(args.iters)}
+        emit_json(nb)
+        return
+    rows = main_table(args.iters)
+    sw = [] if args.no_sweep else sweep(max(3, args.iters // 2))
+    print("\nlength-mix sweep (useful TFLOP/s; *_win = fastest path; fb = fwd+bwd; gdpa = SiLU causal fwd):")
+    if sw:
+        print_table(sw, ["mean", "B", "max", "full_ours", "full_nested", "full_cudnn", "full_win", "causal_ours",
+                         "causal_cudnn", "causal_win", "causal_fb_ours", "causal_fb_cudnn", "causal_fb_win", "gdpa_fwd"])
+    print("\nissue 15 table (eager calls, median of CUDA events; err = max rel. error vs fp32 reference):")
+    print_table(rows, ["case", "ours", "peer_val", "unit", "peer", "ours_ms", "peer_ms", "err"])
+    payload: dict[str, object] = {"bench": "table", **env_info(), "rows": rows, "sweep": sw}
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "table.json"), "w") as f:
+            json.dump(payload, f, indent=1, default=str)
+    emit_json(payload)
+
+
+if __name__ == "__main__":
+    main()
