@@ -294,6 +294,13 @@ def narrow_bwd(iters: int) -> list[dict[str, object]]:
     return rows
 
 
+def _save(out: str | None, payload: dict[str, object]) -> None:
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "table.json"), "w") as f:
+            json.dump(payload, f, indent=1, default=str)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--iters", type=int, default=7, help="timed iterations per figure (median)")
@@ -311,6 +318,7 @@ def main() -> None:
         emit_json(nb)
         return
     rows = main_table(args.iters)
+    _save(args.out, {"bench": "table", **env_info(), "rows": rows, "sweep": "not run yet"})  # if cut off
     sw = [] if args.no_sweep else sweep(max(3, args.iters // 2))
     print("\nlength-mix sweep (useful TFLOP/s; *_win = fastest path; fb = fwd+bwd; gdpa = SiLU causal fwd):")
     if sw:
@@ -319,10 +327,7 @@ def main() -> None:
     print("\nissue 15 table (eager calls, median of CUDA events; err = max rel. error vs fp32 reference):")
     print_table(rows, ["case", "ours", "peer_val", "unit", "peer", "ours_ms", "peer_ms", "err"])
     payload: dict[str, object] = {"bench": "table", **env_info(), "rows": rows, "sweep": sw}
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "table.json"), "w") as f:
-            json.dump(payload, f, indent=1, default=str)
+    _save(args.out, payload)
     emit_json(payload)
 
 
