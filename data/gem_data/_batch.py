@@ -49,14 +49,22 @@ class SparseFeatures:
         lengths: [K*B] int64, sums to N.
     """
 
-    def __init__(self, keys: list[str], values: Tensor, lengths: Tensor) -> None:
+    def __init__(self, keys: list[str], values: Tensor, lengths: Tensor,
+                 length_per_key: list[int] | None = None) -> None:
         if values.dim() != 1 or lengths.dim() != 1:
             raise ValueError(f"{values.shape=} and {lengths.shape=} must be 1-D")
         if keys and lengths.numel() % len(keys) != 0:
             raise ValueError(f"{lengths.numel()=} must be a multiple of len(keys)={len(keys)}")
+        if length_per_key is not None and len(length_per_key) != len(keys):
+            raise ValueError(f"length_per_key has {len(length_per_key)} entries, must have len(keys)={len(keys)}")
         self._keys = list(keys)
         self._values = values
         self._lengths = lengths
+        # Host ints, like torchrec's KJT cache: computed while the lengths are on the host, and
+        # carried by to()/pin_memory(), so splitting a GPU batch per key never syncs.
+        self._per_key = length_per_key
+        if self._per_key is None and lengths.device.type == "cpu":
+            self._per_key = self._sum_per_key()
 
     def keys(self) -> list[str]:
         return self._keys
@@ -75,6 +83,12 @@ class SparseFeatures:
         return self._lengths.numel() // len(self._keys) if self._keys else 0
 
     def length_per_key(self) -> list[int]:
+        """Ids per key (host ints; a device→host sync only for features built on the GPU)."""
+        if self._per_key is None:
+            self._per_key = self._sum_per_key()
+        return list(self._per_key)
+
+    def _sum_per_key(self) -> list[int]:
         b = self.stride()
         return [int(x) for x in self._lengths.view(len(self._keys), b).sum(1).tolist()] if self._keys else []
 
@@ -89,10 +103,10 @@ class SparseFeatures:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> SparseFeatures:
         return SparseFeatures(self._keys, self._values.to(device, non_blocking=non_blocking),
-                              self._lengths.to(device, non_blocking=non_blocking))
+                              self._lengths.to(device, non_blocking=non_blocking), self._per_key)
 
     def pin_memory(self) -> SparseFeatures:
-        return SparseFeatures(self._keys, self._values.pin_memory(), self._lengths.pin_memory())
+        return SparseFeatures(self._keys, self._values.pin_memory(), self._lengths.pin_memory(), self._per_key)
 
     def record_stream(self, stream: torch.cuda.Stream) -> None:
         self._values.record_stream(stream)

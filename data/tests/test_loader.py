@@ -149,3 +149,18 @@ def test_batches_carry_host_lengths_equal_to_the_offsets() -> None:
         assert list(b.seq_lengths_host) == b.seq_lengths().tolist()
         assert max(b.seq_lengths_host) == b.max_seq_len
     loader.close()
+
+
+def test_sparse_per_key_lengths_are_host_ints_carried_to_the_device() -> None:
+    # Splitting the sparse ids per key must not read device lengths (a host sync every step
+    # on the GPU). "meta" tensors have no data: reading them would raise.
+    b = SyntheticSource(presets.tiny(), block_size=int(np.random.randint(2, 40))).batch(
+        int(np.random.randint(0, 1000)), sparse_kind="native")
+    want = [int(j.lengths().sum()) for j in b.sparse.to_dict().values()]
+    moved = b.sparse.to("meta")
+    assert moved.length_per_key() == want == b.sparse.length_per_key()
+    parts = moved.to_dict()
+    assert [p.values().shape[0] for p in parts.values()] == want
+    from gem_data._batch import SparseFeatures
+    with pytest.raises(ValueError, match="length_per_key"):
+        SparseFeatures(["a", "b"], torch.zeros(3, dtype=torch.int64), torch.ones(4, dtype=torch.int64), [3])
