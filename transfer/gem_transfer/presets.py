@@ -20,8 +20,12 @@ def tiny(**overrides: Any) -> TransferConfig:
 
 def gem(**overrides: Any) -> TransferConfig:
     """One H200: the h200 teacher (bf16) on GEM-like histories (cap 8,192), 131,072-token steps,
-    for at most 200k samples or 240 s (the bench must fit a 10-minute slot); students on 4,096."""
+    for at most 200k samples or 240 s (the bench must fit a 10-minute slot); students on 4,096.
+
+    Dense lr 1e-4, the trainer's h200 value: the d_model-1024 teacher stalls at AUC ~0.60 at
+    1e-3 (H200, 2026-11-30: teacher 0.60 / 0.60 / 0.60, below the label-only students;
+    model/BENCHMARKS.md has the same finding for the trainer)."""
     base = TransferConfig(preset="gem", teacher_samples=200_000, teacher_seconds=240.0, teacher_tokens=131_072,
-                          teacher_lr=1e-3, student_samples=4096, eval_samples=4096, block_size=16,
+                          teacher_lr=1e-4, student_samples=4096, eval_samples=4096, block_size=16,
                           blocks_per_shard=16, student=StudentConfig(emb_dim=32, hidden=(128, 64)))
     return dataclasses.replace(base, **overrides)
