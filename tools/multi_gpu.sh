@@ -60,7 +60,7 @@ sig=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1])).get('signa
 if [ -n "$sig" ]; then export GEM_COMMS_SIGNAL=$sig; echo "GEM_COMMS_SIGNAL=$sig (from the probe)"; fi
 
 # 2. scaling: h200 preset, 60 steps, 1 GPU vs 2 GPUs (HSDP) through NCCL and copy engines
-common=(--preset h200 --steps 60 --eval-batches 0 --no-progress --log-every 1)
+common=(--preset h200 --steps 60 --eval-batches 0 --no-progress --log-every 1 --no-compile)  # 60 steps: eager (compiling takes ~80 s)
 rm -rf "$OUT"/h200_1gpu "$OUT"/h200_2gpu_nccl "$OUT"/h200_2gpu_copy_engine
 run h200_1gpu 110 python3 -m gem_trainer "${common[@]}" --log-dir "$OUT/h200_1gpu"
 run h200_2gpu_nccl 110 "${torchrun2[@]}" -m gem_trainer "${common[@]}" --comms nccl --log-dir "$OUT/h200_2gpu_nccl"

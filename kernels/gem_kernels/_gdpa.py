@@ -138,12 +138,16 @@ def gdpa_tiles(max_kv_len: int, head_dim: int, *, kind: str = "fwd") -> GdpaTile
     big = head_dim > 64
     if kind == "fwd":
         return GdpaTiles(block_m=128, block_n=64 if big else 128, num_warps=8 if big else 4, num_stages=3)
-    # Backward: the tiles the H200 GPU tests passed with. The sweep's faster narrow tiles
-    # (dq 64x32, dkdv 32x64, 4 warps, 3 stages: 1.61 ms vs 2.39 ms fwd+bwd at D=128) hit an
-    # illegal memory access in test_gpu_real_sizes[full-gelu] on the H200 (2026-11-29) and
-    # stay off until tests/test_gdpa_narrow_tiles.py's GPU test passes (its bounds-checked
-    # interpreter run finds no out-of-bounds index; kernels/BENCHMARKS.md, issue 15).
-    return GdpaTiles(block_m=64, block_n=64 if big else 128, num_warps=8 if big else 4, num_stages=2)
+    # Backward, D > 64: the narrow tiles (dQ 64x32, dK/dV 32x64, 4 warps, 3 stages): 1.52 ms vs
+    # 2.36 ms fwd+bwd on the issue-15 batch (225 vs 145 TFLOP/s, H200, 2026-11-30). They once
+    # hit an illegal memory access (test_gpu_real_sizes[full-gelu], 2026-11-29); the
+    # bounds-checked interpreter run finds every index in bounds and the real-size GPU tests
+    # (tests/test_gdpa_narrow_tiles.py, full/causal x silu/gelu) passed on 2026-11-30.
+    if big:
+        if kind == "dq":
+            return GdpaTiles(block_m=64, block_n=32, num_warps=4, num_stages=3)
+        return GdpaTiles(block_m=32, block_n=64, num_warps=4, num_stages=3)
+    return GdpaTiles(block_m=64, block_n=128, num_warps=4, num_stages=2)
 
 
 def gdpa_reference(

@@ -238,7 +238,7 @@ def _compile_counts() -> dict[str, int]:
     return gem_parallel.Parallelized.compile_counts()
 
 
-def _compile_summary(cfg: TrainConfig, timers: Timers, warm_graphs: int | None) -> dict[str, Any]:
+def _compile_summary(cfg: TrainConfig, timers: Timers) -> dict[str, Any]:
     """With --compile: graphs compiled and graph breaks (process-wide dynamo counters), and
     graphs compiled after the warm-up steps per 100 steps (recompiles; 0 when the dynamic
     shapes cover every batch)."""
@@ -246,7 +246,8 @@ def _compile_summary(cfg: TrainConfig, timers: Timers, warm_graphs: int | None) 
         return {}
     counts = _compile_counts()
     late = timers.steps_done - WARMUP_STEPS
-    per100 = 100.0 * (counts["graphs"] - warm_graphs) / late if warm_graphs is not None and late > 0 else None
+    warm = timers.extra.get("warm_graphs")  # the graph count at the end of the warm-up steps
+    per100 = 100.0 * (counts["graphs"] - warm) / late if warm is not None and late > 0 else None
     return {"compile_graphs": counts["graphs"], "compile_graph_breaks": counts["graph_breaks"],
             "recompiles_per_100_steps": per100}
 
@@ -519,7 +520,6 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     # step). Steps whose outcome decides what happens next (warm-up, the last step, a save, a
     # stop, a run of bad steps about to end the run) are read at their end, as before.
     # Sharded tables update inside backward (fused optimizers): there the check comes first.
-    warm_graphs: int | None = None  # dynamo's graph count at the end of the warm-up steps
     late_check = cfg.sparse_sharding == "none"  # (2-D replica sync implies sharded tables)
     cuda = device.type == "cuda"
     pinned = [torch.empty(3, pin_memory=cuda) for _ in range(2)]  # double-buffered readback
@@ -557,7 +557,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         timers.model_flops += 3.0 * p.flops
         timers.step_s.append(p.t3 - p.t0)
         if cfg.compile and timers.steps_done == WARMUP_STEPS:
-            warm_graphs = _compile_counts()["graphs"]
+            timers.extra["warm_graphs"] = _compile_counts()["graphs"]
         if timers.steps_done > WARMUP_STEPS:
             timers.steady_flops += 3.0 * p.flops
             timers.steady_s += p.t3 - p.t0
@@ -715,7 +715,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         "ckpt_stall_s": timers.ckpt_stall,
         "ckpt_final_wait_s": timers.extra.get("ckpt_final_wait_s", 0.0),
         **_ckpt_summary(ckpt, timers),
-        **_compile_summary(cfg, timers, warm_graphs),
+        **_compile_summary(cfg, timers),
         **sync_debug.summary(),
         # steps on which a due save waited for the previous write (back-pressure, not a stall)
         "ckpt_delayed_steps": int(timers.extra.get("ckpt_delayed_steps", 0)),

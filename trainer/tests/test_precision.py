@@ -31,6 +31,8 @@ def test_mxfp8_precisions_convert_and_train(precision: str) -> None:
     assert torch.isfinite(out).all()
     # Same initial weights: the MXFP8 forward is the fp32 one up to E4M3 rounding.
     rel = ((out.float() - out_ref.float()).norm() / out_ref.float().norm()).item()
-    assert 0 < rel < 0.1, rel
+    # floor scales clip the block maximum (OCP MX's original rule): it drifts further than
+    # rceil (0.12 vs < 0.1 on this model, seed 0); a broken conversion is off by ~1.
+    assert 0 < rel < (0.2 if precision == "mxfp8_floor" else 0.1), rel
     out.float().mean().backward()
     assert all(m.weight.grad is not None and torch.isfinite(m.weight.grad).all() for m in mx)
