@@ -18,6 +18,7 @@ def test_slow_writes_delay_saves_with_a_warning(tmp_path: Path) -> None:
     s = json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("{")][-1])
     assert s["ckpt_delayed_steps"] > 0, s
     assert res.stderr.count("checkpoint writes are slower than --ckpt-every=2") == 1, res.stderr[-3000:]
+    assert "is still running after" in res.stderr and "GB staged" in res.stderr, res.stderr[-3000:]
     # a due save never blocks for a whole write: the stall is far below one write per save
     assert s["ckpt_stall_s"] < 0.5 * 6 * 1.0, s
     assert Checkpointer(str(ck)).latest() == 12

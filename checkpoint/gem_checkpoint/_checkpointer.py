@@ -167,6 +167,9 @@ class Checkpointer:
         """Seconds the last completed write took (dcp.save + checksums + commit)."""
         self.last_bytes = 0
         """Bytes in the last committed checkpoint (all ranks)."""
+        self.write_started = 0.0
+        """time.perf_counter() when the latest background write began (with `pending`: how
+        long the running write has taken so far)."""
         self.root.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
             removed = _fs.clean_stale(self.root, keep=set())
@@ -196,6 +199,7 @@ class Checkpointer:
             return
         staged = self._stager.stage(plain)
         self._inflight = step
+        self.write_started = time.perf_counter()
         self._thread = threading.Thread(
             target=self._write, args=(step, staged), name=f"gem-ckpt-{step}", daemon=False
         )

@@ -588,10 +588,13 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             timers.extra["ckpt_delayed_steps"] = timers.extra.get("ckpt_delayed_steps", 0) + 1
             if not books.warned_slow_ckpt:
                 books.warned_slow_ckpt = True
+                done = (f"last completed write {ckpt.last_write_s:.1f} s for {ckpt.last_bytes / 1e9:.2f} GB"
+                        if ckpt.last_write_s else "no write completed yet")
                 print(f"gem: warning: checkpoint writes are slower than --ckpt-every={cfg.ckpt_every} "
-                      f"steps (last write {ckpt.last_write_s or 0.0:.1f} s, "
-                      f"{(ckpt.last_bytes or 0) / 1e9:.2f} GB): saves are delayed until the "
-                      "previous write ends", file=sys.stderr, flush=True)
+                      f"steps: the write of step {ckpt.pending} "
+                      f"({timers.extra.get('ckpt_state_bytes', 0) / 1e9:.2f} GB staged) is still running "
+                      f"after {time.perf_counter() - ckpt.write_started:.1f} s ({done}); saves are "
+                      "delayed until it ends", file=sys.stderr, flush=True)
         elif ckpt is not None and books.save_due:
             books.save_due = False
             t4 = time.perf_counter()
