@@ -32,6 +32,7 @@ _EXTRA = {
     "resume": "With no checkpoint yet: a notice, and the run starts at step 0",
     "progress": "On a pipe or file (no terminal): a line every --log-every steps on stderr "
                 "instead; --no-progress turns off both",
+    "export_teacher": "Score with it: python3 -m gem_transfer --teacher PATH",
     "sparse_mp": "Below the world size: 2-D sparse parallelism (DMPCollection)",
 }
 

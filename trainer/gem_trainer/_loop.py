@@ -476,6 +476,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     # Start-up checks (unwritable directories, checkpoint-directory misuse) before the model
     # is built: refusals name the field, the CLI turns them into flags.
     _preflight.check_dirs(cfg)
+    _preflight.check_export(cfg, world)
     det = _preflight.determinism(device, deterministic)
     for note in _preflight.slow_run_notices(cfg, device):
         _preflight.say(note, rank)
@@ -731,6 +732,12 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         "device": str(device),
         **_preflight.run_info(cfg, device, det, resumed_from),
     }
+    if cfg.export_teacher:
+        # After evaluation, from the trained single-device model (compile is in place, so its
+        # state dict is the plain GEMModel's; check_export refused world > 1 at start-up).
+        import gem_transfer
+
+        summary["teacher_export"] = str(gem_transfer.save_teacher(model, cfg.export_teacher))
     # Strict JSON: a missing value is null and says why (json.dumps(allow_nan=False) works).
     summary = strict(summary, {
         "loss": "no step completed" + (f" (resumed at step {step} = steps)" if resumed_from == cfg.steps

@@ -69,6 +69,19 @@ def check_dirs(cfg: TrainConfig) -> None:
         check_writable("log_dir", cfg.log_dir)
 
 
+def check_export(cfg: TrainConfig, world: int) -> None:
+    """`export_teacher`: one process (a teacher file holds the whole model, and gathering FSDP
+    shards for it is not built), a path that is not a directory, a writable parent."""
+    if not cfg.export_teacher:
+        return
+    if world > 1:
+        raise ValueError(f"export_teacher={cfg.export_teacher!r} needs one process (world size "
+                         f"{world}): export from a single-process run")
+    if os.path.isdir(cfg.export_teacher):
+        raise ValueError(f"export_teacher={cfg.export_teacher!r} is a directory; give a file path")
+    check_writable("export_teacher", os.path.dirname(os.path.abspath(cfg.export_teacher)))
+
+
 def check_checkpoints(cfg: TrainConfig, latest: int | None, rank: int = 0) -> None:
     """Refuses checkpoint-directory misuse, given the newest committed step in `ckpt_dir`.
 

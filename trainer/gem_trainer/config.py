@@ -52,6 +52,9 @@ class TrainConfig:
             process group's own collective: NCCL on GPU, gloo on CPU), "copy_engine"
             (gem_comms copy engines, SM-free) or "auto" (gem_comms decides); gradient
             reduce-scatters stay on the process group.
+        export_teacher: after training and evaluation, save the trained model to this file
+            as a gem_transfer teacher (`gem_transfer.load_teacher`); "" disables. One
+            process only: world > 1 or torchrec-sharded tables are refused at start-up.
     """
 
     preset: str = "tiny"
@@ -78,6 +81,7 @@ class TrainConfig:
     sparse_lr: float = 0.1
     sparse_mp: int = 0
     comms: str = "nccl"
+    export_teacher: str = ""
 
     def validate(self) -> None:
         """Raises ValueError naming the field and the rule."""
@@ -116,6 +120,10 @@ class TrainConfig:
             raise ValueError(f"comms={self.comms!r} must be one of {COMMS}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision={self.precision!r} must be one of {PRECISIONS}")
+        if self.export_teacher and self.sparse_sharding != "none":
+            # torchrec's sharded tables are not a plain GEMModel state dict (save_teacher's format)
+            raise ValueError(f"export_teacher={self.export_teacher!r} needs sparse_sharding='none' "
+                             f"(got {self.sparse_sharding!r}): a teacher file holds unsharded tables")
 
 
 COMMS = ("nccl", "copy_engine", "auto")
