@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import gem_trainer._loop as loop
+from _poison import nan_loss_at
 from gem_checkpoint import Checkpointer
 from gem_trainer import presets_tiny, train
 from gem_trainer._metrics import WARMUP_STEPS
@@ -106,18 +107,6 @@ def test_skip_refuses_an_unfused_dense_optimizer() -> None:
         opt.step(skip=torch.tensor(False))
 
 
-def _poison(at: set[int]) -> Any:
-    calls = {"n": 0}
-    real = loop.loss_fn
-
-    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        calls["n"] += 1
-        out = real(logits, labels)
-        return out * math.nan if calls["n"] in at else out
-
-    return loss
-
-
 def _losses(log_dir: Path) -> dict[int, float]:
     out: dict[int, float] = {}
     for line in (log_dir / "metrics.jsonl").read_text().splitlines():
@@ -130,7 +119,7 @@ def _losses(log_dir: Path) -> dict[int, float]:
 def _run(monkeypatch: pytest.MonkeyPatch, tmp: Path, poison: set[int], *, every_step: bool,
          **kw: Any) -> tuple[dict[str, Any], dict[int, float]]:
     with monkeypatch.context() as m:
-        m.setattr(loop, "loss_fn", _poison(poison))
+        m.setattr(loop, "loss_fn", nan_loss_at(poison))
         if every_step:  # the reference: every step read at its end (the pre-issue-16 loop)
             m.setattr(loop, "_settle_now", lambda *a, **k: True)
         s = train(presets_tiny(batch_size=16, eval_batches=0, progress=False, log_every=1,
@@ -172,7 +161,7 @@ def test_steady_state_steps_do_not_sync_on_cuda(monkeypatch: pytest.MonkeyPatch,
     """Steps after the warm-up run under set_sync_debug_mode("error"); a NaN there is still
     skipped on the device and counted."""
     monkeypatch.setenv("GEM_SYNC_DEBUG_AFTER", str(WARMUP_STEPS))
-    monkeypatch.setattr(loop, "loss_fn", _poison(poison))
+    monkeypatch.setattr(loop, "loss_fn", nan_loss_at(poison))
     s = train(presets_tiny(steps=16, batch_size=16, eval_batches=0, progress=False))
     assert s["device"].startswith("cuda"), s
     assert s["steps"] == 16 and s["bad_steps"] == len(poison) and math.isfinite(s["loss"]), s
@@ -183,7 +172,7 @@ def test_steady_state_steps_do_not_sync_on_cuda(monkeypatch: pytest.MonkeyPatch,
 def test_a_run_of_nans_stops_on_cuda_under_sync_debug(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GEM_SYNC_DEBUG_AFTER", str(WARMUP_STEPS))
     first = WARMUP_STEPS + 4
-    monkeypatch.setattr(loop, "loss_fn", _poison(set(range(first, 100))))
+    monkeypatch.setattr(loop, "loss_fn", nan_loss_at(set(range(first, 100))))
     s = train(presets_tiny(steps=40, batch_size=16, eval_batches=0, progress=False, max_bad_steps=3))
     assert s["stop_reason"] == "nan" and s["steps"] == first - 1 and s["bad_steps"] == 3, s
     assert s["sync_debug_steps"] > 0, s
