@@ -157,6 +157,16 @@ def _blocks_for(source: Any, start: int, samples: int, domain: int | None = None
     return out
 
 
+def _blocks_back(rows: list[int], end: int, want: int) -> tuple[int, int]:
+    """Walks back from block `end` until the blocks [start, end) hold >= `want` rows (or
+    block 0 is reached); returns (start, rows they hold)."""
+    start, got = end, 0
+    while got < want and start > 0:
+        start -= 1
+        got += rows[start]
+    return start, got
+
+
 def _splits(cfg: TransferConfig, dcfg: gem_data.DataConfig) -> tuple[Any, Any, list[int], list[int], Any]:
     """(source, teacher_source, student_blocks, eval_blocks, features)."""
     if cfg.data == "synthetic":
@@ -170,19 +180,13 @@ def _splits(cfg: TransferConfig, dcfg: gem_data.DataConfig) -> tuple[Any, Any, l
     psrc = gem_data.ParquetSource(cfg.data[len("parquet:"):], expect=dcfg)
     n = psrc.num_blocks
     rows = [int(psrc.lengths(u).shape[0]) for u in range(n)]
-    k, got = n, 0
-    while got < cfg.eval_samples and k > 0:
-        k -= 1
-        got += rows[k]
+    k, got = _blocks_back(rows, n, cfg.eval_samples)
     if got < cfg.eval_samples or k == 0:
         raise ValueError(f"data={cfg.data!r}: {sum(rows)} rows cannot hold eval_samples={cfg.eval_samples} "
                          "held-out rows and a training part")
     if cfg.student_domain is not None:
         raise ValueError("student_domain is supported with synthetic data only")
-    j, got = k, 0
-    while got < cfg.student_samples and j > 0:
-        j -= 1
-        got += rows[j]
+    j, got = _blocks_back(rows, k, cfg.student_samples)
     if got < cfg.student_samples or j == 0:
         raise ValueError(f"data={cfg.data!r}: {sum(rows)} rows cannot hold eval_samples={cfg.eval_samples} held-out, "
                          f"student_samples={cfg.student_samples} student rows and a teacher part")
