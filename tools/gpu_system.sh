@@ -9,9 +9,8 @@ OUT=${OUT:-/tmp/out}
 TOP=$OUT; OUT=$TOP/r/a/b; mkdir -p "$OUT"
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 KERNELS_CMD=${KERNELS_CMD:-"bash tools/kernels_gpu.sh"}
-st() { local name=$1 lim=$2; shift 2; local t=$(date +%s)
-  timeout "$lim" "$@" > "$OUT/$name.log" 2>&1; echo "$name rc=$? wall=$(( $(date +%s) - t ))s" >> "$OUT/rcs.txt"; }
-export -f st; export OUT
+. tools/stage.sh
+export OUT
 if [ "${COMMS:-1}" = 1 ]; then  # both GPUs: the comms bench (matmul beside copy-engine vs NCCL all-gathers)
   st comms_bench 100 env CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m torch.distributed.run --standalone \
      --nproc-per-node 2 -m gem_comms.bench.multi_gpu --watchdog 90
@@ -31,7 +30,7 @@ wait
 echo "=== comms"; tail -n 12 "$OUT/comms_bench.log" | cut -c1-300
 echo "=== gpu tests"; tail -n 4 "$OUT/gpu_tests.log"
 for r in trainer_eager trainer_compile; do echo "=== $r"
-  grep '^{' "$OUT/$r.log" | tail -1 | python3 -c "import json,sys; s=json.loads(sys.stdin.read()); print({k: (round(v,4) if isinstance(v,float) else v) for k,v in s.items() if k.startswith(('mfu','step_s','tokens_per','ckpt','compile','recompiles','time_to','optimizer_s','compute_s'))})" 2>&1 | tail -2; done
+  python3 tools/trainer_summary.py "$OUT/$r.log" | head -1; done
 echo "=== profile"; tail -n 30 "$OUT/profile.log" | cut -c1-150
 echo "=== kernels"; tail -n 40 "$OUT/kernels.log"
 echo "=== transfer"; tail -n 25 "$OUT/transfer_gem.log" | cut -c1-400 ; } 2>&1 | tee "$TOP/summary.txt"
