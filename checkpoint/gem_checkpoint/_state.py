@@ -54,7 +54,6 @@ class Stager:
     def __init__(self) -> None:
         self._buffers: dict[tuple[object, ...], torch.Tensor] = {}
         self._saw_cuda = False
-        self._copy = True
 
     def stage(self, obj: Any) -> Any:
         self._saw_cuda = False
@@ -67,44 +66,40 @@ class Stager:
         """Makes the buffers `stage(obj)` will use, copying nothing; returns their bytes.
         Pinned host memory costs about a second per GB to allocate: done ahead of the
         first save, it keeps that save's stall as short as every later one's."""
-        self._copy = False
-        try:
-            self._stage(obj, ())
-        finally:
-            self._copy = True
+        self._stage(obj, (), fill=False)
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
 
-    def _buffer(self, path: tuple[object, ...], src: torch.Tensor) -> torch.Tensor:
+    def _buffer(self, path: tuple[object, ...], src: torch.Tensor, fill: bool) -> torch.Tensor:
         pin = src.is_cuda
         self._saw_cuda |= pin
         buf = self._buffers.get(path)
         if buf is None or buf.shape != src.shape or buf.dtype != src.dtype or buf.is_pinned() != pin:
             buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=pin)
             self._buffers[path] = buf
-        if self._copy:
+        if fill:
             buf.copy_(src.detach(), non_blocking=pin)
         return buf
 
-    def _stage(self, obj: Any, path: tuple[object, ...]) -> Any:
+    def _stage(self, obj: Any, path: tuple[object, ...], fill: bool = True) -> Any:
         if isinstance(obj, DTensor):
             inner: Any = obj._local_tensor
             if callable(getattr(inner, "local_shards", None)) and callable(getattr(inner, "local_offsets", None)):
                 # torchrec's LocalShardsWrapper (2-D sparse / DMPCollection tables): a wrapper
                 # over this rank's shards; stage each shard, rebuild the wrapper around them.
-                bufs = [self._buffer(path + (("shard", i),), t) for i, t in enumerate(inner.local_shards())]
+                bufs = [self._buffer(path + (("shard", i),), t, fill) for i, t in enumerate(inner.local_shards())]
                 local = type(inner)(bufs, inner.local_offsets())
             else:
-                local = self._buffer(path, inner)
+                local = self._buffer(path, inner, fill)
             return DTensor(local, obj._spec, requires_grad=False)  # type: ignore[no-untyped-call]
         if ShardedTensor is not None and isinstance(obj, ShardedTensor):
             # Rare on the hot path (torchrec tables); torch's own staging does the same.
             return copy.deepcopy(obj) if obj.device == torch.device("cpu") else obj.to("cpu")
         if isinstance(obj, torch.Tensor):
-            return self._buffer(path, obj)
+            return self._buffer(path, obj, fill)
         if isinstance(obj, Mapping):
-            return {k: self._stage(v, path + (k,)) for k, v in obj.items()}
+            return {k: self._stage(v, path + (k,), fill) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
-            items = [self._stage(v, path + (i,)) for i, v in enumerate(obj)]
+            items = [self._stage(v, path + (i,), fill) for i, v in enumerate(obj)]
             return items if isinstance(obj, list) else tuple(items)
         # Python objects: snapshot now, training may mutate them while we write.
         return copy.deepcopy(obj)
