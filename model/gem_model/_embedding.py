@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gem_model import _flops
+from gem_model import _flops, _jagged
 from gem_model._config import GEMConfig
 
 
@@ -121,8 +121,7 @@ def rank_bucket(offsets: torch.Tensor, sample: torch.Tensor, buckets: int) -> to
     """Each token's rank from its sequence's newest event (0 = newest), bucketed: ranks
     below 16 are their own bucket, rank r >= 16 falls in 12 + floor(log2 r); the last
     bucket takes everything older. `sample[t]` is token t's sequence."""
-    pos = torch.arange(sample.shape[0], device=sample.device)
-    r = offsets[1:][sample] - 1 - pos
+    r = _jagged.recency_positions(offsets, sample.shape[0], 0, sample)  # no CLS rows here
     log_b = 12 + torch.log2(r.clamp(min=1).to(torch.float32)).long()
     return torch.where(r < 16, r, log_b).clamp(max=buckets - 1)
 
