@@ -75,8 +75,9 @@ def _fresh(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         y = x.detach().clone()
         return y.requires_grad_(True) if y.is_floating_point() else y
-    if isinstance(x, tuple):
-        return tuple(_fresh(y) for y in x)
+    if isinstance(x, tuple):  # a NamedTuple (the layers' PrefixLayout) keeps its type
+        ys = [_fresh(y) for y in x]
+        return type(x)(*ys) if hasattr(x, "_fields") else tuple(ys)
     if isinstance(x, list):
         return [_fresh(y) for y in x]
     return x

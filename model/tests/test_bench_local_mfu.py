@@ -1,0 +1,34 @@
+"""The local-MFU bench runs end to end (CPU toy size here; the real size on the GPU).
+
+It captures each module's real inputs from a full forward and re-runs the module alone, so
+a change to what a layer passes between modules (e.g. the CLS-prefixed layout, a NamedTuple)
+must not break it: the H200 run of 2026-11-30 crashed there (the layout came back as a
+plain tuple).
+"""
+import json
+
+import pytest
+import torch
+
+from gem_model.bench import local_mfu
+
+
+def test_local_mfu_bench_runs_and_matches_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    local_mfu.main(["--batch", "3"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["correct"] is True
+    mods = out["kernels"]["modules"]
+    # every layer module of the tiny switches was timed (seq_attention reads the layout)
+    for name in local_mfu.LAYER_MODULES:
+        assert mods[name]["ms"] > 0, name
+    assert out["kernels"]["e2e_ms"] > 0 and out["reference"]["e2e_ms"] > 0
+
+
+def test_fresh_keeps_namedtuple_types() -> None:
+    from gem_model import _jagged
+
+    fields = {f: torch.zeros(2) for f in _jagged.PrefixLayout._fields}
+    lay = _jagged.PrefixLayout(**fields)  # type: ignore[arg-type]
+    got = local_mfu._fresh((lay, torch.ones(3)))
+    assert isinstance(got[0], _jagged.PrefixLayout)
+    assert got[1].requires_grad and torch.equal(got[1], torch.ones(3))

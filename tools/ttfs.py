@@ -1,0 +1,32 @@
+"""Time to first step of a gem_trainer run, and where compile spent it.
+
+    python3 tools/ttfs.py [--preset h200] [--steps 3] [--compile/--no-compile]
+
+Run it twice with the same TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR: the first run is cold
+(empty caches), the second warm. Prints the trainer's summary keys for the first step and
+torch._dynamo's compile-time table (per phase, seconds), then one JSON line.
+"""
+import argparse
+import json
+import time
+
+import torch
+import torch._dynamo.utils
+
+from gem_trainer import config as tc
+from gem_trainer._loop import train
+
+p = argparse.ArgumentParser()
+p.add_argument("--preset", default="h200")
+p.add_argument("--steps", type=int, default=3)
+p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
+a = p.parse_args()
+over: dict[str, object] = {"steps": a.steps, "eval_batches": 0, "progress": False}
+if a.compile is not None:
+    over["compile"] = a.compile
+t0 = time.perf_counter()
+s = train(tc.PRESETS[a.preset](**over))
+wall = time.perf_counter() - t0
+print(torch._dynamo.utils.compile_times(repr="str", aggregate=True))
+print(json.dumps({"ttfs_s": s.get("time_to_first_step_s"), "wall_s": round(wall, 2),
+                  "step_s_median": s.get("step_s_median"), "steps": s.get("steps")}))
