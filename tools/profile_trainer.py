@@ -1,15 +1,17 @@
 """Profiles a short gem_trainer run on the GPU: top CUDA kernels and GPU-busy fraction.
 
-    python3 tools/profile_trainer.py [--preset h200] [--steps 12] [--batch-tokens N]
+    python3 tools/profile_trainer.py [--preset h200] [--steps 12] [--skip 0] [--batch-tokens N]
 
-Prints the 30 kernels with the most CUDA time over the whole run (warm-up included) and the
-sum of kernel time per step against the steps' wall time (how much the GPU idles).
+Prints the kernels with the most CUDA time and the sum of kernel time per profiled step
+against the steps' wall time (how much the GPU idles). `--skip N` starts the profiler after
+the N-th completed step (through train's `step_hook`), so a compiled run's warm-up
+(compiling, autotuning) stays out of the profile and out of its overhead.
 """
 import argparse
 import json
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, schedule
 
 from gem_trainer import config as tc
 from gem_trainer._loop import train
@@ -17,21 +19,32 @@ from gem_trainer._loop import train
 p = argparse.ArgumentParser()
 p.add_argument("--preset", default="h200")
 p.add_argument("--steps", type=int, default=12)
+p.add_argument("--skip", type=int, default=0, help="completed steps before profiling starts")
 p.add_argument("--batch-tokens", type=int)
 p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                help="override the preset's compile setting")
 p.add_argument("--rows", type=int, default=30, help="rows of the kernel table")
+p.add_argument("--trace", default=None, help="also write a Chrome trace here")
 a = p.parse_args()
+if a.skip >= a.steps:
+    raise SystemExit(f"--skip={a.skip} must be below --steps={a.steps}")
 over: dict[str, object] = {"steps": a.steps, "eval_batches": 0, "progress": False}
 if a.batch_tokens:
     over["batch_tokens"] = a.batch_tokens
 if a.compile is not None:
     over["compile"] = a.compile
 cfg = tc.PRESETS[a.preset](**over)
-with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-    s = train(cfg)
+# The settled step n is booked one step late, so profile [skip, steps - 1): the last queued
+# step still runs inside the window.
+active = max(1, a.steps - a.skip - 2)
+sched = schedule(wait=max(0, a.skip - 1), warmup=1 if a.skip else 0, active=active, repeat=1)
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=sched) as prof:
+    s = train(cfg, step_hook=lambda n: prof.step())
 ka = prof.key_averages()
 print(ka.table(sort_by="self_cuda_time_total", row_limit=a.rows, max_name_column_width=70))
+if a.trace:
+    prof.export_chrome_trace(a.trace)
 gpu_us = sum(e.self_device_time_total for e in ka)
-print(json.dumps({"kernel_s_total": gpu_us / 1e6, "step_s_median": s.get("step_s_median"),
+print(json.dumps({"kernel_s_total": gpu_us / 1e6, "kernel_s_per_step": gpu_us / 1e6 / active,
+                  "profiled_steps": active, "step_s_median": s.get("step_s_median"),
                   "steps": s["steps"], "mfu_steady": s.get("mfu_steady")}))

@@ -23,7 +23,7 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -460,11 +460,14 @@ class _SyncDebug:
         return {"sync_debug_steps": self.steps} if self.after is not None else {}
 
 
-def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = None) -> dict[str, Any]:
+def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = None,
+          step_hook: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Runs one training job and returns the summary dict (also printed as one JSON line).
 
     `deterministic`: torch's deterministic algorithms; None = on for CPU, off for CUDA
     (gem_trainer._preflight.determinism). The summary is strict JSON (no NaN/Infinity).
+    `step_hook(n)`: called after the n-th completed step is booked (e.g. a profiler's
+    `step()`, so a profile can skip the compile warm-up).
     """
     from gem_trainer import _preflight
     from gem_trainer._metrics import ProgressLine, strict
@@ -553,6 +556,8 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         timers.samples += p.samples
         timers.tokens += p.tokens
         timers.steps_done += 1
+        if step_hook is not None:
+            step_hook(timers.steps_done)
         if timers.first_step is None:
             timers.first_step = p.t3 - t_start
         timers.model_flops += 3.0 * p.flops
