@@ -20,13 +20,17 @@ p = argparse.ArgumentParser()
 p.add_argument("--preset", default="h200")
 p.add_argument("--steps", type=int, default=3)
 p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
+p.add_argument("--compile-cache", default="", help="the trainer's --compile-cache file")
 a = p.parse_args()
 over: dict[str, object] = {"steps": a.steps, "eval_batches": 0, "progress": False}
 if a.compile is not None:
     over["compile"] = a.compile
+if a.compile_cache:
+    over["compile_cache"] = a.compile_cache
 t0 = time.perf_counter()
 s = train(tc.PRESETS[a.preset](**over))
 wall = time.perf_counter() - t0
 print(torch._dynamo.utils.compile_times(repr="str", aggregate=True))
 print(json.dumps({"ttfs_s": s.get("time_to_first_step_s"), "wall_s": round(wall, 2),
-                  "step_s_median": s.get("step_s_median"), "steps": s.get("steps")}))
+                  "step_s_median": s.get("step_s_median"), "steps": s.get("steps"),
+                  **{k: v for k, v in s.items() if k.startswith("compile_")}}))

@@ -494,6 +494,14 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     with torch.device(device):
         model = gem_model.GEMModel(mcfg)
     model, opt = _parallelize(model, cfg, world, device)
+    ccache: dict[str, Any] = {}
+    if cfg.compile_cache:  # before the first step compiles anything
+        from gem_trainer import _compile_cache
+
+        ccache = _compile_cache.load(cfg.compile_cache)
+        if ccache["compile_cache"].startswith("unreadable"):
+            _preflight.say(f"compile_cache={cfg.compile_cache!r}: {ccache['compile_cache']}; compiling from "
+                           "scratch, the file is rewritten after the warm-up", rank)
     sparse_sync = _sparse_sync(model)
     loader = make_loader(cfg, dcfg, rank, world, device)
 
@@ -531,6 +539,15 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     queued = 0  # steps queued by this loop (selects the readback buffer)
     sync_debug = _SyncDebug.from_env(cuda)
 
+    def save_compile_cache() -> None:
+        """Rank 0 writes the compile artifacts once, after the warm-up (or at the end of a
+        shorter run), unless they came from the file: a loaded file is not rewritten."""
+        if cfg.compile_cache and rank == 0 and ccache.get("compile_cache") != "loaded" \
+                and "compile_cache_saved_bytes" not in ccache:
+            from gem_trainer import _compile_cache
+
+            ccache.update(_compile_cache.save(cfg.compile_cache))
+
     def settle(p: _Pending, *, final: bool) -> None:
         """Books step `p` from its values; `final`: it is the last step queued (a save or a
         stop may follow). Not final, no save or stop can be due (see _settle_now)."""
@@ -564,6 +581,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         timers.step_s.append(p.t3 - p.t0)
         if cfg.compile and timers.steps_done == WARMUP_STEPS:
             timers.extra["warm_graphs"] = _compile_counts()["graphs"]
+            save_compile_cache()
         if timers.steps_done > WARMUP_STEPS:
             timers.steady_flops += 3.0 * p.flops
             timers.steady_s += p.t3 - p.t0
@@ -705,6 +723,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         if bar is not None:
             bar.close()
     timers.total = time.perf_counter() - t_start
+    save_compile_cache()  # a run shorter than the warm-up
     tasks = evaluate(model, cfg, dcfg, rank, world, device, use_bf16)
     ngpu = world if device.type == "cuda" else 0
     busy = timers.compute + timers.optimizer + timers.data_wait
@@ -725,6 +744,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         "ckpt_final_wait_s": timers.extra.get("ckpt_final_wait_s", 0.0),
         **_ckpt_summary(ckpt, timers),
         **_compile_summary(cfg, timers),
+        **ccache,
         **sync_debug.summary(),
         # steps on which a due save waited for the previous write (back-pressure, not a stall)
         "ckpt_delayed_steps": int(timers.extra.get("ckpt_delayed_steps", 0)),

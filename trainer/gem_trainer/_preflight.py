@@ -67,6 +67,10 @@ def check_dirs(cfg: TrainConfig) -> None:
         check_writable("ckpt_dir", cfg.ckpt_dir)
     if cfg.log_dir:
         check_writable("log_dir", cfg.log_dir)
+    if cfg.compile_cache:
+        if os.path.isdir(cfg.compile_cache):
+            raise ValueError(f"compile_cache={cfg.compile_cache!r} is a directory; give a file path")
+        check_writable("compile_cache", os.path.dirname(os.path.abspath(cfg.compile_cache)))
 
 
 def check_export(cfg: TrainConfig, world: int) -> None:

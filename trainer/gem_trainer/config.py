@@ -35,6 +35,9 @@ class TrainConfig:
             4,096 by default: fewer move AUC by +-0.02 from noise alone).
         max_bad_steps: consecutive non-finite losses that stop the run.
         compile: wrap the model in torch.compile (GPU presets).
+        compile_cache: file of torch.compile cache artifacts: loaded before the first step
+            if present, written after the compile warm-up if not (carries the compile of a
+            previous run to a fresh machine; "" = off; needs compile).
         progress: show a progress bar when stdout is a terminal.
         sparse_sharding: with several processes, shard the embedding tables with torchrec
             through gem_parallel ("table_wise", "row_wise", "column_wise"; "none" = the tables
@@ -76,6 +79,7 @@ class TrainConfig:
     eval_batches: int = 64
     max_bad_steps: int = 5
     compile: bool = False
+    compile_cache: str = ""
     progress: bool = True
     sparse_sharding: str = "none"
     sparse_lr: float = 0.1
@@ -120,6 +124,8 @@ class TrainConfig:
             raise ValueError(f"comms={self.comms!r} must be one of {COMMS}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision={self.precision!r} must be one of {PRECISIONS}")
+        if self.compile_cache and not self.compile:
+            raise ValueError(f"compile_cache={self.compile_cache!r} needs compile=True (it caches compiled graphs)")
         if self.export_teacher and self.sparse_sharding != "none":
             # torchrec's sharded tables are not a plain GEMModel state dict (save_teacher's format)
             raise ValueError(f"export_teacher={self.export_teacher!r} needs sparse_sharding='none' "
