@@ -28,6 +28,7 @@ from gem_parallel._dense import BF16_MIXED, apply_ac_compile, apply_hsdp, defaul
 from gem_parallel._dims import Meshes
 
 MXFP8_PREFIX = "mxfp8_"
+FP8_BLOCK_PREFIX = "fp8_block"
 
 
 @dataclass
@@ -113,7 +114,7 @@ def parallelize(
         model: a single-device model (blocks in `nn.ModuleList`s).
         meshes: the job's meshes (`ParallelDims.build_meshes`); None = one process, no HSDP.
         precision: None / "fp32" / "bf16" (no conversion: bf16 is autocast at run time), or
-            an MXFP8 recipe name "mxfp8_*" (a `gem_precision.MXRecipe` value).
+            a `gem_precision.convert` recipe: "mxfp8_*" (MXFP8) or "fp8_block*" (Hopper).
         mxfp8_min_features: linears with fewer in/out features stay bf16.
         keep_bf16: fnmatch patterns of module names never converted (the task heads).
         ac: activation checkpointing per block. compile: `torch.compile` per block (a
@@ -127,13 +128,13 @@ def parallelize(
         `Parallelized` (the model, the converted linears, the parameters FSDP skipped).
     """
     out = Parallelized(model)
-    if precision is not None and precision.startswith(MXFP8_PREFIX):
+    if precision is not None and precision.startswith((MXFP8_PREFIX, FP8_BLOCK_PREFIX)):
         import gem_precision
 
-        out.mxfp8_converted = gem_precision.convert_to_mxfp8(
+        out.mxfp8_converted = gem_precision.convert(
             model, precision, min_features=mxfp8_min_features, keep_bf16=tuple(keep_bf16))
     elif precision not in (None, "fp32", "bf16"):
-        raise ValueError(f"precision={precision!r} must be None, 'fp32', 'bf16' or an 'mxfp8_*' recipe")
+        raise ValueError(f"precision={precision!r} must be None, 'fp32', 'bf16' or an 'mxfp8_*' / 'fp8_block*' recipe")
     if not isinstance(compile, (bool, str)):
         raise TypeError(f"compile={compile!r} must be a bool or a backend name")
     if meshes is None and shard_tables is not None:

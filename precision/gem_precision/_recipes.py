@@ -1,4 +1,9 @@
-"""Recipes (which numerics) and convert_to_mxfp8 (which layers).
+"""Recipes (which numerics) and convert / convert_to_mxfp8 (which layers).
+
+Recipe names (the trainer's `--precision` values): "mxfp8_floor", "mxfp8_rceil",
+"mxfp8_rceil_wgrad_bf16" (MXRecipe: OCP MX, 32-element blocks; MXFP8Linear) and "fp8_block",
+"fp8_block_wgrad_bf16" (FP8BlockConfig.from_recipe: 1x128 / 128x128 power-of-two blocks for
+Hopper's cuBLAS blockwise GEMM; FP8BlockLinear). `convert` takes any of them.
 
 A recommendation model's dense part is a stack of GEMMs of very different sizes. MXFP8 pays
 only where the GEMM is large enough that the tensor-core saving beats the extra passes over
@@ -15,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 from torch import nn
 
+from gem_precision._fp8_block import BLOCK, FP8BlockConfig, FP8BlockLinear
 from gem_precision._linear import MXFP8Linear, MXLinearConfig
 
 
@@ -83,15 +89,53 @@ def convert_to_mxfp8(
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     cfg = mx_recipe_config(recipe)
     filt = module_filter or default_module_filter(min_features=min_features, keep_bf16=keep_bf16)
+    return _swap(model, filt, 32, lambda m: MXFP8Linear.from_linear(m, cfg), "MXFP8Linear")
+
+
+def _swap(model: nn.Module, filt: ModuleFilter, block: int, make: Callable[[nn.Linear], nn.Module],
+          cls_name: str) -> list[str]:
+    """Replaces every filtered nn.Linear whose dims are multiples of `block` with make(linear)."""
     todo = [
         (name, m) for name, m in model.named_modules()
-        if isinstance(m, nn.Linear) and not isinstance(m, MXFP8Linear)
-        and m.in_features % 32 == 0 and m.out_features % 32 == 0 and filt(name, m)
+        if isinstance(m, nn.Linear) and not isinstance(m, (MXFP8Linear, FP8BlockLinear))
+        and m.in_features % block == 0 and m.out_features % block == 0 and filt(name, m)
     ]
     if isinstance(model, nn.Linear) and todo and todo[0][0] == "":
-        raise ValueError("model is itself an nn.Linear: wrap it with MXFP8Linear.from_linear instead")
+        raise ValueError(f"model is itself an nn.Linear: wrap it with {cls_name}.from_linear instead")
     for name, m in todo:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, MXFP8Linear.from_linear(m, cfg))
+        setattr(parent, child, make(m))
     return [n for n, _ in todo]
+
+
+def convert(
+    model: nn.Module,
+    recipe: MXRecipe | str,
+    module_filter: ModuleFilter | None = None,
+    *,
+    min_features: int = 1024,
+    keep_bf16: Sequence[str] = (),
+) -> list[str]:
+    """Swap eligible nn.Linear modules of `model` (in place) for the recipe's linear.
+
+    Args:
+        model: any module tree.
+        recipe: an MXRecipe or its value ("mxfp8_*": MXFP8Linear, as `convert_to_mxfp8`), or
+            "fp8_block" / "fp8_block_wgrad_bf16" (FP8BlockLinear).
+        module_filter, min_features, keep_bf16: as in `convert_to_mxfp8`. fp8_block needs
+            both dims multiples of 128: other linears (e.g. small head layers) stay bf16.
+    Returns:
+        Qualified names of the converted modules, in model.named_modules() order.
+    """
+    if isinstance(recipe, MXRecipe) or (isinstance(recipe, str) and recipe.startswith("mxfp8")):
+        return convert_to_mxfp8(model, recipe, module_filter, min_features=min_features, keep_bf16=keep_bf16)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    try:
+        cfg = FP8BlockConfig.from_recipe(recipe)
+    except ValueError:
+        names = [m.value for m in MXRecipe] + ["fp8_block", "fp8_block_wgrad_bf16"]
+        raise ValueError(f"{recipe=} must be one of {names}") from None
+    filt = module_filter or default_module_filter(min_features=min_features, keep_bf16=keep_bf16)
+    return _swap(model, filt, BLOCK, lambda m: FP8BlockLinear.from_linear(m, cfg), "FP8BlockLinear")

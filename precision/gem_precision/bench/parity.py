@@ -1,4 +1,4 @@
-"""Training parity: one MLP trained in bf16 and in MXFP8 (each recipe) on the same data and seed.
+"""Training parity: one MLP trained in bf16, in MXFP8 (each recipe) and in fp8_block, same data and seed.
 
     PYTHONPATH=precision python3 -m gem_precision.bench.parity [--quick]
     bazel run //precision:bench_parity -- --quick
@@ -8,14 +8,15 @@ with AdamW (warm-up + cosine) on planted regression data: x ~ N(0, 1) [B, d], ta
 teacher(x) + noise, a fixed random 2-layer tanh teacher, so the loss has a known floor (the
 noise variance) that neither run can beat. Every run sees the same batches (one seeded
 generator) and starts from the same weights. bf16 = fp32 master weights under bf16 autocast;
-MXFP8 = the same with the hidden layers swapped by `convert_to_mxfp8` (the head stays bf16,
-as the default filter keeps layers under 1024 features). A second bf16 run from another
-init seed shows how much two bf16 runs differ on their own.
+MXFP8 / fp8_block = the same with the hidden layers swapped by `gem_precision.convert` (the
+head stays bf16: under 1024 features, and d -> 64 is no multiple of fp8_block's 128). A
+second bf16 run from another init seed shows how much two bf16 runs differ on their own.
 
 Reported per run: final train loss (mean of the last 10 % of steps), held-out loss on a fixed
 batch, relative difference vs bf16 (target: within 1 %), ms per step. On CUDA: d=2048, 4
-layers (the MXFP8 GEMMs take the CUDA path: Triton casts, exact bf16 dequantization, cuBLAS); without CUDA: a toy size with the
-dequantize-and-matmul emulation, and it says so.
+layers (the MXFP8 GEMMs take the CUDA path: Triton casts, exact bf16 dequantization, cuBLAS;
+fp8_block: cuBLAS's blockwise FP8 GEMM on SM90); without CUDA: a toy size (d=128) with the
+dequantize-and-matmul emulations, and it says so.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gem_precision import MXRecipe, convert_to_mxfp8
+from gem_precision import MXRecipe, convert
 
 TARGET_REL = 0.01
 
@@ -74,10 +75,10 @@ def _model(cfg: ParityConfig, seed: int, device: str) -> nn.Module:
     return nn.Sequential(*mods).to(device)
 
 
-def train(cfg: ParityConfig, recipe: MXRecipe | None, device: str, init_seed: int = 0) -> dict[str, Any]:
+def train(cfg: ParityConfig, recipe: MXRecipe | str | None, device: str, init_seed: int = 0) -> dict[str, Any]:
     """Trains one model; recipe None = bf16 autocast only. Returns losses and timing."""
     model = _model(cfg, init_seed, device)
-    converted = convert_to_mxfp8(model, recipe, min_features=min(1024, cfg.d)) if recipe is not None else []
+    converted = convert(model, recipe, min_features=min(1024, cfg.d)) if recipe is not None else []
     teacher = _teacher(cfg, device)
     g = torch.Generator(device=device).manual_seed(99)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
@@ -97,7 +98,7 @@ def train(cfg: ParityConfig, recipe: MXRecipe | None, device: str, init_seed: in
         sched.step()
         losses.append(loss.detach())
 
-    step()  # first step: Triton compilation and tile tuning, not timed
+    step()  # first step: Triton / torch.compile compilation and tile tuning, not timed
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -154,18 +155,19 @@ def main(argv: list[str] | None = None) -> None:
     else:
         device = "cpu"
         torch.set_num_threads(1)  # toy GEMMs: threads only add contention
-        cfg = ParityConfig(d=64, layers=4, batch=128, steps=200, out=32, teacher_hidden=32, lr=3e-3)
+        cfg = ParityConfig(d=128, layers=4, batch=128, steps=200, out=32, teacher_hidden=32, lr=3e-3)
         if args.quick:
             cfg = dataclasses.replace(cfg, steps=100)
-        where = (f"CPU run (no CUDA): toy size d={cfg.d}, MXFP8 through the dequantize-and-matmul emulation, "
+        where = (f"CPU run (no CUDA): toy size d={cfg.d}, MXFP8 and fp8_block through their dequantize-and-matmul emulations, "
                  f"torch {torch.__version__}")
     cfg = dataclasses.replace(cfg, steps=args.steps or cfg.steps, batch=args.batch or cfg.batch)
     print(where, flush=True)
     print(f"config: {dataclasses.asdict(cfg)} (loss floor = noise^2 = {cfg.noise**2:.3f})", flush=True)
-    runs: list[tuple[str, MXRecipe | None, int]] = [("bf16", None, 0), ("bf16 (other init seed)", None, 1),
-                                                    ("mxfp8 rceil", MXRecipe.RCEIL, 0), ("mxfp8 floor", MXRecipe.FLOOR, 0)]
+    runs: list[tuple[str, MXRecipe | str | None, int]] = [
+        ("bf16", None, 0), ("bf16 (other init seed)", None, 1), ("fp8_block", "fp8_block", 0),
+        ("mxfp8 rceil", MXRecipe.RCEIL, 0), ("mxfp8 floor", MXRecipe.FLOOR, 0)]
     if not args.quick:
-        runs.append(("mxfp8 rceil, wgrad bf16", MXRecipe.RCEIL_WGRAD_BF16, 0))
+        runs += [("fp8_block, wgrad bf16", "fp8_block_wgrad_bf16", 0), ("mxfp8 rceil, wgrad bf16", MXRecipe.RCEIL_WGRAD_BF16, 0)]
     results: dict[str, dict[str, Any]] = {}
     for name, recipe, seed in runs:
         t0 = time.time()
@@ -179,9 +181,9 @@ def main(argv: list[str] | None = None) -> None:
     for name, r in results.items():
         rel = f"{100 * r['rel_diff_final']:+.2f} % / {100 * r['rel_diff_heldout']:+.2f} %"
         print(f"{name:<24} {r['final_loss']:10.4f} {r['heldout_loss']:10.4f} {rel:>28} {r['ms_per_step']:8.2f}  {r['within_1pct']}")
-    mx = [n for n in results if n.startswith("mxfp8")]
-    verdict = all(results[n]["within_1pct"] for n in mx)
-    print(f"\nMXFP8 converted layers: {results[mx[0]]['converted']}; all MXFP8 runs within 1 % of bf16: {verdict}")
+    low = [n for n in results if n.startswith(("mxfp8", "fp8_block"))]
+    verdict = all(results[n]["within_1pct"] for n in low)
+    print(f"\nconverted layers: {results[low[0]]['converted']}; all fp8_block / MXFP8 runs within 1 % of bf16: {verdict}")
     summary = {"where": where, "device": device, "quick": args.quick, "tuned": args.tune, "config": dataclasses.asdict(cfg),
                "runs": {n: {k: v for k, v in r.items() if k != "curve"} for n, r in results.items()},
                "all_within_1pct": verdict, "seconds": round(time.time() - t_start, 1)}

@@ -1,0 +1,334 @@
+"""fp8_block: FP8 training that is faster than bf16 on Hopper (cuBLAS blockwise-scaled FP8 GEMM).
+
+Hopper's tensor cores have no block-scaled MMA, so MXFP8's per-32 scales cost CUDA-core work
+inside the K loop (our MXFP8 path dequantizes instead, ~0.85x bf16). cuBLAS (>= 12.9) has a
+Hopper GEMM that applies one fp32 scale per 128 of K when it promotes the FP8 partial sums to
+fp32 — the DeepSeek-V3 recipe (arXiv 2412.19437, §3.3): activations and gradients in 1x128
+blocks, weights in 128x128 blocks. This file is that recipe as an nn.Linear:
+
+    forward  y  = x . W^T      x [M, K]: 1x128 along K     W [N, K]: 128x128 tiles
+    dgrad    dX = dY . W       dY [M, N]: 1x128 along N    W^T [K, N]: the same tiles, transposed
+    wgrad    dW = dY^T . X     dY^T [N, M] and X^T [K, M]: 1x128 along the tokens M
+                               (or bf16: `wgrad_bf16`)
+
+Every operand is E4M3 with one power-of-two scale per block (an E8M0 value: the smallest
+2^e with block amax / 2^e <= 448, so no element saturates and scaling is exact; e in
+[-126, 126]). The scale is found from the amax's exponent and mantissa bits, no division, so
+eager, torch.compile'd and CPU code give the same codes bit for bit. A block holding NaN/Inf
+gets a NaN scale (the GEMM outputs that depend on it are NaN, never a saturated 448).
+
+Layouts (torch's `_scaled_mm_v2` checks, test/test_scaled_matmul_cuda.py): `F.scaled_mm(a, b)`
+takes a [M, K] row-major and b [K, N] column-major; a 1x128 scale of an operand with R
+outer rows is [R, K/128] with strides (1, R) ("outer-dim-major"); a 128x128 scale of b is
+[round_up(K/128, 4), N/128] with strides (1, round_up(K/128, 4)) (rows padded to 16 bytes).
+Only E4M3 x E4M3 is accepted for these scalings, on SM90 only. Feature dims must be multiples
+of 128 (`FP8BlockLinear` refuses others; `convert` leaves such layers in bf16); a token count
+that is not a multiple of 128 is zero-padded (exact: zero rows add nothing, and a zero never
+changes a block's amax).
+
+backend "reference" (CPU, and "auto" off CUDA) dequantizes the same codes to fp32 and
+matmuls: the exact emulation. On CUDA the three quantizations run through torch.compile
+(fused reductions; inside an already compiled model they are traced into its graph).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+BLOCK = 128
+E4M3 = torch.float8_e4m3fn
+Backend = Literal["auto", "cublas", "reference"]
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FP8BlockConfig:
+    """How an FP8BlockLinear computes.
+
+    Attributes:
+        wgrad_bf16: dW = dY^T x in bf16 (saves the bf16 x instead of the FP8 x^T).
+        backend: "auto" (cuBLAS on CUDA, emulation elsewhere), "cublas" or "reference".
+        compile_quant: on CUDA, run the quantizations through torch.compile when the caller
+            is not compiling already (plain torch ops run ~6 passes over memory each).
+    """
+
+    wgrad_bf16: bool = False
+    backend: Backend = "auto"
+    compile_quant: bool = True
+
+    @classmethod
+    def from_recipe(cls, recipe: str) -> FP8BlockConfig:
+        """"fp8_block" (FP8 wgrad, DeepSeek-V3 style) or "fp8_block_wgrad_bf16"."""
+        if recipe == "fp8_block":
+            return cls()
+        if recipe == "fp8_block_wgrad_bf16":
+            return cls(wgrad_bf16=True)
+        raise ValueError(f"{recipe=} must be 'fp8_block' or 'fp8_block_wgrad_bf16'")
+
+
+# --- quantization (plain torch ops: the specification, and what torch.compile fuses) -------
+
+def _pow2_scale(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """amax (fp32, >= 0) -> (scale = 2^e, 1/scale), e the smallest with amax / 2^e <= 448.
+
+    amax = 1.m * 2^E; 448 = 1.75 * 2^8, so e = E - 8 if 1.m <= 1.75 else E - 7 (integer
+    arithmetic on the bits: exact everywhere, unlike a division or log2)."""
+    bits = amax.contiguous().view(torch.int32)
+    big = ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)  # mantissa above 0.75 (1.m > 1.75)
+    e = ((bits >> 23) - (127 + 8) + big).clamp(-126, 126)
+    scale = ((e + 127) << 23).view(torch.float32)
+    inv = ((127 - e) << 23).view(torch.float32)
+    return torch.where(torch.isfinite(amax), scale, float("nan")), inv
+
+
+def _check(t: torch.Tensor, name: str, rows: int, cols: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dtype not in _FLOATS:
+        raise TypeError(f"{name}.dtype={t.dtype} must be one of {_FLOATS}")
+    if t.dim() != 2:
+        raise ValueError(f"{name}.shape={tuple(t.shape)} must be 2-D")
+    for d, m in ((0, rows), (1, cols)):
+        if m > 1 and t.shape[d] % m:
+            raise ValueError(f"{name}.shape={tuple(t.shape)}: dim {d} must be a multiple of {m} (the block)")
+
+
+def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """1x128 blocks along the last dim: t [R, C] -> (codes [R, C] E4M3, scale [R, C/128] fp32)."""
+    _check(t, "t", 1, BLOCK)
+    R, C = t.shape
+    b = t.reshape(R, C // BLOCK, BLOCK).float()
+    scale, inv = _pow2_scale(b.abs().amax(-1))
+    return (b * inv[..., None]).to(E4M3).reshape(R, C), scale
+
+
+def quantize_cols(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """128x1 blocks along dim 0, codes written transposed: t [R, C] -> (codes of t^T [C, R]
+    E4M3 contiguous, scale [R/128, C] fp32). scale.t() is t^T's 1x128 scale [C, R/128] and
+    already has the strides (1, C) cuBLAS wants."""
+    _check(t, "t", BLOCK, 1)
+    R, C = t.shape
+    b = t.reshape(R // BLOCK, BLOCK, C).float()
+    scale, inv = _pow2_scale(b.abs().amax(1))
+    return (b * inv[:, None, :]).to(E4M3).reshape(R, C).t().contiguous(), scale
+
+
+def quantize_tiles(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """128x128 tiles: t [R, C] -> (codes [R, C] E4M3, scale [R/128, C/128] fp32)."""
+    _check(t, "t", BLOCK, BLOCK)
+    R, C = t.shape
+    b = t.reshape(R // BLOCK, BLOCK, C // BLOCK, BLOCK).float()
+    scale, inv = _pow2_scale(b.abs().amax((1, 3)))
+    return (b * inv[:, None, :, None]).to(E4M3).reshape(R, C), scale
+
+
+def dequantize(codes: torch.Tensor, scale: torch.Tensor, *, tiles: bool = False) -> torch.Tensor:
+    """codes [R, C] with a 1x128 scale [R, C/128] (or, tiles, a 128x128 scale [R/128, C/128]) -> fp32."""
+    s = scale.float().repeat_interleave(BLOCK, 1)
+    if tiles:
+        s = s.repeat_interleave(BLOCK, 0)
+    return codes.float() * s
+
+
+# --- GEMM ------------------------------------------------------------------------------------
+
+def _outer_major(s: torch.Tensor) -> torch.Tensor:
+    """The same [R, C] values with strides (1, R) (cuBLAS's 1x128 scale layout)."""
+    if s.stride(0) == 1 and (s.shape[1] == 1 or s.stride(1) == s.shape[0]):
+        return s
+    return s.t().contiguous().t()
+
+
+def _tile_scale(s: torch.Tensor) -> torch.Tensor:
+    """b's tile scale [N/128, K/128] -> [round_up(K/128, 4), N/128], strides (1, round_up)."""
+    kb = s.shape[1]
+    pad = -kb % 4
+    if pad:
+        s = nn.functional.pad(s, (0, pad), value=1.0)
+    return s.contiguous().t()
+
+
+def block_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, *,
+             b_tiles: bool, out_dtype: torch.dtype, bias: torch.Tensor | None = None,
+             backend: Literal["cublas", "reference"] = "reference") -> torch.Tensor:
+    """a . b^T in out_dtype (+ bias [N]).
+
+    Args:
+        a: [M, K] E4M3 codes, row-major; a_scale: its 1x128 scale [M, K/128] (any strides).
+        b: [N, K] E4M3 codes, row-major; b_scale: its 1x128 scale [N, K/128], or (b_tiles)
+            its 128x128 scale [N/128, K/128].
+        out_dtype: fp32, bf16 or fp16 (cuBLAS takes a bias only with a 16-bit output).
+        bias: [N] in out_dtype, or None.
+        backend: "cublas" (torch.nn.functional.scaled_mm, SM90) or "reference" (dequantize,
+            fp32 matmul).
+    """
+    if backend == "reference":
+        ref = dequantize(a, a_scale) @ dequantize(b, b_scale, tiles=b_tiles).t()
+        if bias is not None:
+            ref = ref + bias.float()
+        return ref.to(out_dtype)
+    F: Any = torch.nn.functional
+    if not hasattr(F, "scaled_mm"):
+        raise RuntimeError(f"backend='cublas' needs torch.nn.functional.scaled_mm (torch >= 2.10), got torch {torch.__version__}")
+    ST = F.ScalingType
+    sb = _tile_scale(b_scale) if b_tiles else _outer_major(b_scale)
+    out: torch.Tensor = F.scaled_mm(a, b.t(), _outer_major(a_scale), ST.BlockWise1x128, sb,
+                                    ST.BlockWise128x128 if b_tiles else ST.BlockWise1x128,
+                                    bias=bias, output_dtype=out_dtype)
+    return out
+
+
+# --- the linear ------------------------------------------------------------------------------
+
+_COMPILED: dict[str, Callable[..., Any]] = {}
+
+
+def _quant(fn: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]], be: str, compile_quant: bool
+           ) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """fn itself, or (CUDA, eager caller) its torch.compile'd version (one per function)."""
+    if be != "cublas" or not compile_quant or torch.compiler.is_compiling():
+        return fn
+    c = _COMPILED.get(fn.__name__)
+    if c is None:
+        c = _COMPILED[fn.__name__] = torch.compile(fn, dynamic=True)
+    return c
+
+
+def _grad_dtype(dtype: torch.dtype) -> torch.dtype:
+    return dtype if dtype in _FLOATS else torch.float32
+
+
+class _FP8BlockFn(torch.autograd.Function):
+    # Traceable by Dynamo: plain torch ops, scaled_mm (which has a meta kernel), config as
+    # plain arguments, only tensors saved. Autocast is off inside: the operands are quantized
+    # from whatever dtype they arrive in, and the emulation's matmuls must stay fp32.
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                wgrad_bf16: bool, be: Literal["cublas", "reference"], compile_quant: bool) -> torch.Tensor:
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            K, N = x.shape[-1], weight.shape[0]
+            x2 = x.reshape(-1, K)
+            M = x2.shape[0]
+            pad = -M % BLOCK
+            if pad:
+                x2 = nn.functional.pad(x2, (0, 0, 0, pad))
+            need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+            xq, xs = _quant(quantize_rows, be, compile_quant)(x2)
+            wq, ws = _quant(quantize_tiles, be, compile_quant)(weight)
+            b = bias.to(torch.bfloat16) if bias is not None else None
+            y = block_mm(xq, xs, wq, ws, b_tiles=True, out_dtype=torch.bfloat16, bias=b, backend=be)
+            saved: list[torch.Tensor] = []
+            if need_dx:
+                saved += [wq.t().contiguous(), ws]  # W^T [K, N]: its tiles are W's, transposed
+            if need_dw and not wgrad_bf16:
+                saved += list(_quant(quantize_cols, be, compile_quant)(x2))  # FP8 x^T, not bf16 x
+            elif need_dw:
+                saved.append(x2)
+            ctx.save_for_backward(*saved)
+            ctx.cfg = (wgrad_bf16, be, compile_quant, M, x.shape, _grad_dtype(x.dtype), weight.dtype,
+                       bias is not None)
+            if pad:
+                y = y[:M]
+            return y.reshape(*x.shape[:-1], N)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        wgrad_bf16, be, cq, M, x_shape, x_dtype, w_dtype, has_bias = ctx.cfg
+        with torch.autocast(device_type=dy.device.type, enabled=False):
+            saved = list(ctx.saved_tensors)
+            need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+            dy2 = dy.reshape(-1, dy.shape[-1])
+            if dy2.dtype not in _FLOATS:
+                dy2 = dy2.float()
+            pad = -M % BLOCK
+            if pad:
+                dy2 = nn.functional.pad(dy2, (0, 0, 0, pad))
+            dx = dw = db = None
+            if need_dx:
+                wtq, ws = saved.pop(0), saved.pop(0)
+                dyq, dys = _quant(quantize_rows, be, cq)(dy2)
+                dx = block_mm(dyq, dys, wtq, ws.t(), b_tiles=True, out_dtype=x_dtype, backend=be)
+                dx = (dx[:M] if pad else dx).reshape(x_shape)
+            if need_dw and not wgrad_bf16:
+                xtq, xts = saved.pop(0), saved.pop(0)
+                dytq, dyts = _quant(quantize_cols, be, cq)(dy2)
+                out = w_dtype if w_dtype in _FLOATS else torch.float32
+                dw = block_mm(dytq, dyts.t(), xtq, xts.t(), b_tiles=False, out_dtype=out, backend=be).to(w_dtype)
+            elif need_dw:
+                x2 = saved.pop(0)
+                dw = (dy2.to(torch.bfloat16).t() @ x2.to(torch.bfloat16)).to(w_dtype)
+            if has_bias and ctx.needs_input_grad[2]:
+                db = dy2.float().sum(0).to(w_dtype)
+            return dx, dw, db, None, None, None
+
+
+_SM: dict[int, tuple[int, int]] = {}
+
+
+def _resolve(backend: str, x: torch.Tensor) -> Literal["cublas", "reference"]:
+    if backend not in ("auto", "cublas", "reference"):
+        raise ValueError(f"{backend=} must be 'auto', 'cublas' or 'reference'")
+    if backend == "reference" or (backend == "auto" and not x.is_cuda):
+        return "reference"
+    if not x.is_cuda:
+        raise ValueError(f"{backend=} needs a CUDA tensor (got device {x.device})")
+    if not torch.compiler.is_compiling():
+        idx = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        if idx not in _SM:
+            _SM[idx] = torch.cuda.get_device_capability(idx)
+        if _SM[idx][0] != 9:
+            raise ValueError(f"fp8_block's cuBLAS GEMM (1x128/128x128 scales) runs on SM90 (Hopper) only, "
+                             f"got sm_{_SM[idx][0]}{_SM[idx][1]}: use an mxfp8_* recipe there, or backend='reference'")
+    return "cublas"
+
+
+class FP8BlockLinear(nn.Linear):
+    """nn.Linear whose forward, input-gradient and weight-gradient GEMMs run in blockwise FP8.
+
+    Parameters stay in their own dtype (fp32 or bf16 master weights); the output is bf16.
+    Input [..., in_features] -> [..., out_features]; both feature counts multiples of 128.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 config: FP8BlockConfig | None = None, device: Any = None, dtype: Any = None) -> None:
+        _check_features(in_features, out_features)
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self.config = config or FP8BlockConfig()
+
+    @classmethod
+    def from_linear(cls, lin: nn.Linear, config: FP8BlockConfig | None = None) -> FP8BlockLinear:
+        """Wraps lin's parameters (shared, not copied) in an FP8BlockLinear."""
+        _check_features(lin.in_features, lin.out_features)
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = lin.in_features, lin.out_features
+        new.weight = lin.weight
+        new.bias = lin.bias
+        new.config = config or FP8BlockConfig()
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dtype not in _FLOATS:
+            raise TypeError(f"x.dtype={getattr(x, 'dtype', type(x).__name__)} must be one of {_FLOATS}")
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"{x.shape=} must end in in_features={self.in_features}")
+        c = self.config
+        out: torch.Tensor = _FP8BlockFn.apply(  # type: ignore[no-untyped-call]
+            x, self.weight, self.bias, c.wgrad_bf16, _resolve(c.backend, x), c.compile_quant)
+        return out
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return f"{super().extra_repr()}, fp8_block, wgrad_bf16={c.wgrad_bf16}"
+
+
+def _check_features(in_features: int, out_features: int) -> None:
+    for name, v in (("in_features", in_features), ("out_features", out_features)):
+        if v % BLOCK:
+            raise ValueError(f"{name}={v} must be a multiple of {BLOCK} (the fp8_block block; "
+                             "convert() keeps such layers in bf16)")

@@ -1,0 +1,139 @@
+"""Hopper bench: one linear's forward + backward, bf16 vs fp8_block vs MXFP8, at the trainer's shapes.
+
+    PYTHONPATH=precision python3 -m gem_precision.bench.hopper [--quick]
+    bazel run //precision:bench_hopper -- --quick
+
+Per shape (tokens M, in K -> out N; the h200 preset's 262144 tokens through 1024 -> 4096,
+4096 -> 1024, 1024 -> 3072, and 8192^3): nn.Linear in bf16; FP8BlockLinear ("fp8_block":
+quantization included, FP8 wgrad; and "fp8_block_wgrad_bf16"); MXFP8Linear (mxfp8_rceil,
+the exact dequantize path). Also the forward GEMM alone: bf16 torch.mm vs the blockwise FP8
+scaled_mm (quantization excluded). TFLOP/s = 6 M N K / time (fwd+bwd) or 2 M N K (GEMM);
+ratio = bf16 time / this time. Weights and inputs are bf16. Timing: triton.testing.do_bench
+(CUDA events, L2 flushed between reps), median. The first fp8_block call compiles its three
+quantizations (torch.compile, dynamic shapes: once per process). Without an SM90 GPU it runs
+a toy-size emulation check and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from gem_precision import FP8BlockConfig, FP8BlockLinear, MXFP8Linear, MXLinearConfig
+from gem_precision import _fp8_block as fb
+
+SHAPES = [(262144, 4096, 1024), (262144, 1024, 4096), (262144, 3072, 1024), (8192, 8192, 8192)]  # M, N, K
+
+
+def _bench(fn: Callable[[], Any], rep_ms: int = 100) -> float:
+    import triton.testing
+
+    ms: float = triton.testing.do_bench(fn, warmup=20, rep=rep_ms, return_mode="median")
+    return ms
+
+
+def _step(m: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> Callable[[], None]:
+    def f() -> None:
+        x.grad = None
+        for p in m.parameters():
+            p.grad = None
+        m(x).backward(dy)
+    return f
+
+
+def row(M: int, N: int, K: int, mx: bool) -> dict[str, Any]:
+    torch.manual_seed(0)
+    lin = nn.Linear(K, N, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    mods: dict[str, nn.Module] = {
+        "bf16": lin,
+        "fp8_block": FP8BlockLinear.from_linear(lin),
+        "fp8_block_wgrad_bf16": FP8BlockLinear.from_linear(lin, FP8BlockConfig(wgrad_bf16=True)),
+    }
+    if mx:
+        mods["mxfp8_rceil"] = MXFP8Linear.from_linear(lin, MXLinearConfig(scale_mode="rceil"))
+    r: dict[str, Any] = {"M": M, "N": N, "K": K}
+    with torch.no_grad():
+        ref = lin(x).float()
+        y8 = mods["fp8_block"](x).float()
+        r["fp8_block_rel_err_vs_bf16"] = float((y8 - ref).norm() / ref.norm())
+    del ref, y8
+    for name, m in mods.items():
+        t = _bench(_step(m, x, dy))
+        r[f"{name} ms"] = t
+        r[f"{name} TFLOP/s"] = 6 * M * N * K / t / 1e9
+    for name in mods:
+        r[f"{name} x"] = r["bf16 ms"] / r[f"{name} ms"]
+    # the forward GEMM alone, quantization excluded
+    xd = x.detach()
+    xq, xs = fb.quantize_rows(xd)
+    wq, ws = fb.quantize_tiles(lin.weight.detach())
+    t_bf = _bench(lambda: torch.mm(xd, lin.weight.t()))
+    t_8 = _bench(lambda: fb.block_mm(xq, xs, wq, ws, b_tiles=True, out_dtype=torch.bfloat16, backend="cublas"))
+    r["gemm bf16 TFLOP/s"] = 2 * M * N * K / t_bf / 1e9
+    r["gemm fp8 blockwise TFLOP/s"] = 2 * M * N * K / t_8 / 1e9
+    return r
+
+
+def _fmt(r: dict[str, Any], names: list[str]) -> str:
+    cells = " | ".join(f"{r[f'{n} TFLOP/s']:5.0f} {r[f'{n} ms']:7.2f} ms x{r[f'{n} x']:.2f}" for n in names)
+    return (f"{r['M']:>6} {r['K']:>5}->{r['N']:<5} | {cells} | gemm bf16 {r['gemm bf16 TFLOP/s']:5.0f} "
+            f"fp8 {r['gemm fp8 blockwise TFLOP/s']:5.0f} | err {r['fp8_block_rel_err_vs_bf16']:.3f}")
+
+
+def cpu_check() -> dict[str, Any]:
+    torch.manual_seed(0)
+    lin = nn.Linear(256, 384)
+    x = torch.randn(300, 256)
+    with torch.no_grad():
+        ref = lin(x)
+        y = FP8BlockLinear.from_linear(lin)(x).float()
+    return {"emulation_rel_err_vs_fp32": float((y - ref).norm() / ref.norm())}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--quick", action="store_true", help="the 8192^3 shape and one trainer shape only")
+    p.add_argument("--no-mxfp8", action="store_true", help="leave the MXFP8 column out")
+    args = p.parse_args(argv)
+    t0 = time.time()
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
+        what = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA"
+        res = cpu_check()
+        print(f"{what}: fp8_block's cuBLAS GEMM needs an SM90 GPU; emulation check only: {res}")
+        print(json.dumps({"where": what, "timed": False, **res}))
+        return
+    import triton
+
+    where = (f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
+             f"CUDA {torch.version.cuda}")
+    print(where, flush=True)
+    shapes = [SHAPES[0], SHAPES[3]] if args.quick else SHAPES
+    names = ["bf16", "fp8_block", "fp8_block_wgrad_bf16"] + ([] if args.no_mxfp8 else ["mxfp8_rceil"])
+    print("fwd+bwd of one linear: TFLOP/s, ms, speed-up vs bf16 (quantization included)")
+    print(f"{'tokens':>6} {'K->N':<11} | " + " | ".join(f"{n:<24}" for n in names) + " | fwd GEMM only (TFLOP/s)")
+    rows = []
+    for M, N, K in shapes:
+        r = row(M, N, K, not args.no_mxfp8)
+        rows.append(r)
+        print(_fmt(r, names), flush=True)
+        torch.cuda.empty_cache()
+    trainer = [r for r in rows if r["M"] == 262144]
+    summary = {"where": where, "rows": rows, "seconds": round(time.time() - t0, 1),
+               "fp8_block_min_x_trainer_shapes": min((r["fp8_block x"] for r in trainer), default=None),
+               "target_x": 1.3}
+    worst = summary["fp8_block_min_x_trainer_shapes"]
+    print(f"fp8_block vs bf16 at the trainer's shapes: min x{worst or 0:.2f} (target >= 1.3); total {summary['seconds']} s")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
