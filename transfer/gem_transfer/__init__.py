@@ -19,7 +19,7 @@ from gem_transfer._scoring import read_scores, score_to_parquet
 from gem_transfer._student import Student, StudentConfig
 from gem_transfer._teacher import load_teacher, save_teacher, teacher_outputs, teacher_tables, train_teacher
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 # `presets` (tiny, gem) is a submodule, like gem_data.presets; the names below are the API.
 __all__ = [
     "METHODS",

@@ -3,6 +3,7 @@
 Data split of one synthetic stream (the same planted function everywhere):
     teacher     blocks [0, T)              the full multi-domain stream
     students    blocks [T, T + S), S << T  far fewer samples, after the teacher's
+                                           (a sweep: the first N of them, each N)
     held-out    blocks [2^30 / block, +H)  never trained on, >= eval_samples samples
 With Parquet data the row groups play the blocks: held-out = the last row groups holding
 >= eval_samples rows, students = the row groups just before them, teacher = the rest.
@@ -59,6 +60,12 @@ class TransferConfig:
         blocks_per_shard: blocks per score shard.
         methods: which of METHODS to train ("label_only" and "kd" are needed for the gains).
         student_seeds: students per method (different init/split/shuffle); metrics are averaged.
+        student_samples_sweep: also train every method on the first N of the student samples,
+            for each N here (2 <= N <= student_samples): nested subsets of the one scored
+            student set, the same held-out set and seeds, so the comparison across N is
+            paired; the teacher trains and scores once. () : no sweep.
+        sweep_seeds: students per method at the sweep's N other than student_samples (None:
+            student_seeds); seeds 0..sweep_seeds-1, a prefix of the default N's seeds.
         student_domain: None: students learn (and are scored) on every domain; d: a value model
             of surface d — its student and held-out samples are domain d's only (the teacher
             still trains on every domain). Synthetic data only.
@@ -67,8 +74,9 @@ class TransferConfig:
             narrow teacher of the same architecture): tests the gem preset on a CPU.
         time_budget: wall seconds for the whole `run_transfer` (None: no limit). The teacher
             stops at whichever comes first, teacher_seconds or the budget less a reserve for
-            scoring and students (`_REST_SHARE` of it); the students share what remains,
-            each stopping its epochs when its slice is spent.
+            scoring and students (`_REST_SHARE` of it, `_REST_SHARE_SWEEP` with a sweep); the
+            students share what remains in slices proportional to their samples (about the
+            same epochs for every N), each stopping its epochs when its slice is spent.
         student: base student sizes; distill: student training.
     """
 
@@ -86,6 +94,8 @@ class TransferConfig:
     blocks_per_shard: int = 8
     methods: tuple[str, ...] = METHODS
     student_seeds: int = 1
+    student_samples_sweep: tuple[int, ...] = ()
+    sweep_seeds: int | None = None
     student_domain: int | None = None
     seed: int = 0
     smoke: bool = False
@@ -114,6 +124,14 @@ class TransferConfig:
         bad = [m for m in self.methods if m not in METHODS]
         if bad or not self.methods:
             raise ValueError(f"TransferConfig.methods={self.methods!r} must be a non-empty subset of {METHODS}")
+        for n in self.student_samples_sweep:
+            if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= self.student_samples:
+                raise ValueError(f"TransferConfig.student_samples_sweep={self.student_samples_sweep!r}: {n!r} must be "
+                                 f"an int in [2, student_samples={self.student_samples}] (a subset of the "
+                                 "students' samples, one kept for validation)")
+        if self.sweep_seeds is not None and (isinstance(self.sweep_seeds, bool) or not isinstance(self.sweep_seeds, int)
+                                             or self.sweep_seeds < 1):
+            raise ValueError(f"TransferConfig.sweep_seeds={self.sweep_seeds!r} must be None or an int >= 1")
         if self.student_samples >= self.teacher_samples:
             raise ValueError(f"student_samples={self.student_samples} must be < teacher_samples="
                              f"{self.teacher_samples} (students learn from far fewer samples)")
@@ -127,6 +145,17 @@ _SMOKE_MODEL: dict[str, Any] = dict(d_model=32, num_heads=2, num_layers=1, emb_d
                                     num_cls=2, num_pma_seeds=2, num_recent=2, head_hidden=32, gdpa_kv_len=4,
                                     hier_seeds=4, hier_rank=2)
 _REST_SHARE = 0.35  # of time_budget kept for scoring and the students when the teacher trains
+# with a sweep: the students have more samples to fit (gem --sweep, 1 sweep seed: 1.44x the
+# default's student work), so they get more of the budget and the teacher ~15 % less
+_REST_SHARE_SWEEP = 0.45
+
+
+def sweep_plan(cfg: TransferConfig) -> dict[int, int]:
+    """{N: student seeds} in ascending N: student_samples with student_seeds, and each N of
+    student_samples_sweep with sweep_seeds (or student_seeds)."""
+    plan = {n: cfg.sweep_seeds or cfg.student_seeds for n in cfg.student_samples_sweep}
+    plan[cfg.student_samples] = cfg.student_seeds
+    return dict(sorted(plan.items()))
 
 
 def data_config(cfg: TransferConfig) -> gem_data.DataConfig:
@@ -211,8 +240,10 @@ def run_transfer(cfg: TransferConfig, out_dir: str | os.PathLike[str], *, device
         {"config", "teacher": {"train", "score", "tasks": {task: {"auc", "ne"}}}, "bayes": {task:
          {"auc", "ne"}}, "students": {method: {"tasks": {task: {"auc", "ne"}}, "runs": [...]}},
          "tasks": [...], "table": the printable per-task table, "objects": {"teacher", "students",
-         "eval_set", "train_set"}}; "objects" holds the live models (the bench measures them)
-        and is not JSON.
+         "eval_set", "train_set", "sweep_sets": {N: ScoredSet}}}; with a sweep also "sweep": {N:
+         {"students": like "students", "samples", "seeds"}} (N = student_samples included;
+         "students" is its entry). "objects" holds the live models of student_samples (the
+         bench measures them) and is not JSON.
     """
     t_start = time.perf_counter()
     deadline = t_start + cfg.time_budget if cfg.time_budget is not None else math.inf
@@ -231,7 +262,8 @@ def run_transfer(cfg: TransferConfig, out_dir: str | os.PathLike[str], *, device
         model: torch.nn.Module = gem_model.GEMModel(teacher_config(cfg, features)).to(dev)
         t_secs = cfg.teacher_seconds
         if cfg.time_budget is not None:
-            left = deadline - time.perf_counter() - _REST_SHARE * cfg.time_budget
+            rest = _REST_SHARE_SWEEP if cfg.student_samples_sweep else _REST_SHARE
+            left = deadline - time.perf_counter() - rest * cfg.time_budget
             t_secs = max(1.0, min(t_secs or math.inf, left))
         res["teacher_train"] = train_teacher(model, t_source, batch_blocks=cfg.teacher_batch_blocks,
                                              tokens_per_batch=cfg.teacher_tokens or None,
@@ -266,41 +298,60 @@ def run_transfer(cfg: TransferConfig, out_dir: str | os.PathLike[str], *, device
                      gem_data.bayes_metrics(torch.from_numpy(np.asarray(probs)), labels, tasks).items()}
                     if probs is not None else None)
 
-    # 3. students
+    # 3. students: on the student samples and, with a sweep, on the first N of them for each N
+    # (nested subsets; the same held-out set and seeds: paired across N)
     tables = teacher_tables(model) if any(m in ("sharing", "combined") for m in cfg.methods) else None
-    students: dict[str, Any] = {}
-    live: dict[str, Any] = {}
-    # fits left (KD-loss methods fit once per candidate weight): each student's time slice
+    plan = sweep_plan(cfg)
+    if cfg.student_samples_sweep:  # the default N is then exactly student_samples, like every other N
+        train_set = train_set.take(np.arange(cfg.student_samples))
     n_kd = len(cfg.distill.kd_weights)
-    fits = sum(n_kd if method_config(m, cfg.student, 1)[1] else 1 for m in cfg.methods) * cfg.student_seeds
-    for method in cfg.methods:
-        runs = []
-        per = n_kd if method_config(method, cfg.student, 1)[1] else 1
-        for s in range(cfg.student_seeds):
-            dc = dataclasses.replace(cfg.distill, seed=cfg.distill.seed + s)
-            secs = None if cfg.time_budget is None else max(0.0, deadline - time.perf_counter()) * per / fits
-            st, info = train_student(method, train_set, features, student=cfg.student, train=dc,
-                                     tables=tables, device=dev, max_seconds=secs)
-            fits -= per
-            info["tasks"] = evaluate(predict(st, eval_set, device=dev), labels, tasks)
-            runs.append(info)
-            live.setdefault(method, st)
-        mean = {t: {k: float(np.mean([r["tasks"][t][k] for r in runs])) for k in ("auc", "ne")} for t in tasks}
-        students[method] = {"tasks": mean, "runs": runs}
-        print(f"student {method}: " + ", ".join(f"{t} AUC {mean[t]['auc']:.4f}" for t in tasks),
-              file=stream, flush=True)
+    per = {m: n_kd if method_config(m, cfg.student, 1)[1] else 1 for m in cfg.methods}  # fits per student
+    # each fit's time slice is proportional to its samples (KD-loss methods fit once per
+    # candidate weight), so students of every N get about the same number of epochs
+    work = sum(per[m] * k * n for n, k in plan.items() for m in cfg.methods)
+    sweep: dict[int, dict[str, Any]] = {}
+    sets: dict[int, ScoredSet] = {}
+    live: dict[str, Any] = {}
+    for n, seeds in plan.items():
+        part = train_set if n == cfg.student_samples else train_set.take(np.arange(n))
+        students: dict[str, Any] = {}
+        for method in cfg.methods:
+            runs = []
+            for s in range(seeds):
+                dc = dataclasses.replace(cfg.distill, seed=cfg.distill.seed + s)
+                w = per[method] * n
+                secs = None if cfg.time_budget is None else max(0.0, deadline - time.perf_counter()) * w / work
+                st, info = train_student(method, part, features, student=cfg.student, train=dc,
+                                         tables=tables, device=dev, max_seconds=secs)
+                work -= w
+                info["tasks"] = evaluate(predict(st, eval_set, device=dev), labels, tasks)
+                runs.append(info)
+                if n == cfg.student_samples:
+                    live.setdefault(method, st)
+            mean = {t: {k: float(np.mean([r["tasks"][t][k] for r in runs])) for k in ("auc", "ne")} for t in tasks}
+            students[method] = {"tasks": mean, "runs": runs}
+            at = f" ({len(part):,} samples)" if cfg.student_samples_sweep else ""
+            print(f"student {method}{at}: " + ", ".join(f"{t} AUC {mean[t]['auc']:.4f}" for t in tasks),
+                  file=stream, flush=True)
+        sweep[n] = {"students": students, "samples": len(part), "seeds": seeds}
+        sets[n] = part
+    students = sweep[cfg.student_samples]["students"]
     res["students"] = students
     res["seconds"] = time.perf_counter() - t0
+    if cfg.student_samples_sweep:
+        res["sweep"] = sweep
     res["table"] = format_table(res)
-    res["objects"] = {"teacher": model, "students": live, "eval_set": eval_set, "train_set": train_set}
+    res["objects"] = {"teacher": model, "students": live, "eval_set": eval_set, "train_set": train_set,
+                      "sweep_sets": sets}
     return res
 
 
-def gains(res: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+def gains(res: dict[str, Any], students: dict[str, Any] | None = None) -> dict[str, dict[str, dict[str, float]]]:
     """{task: {method: {"auc", "ne", "gain", "vs_kd"}}}: gain = AUC - label-only AUC, vs_kd =
-    gain / KD's gain (NaN without both baselines; KD's gain <= 0 gives inf/NaN, reported as is)."""
+    gain / KD's gain (NaN without both baselines; KD's gain <= 0 gives inf/NaN, reported as is).
+    `students`: another `res["students"]`-shaped dict (a sweep entry's); default res's."""
     out: dict[str, dict[str, dict[str, float]]] = {}
-    st = res["students"]
+    st = res["students"] if students is None else students
     for t in res["tasks"]:
         base = st["label_only"]["tasks"][t]["auc"] if "label_only" in st else math.nan
         kd_gain = st["kd"]["tasks"][t]["auc"] - base if "kd" in st else math.nan

@@ -10,6 +10,13 @@ AUC, NE, gain over the label-only student, gain relative to standard KD's gain; 
 students' parameters, FLOPs and CPU latency per sample beside the teacher's; a PNG bar chart
 of the gains (matplotlib, when importable). Target: the best method's gain >= 2x KD's gain on
 every task; student CPU latency <= 1/20 of the teacher's. The last line is one JSON object.
+
+Student-sample sweep (`--sweep`: the preset's counts, `presets.SWEEP`; or
+`--student-samples-sweep 256,512,...`): the teacher trains (or loads) and scores once, then
+every method's students train on the first N student samples for each N (nested subsets, the
+same held-out set and seeds: paired across N); a table per N with best/KD and teacher/KD and
+how many times fewer samples than the teacher's; JSON `"sweep": {"N": {...}}`; a second PNG
+of best/KD against N. The top-level `tasks` stay at the preset's student_samples.
 """
 from __future__ import annotations
 
@@ -33,8 +40,8 @@ import numpy as np
 import torch
 
 from gem_transfer._distill import METHODS, DistillConfig
-from gem_transfer._pipeline import gains, run_transfer
-from gem_transfer.presets import gem, tiny
+from gem_transfer._pipeline import gains, run_transfer, sweep_plan
+from gem_transfer.presets import SWEEP, gem, tiny
 
 _TRANSFER = ("representation", "sharing", "combined")
 # default wall budget of a preset's bench (gem: one H200 slot of 420 s, less Python's start-up)
@@ -101,6 +108,75 @@ def _chart(g: dict[str, Any], path: Path, title: str) -> str:
     return f"chart: {path}"
 
 
+def _sweep_chart(sweep: dict[str, Any], path: Path, title: str) -> str:
+    """best/KD and teacher/KD gain ratios against the student samples N, one colour per task."""
+    try:
+        importlib.import_module("matplotlib").use("Agg")
+        plt: Any = importlib.import_module("matplotlib.pyplot")
+    except ImportError:
+        return "sweep chart skipped: matplotlib is not installed"
+    ns = sorted(sweep, key=int)
+    tasks = list(sweep[ns[0]]["best_over_kd"])
+    fig, ax = plt.subplots(figsize=(5.6, 3.6))
+    for i, t in enumerate(tasks):
+        c = f"C{i}"
+        for key, style, lab in (("best_over_kd", "o-", "best / KD"), ("teacher_over_kd", "x--", "teacher / KD")):
+            # log scale: a ratio <= 0 (the method lost AUC) or undefined (KD's gain <= 0) is left out
+            pts = [(int(n), r) for n in ns if (r := sweep[n][key][t]) is not None and r > 0]
+            if pts:
+                ax.plot(*zip(*pts), style, color=c, label=f"{t}: {lab}")
+    ax.axhline(2.0, color="black", lw=0.8, ls=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([int(n) for n in ns], [n for n in ns])
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_formatter(importlib.import_module("matplotlib.ticker").FormatStrFormatter("%g"))
+    ax.set_xlabel("student samples N (nested subsets, one teacher)")
+    ax.set_ylabel("gain over label-only / KD's gain")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"sweep chart: {path}"
+
+
+def _task_rows(g: dict[str, Any], res: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The JSON rows per task of one set of students (the preset's N, or one N of a sweep)."""
+    tasks: dict[str, dict[str, Any]] = {}
+    for t, row in g.items():
+        best = max((m for m in _TRANSFER if m in row), key=lambda m: row[m]["auc"], default=None)
+        kd_gain = row["kd"]["gain"] if "kd" in row else math.nan
+        best_gain = row[best]["gain"] if best else math.nan
+        ok = bool(best is not None and best_gain > 0 and best_gain >= 2 * kd_gain)
+        # the ratio a student that matches the teacher exactly would reach: the target is out of
+        # reach of any student that does not beat its teacher when this is < 2
+        t_gain = res["teacher"][t]["auc"] - row["label_only"]["auc"] if "label_only" in row else math.nan
+        tasks[t] = {"bayes": (res["bayes"] or {}).get(t, {}).get("auc"), "teacher": res["teacher"][t]["auc"],
+                    **{m: v["auc"] for m, v in row.items()},
+                    "ne": {m: v["ne"] for m, v in row.items()}, "gain": {m: v["gain"] for m, v in row.items()},
+                    "vs_kd": {m: v["vs_kd"] for m, v in row.items()}, "best": best,
+                    "best_gain_over_kd_gain": best_gain / kd_gain if kd_gain > 0 else None, "target_met": ok,
+                    "teacher_gain": t_gain, "teacher_gain_over_kd_gain": t_gain / kd_gain if kd_gain > 0 else None}
+    return tasks
+
+
+def _parse_sweep(p: argparse.ArgumentParser, text: str, available: int) -> tuple[int, ...]:
+    """`--student-samples-sweep` "N1,N2,..." -> sorted unique counts, each in [2, available]."""
+    out = set()
+    for part in text.split(","):
+        try:
+            n = int(part.strip())
+        except ValueError:
+            p.error(f"--student-samples-sweep={text!r}: {part.strip()!r} is not an integer (want N1,N2,... "
+                    f"with 2 <= N <= {available})")
+        if not 2 <= n <= available:
+            p.error(f"--student-samples-sweep={text!r}: {n} must be in [2, {available}]: the students' "
+                    f"{available:,} samples (--student-samples) are the pool, each N takes the first N of them "
+                    "(one kept for validation); raise --student-samples to sweep further")
+        out.add(n)
+    return tuple(sorted(out))
+
+
 def _strict(x: Any) -> Any:
     """NaN/inf -> None, so the JSON line is strict JSON (e.g. a ratio to a KD gain <= 0)."""
     if isinstance(x, dict):
@@ -129,6 +205,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--student-samples", type=int, default=None)
     p.add_argument("--eval-samples", type=int, default=None)
     p.add_argument("--student-seeds", type=int, default=None)
+    p.add_argument("--student-samples-sweep", default=None, metavar="N1,N2,...",
+                   help="also train every method on the first N student samples for each N (nested subsets, "
+                        "one teacher, the same held-out set and seeds); 2 <= N <= --student-samples")
+    p.add_argument("--sweep", action="store_true",
+                   help=f"--student-samples-sweep with the preset's counts up to --student-samples (tiny "
+                        f"{','.join(map(str, SWEEP['tiny']))}; gem {','.join(map(str, SWEEP['gem']))}; with --quick: "
+                        "S/4,S/2,S of its S samples)")
+    p.add_argument("--sweep-seeds", type=int, default=None,
+                   help="student seeds per method at the sweep's N other than --student-samples (default: tiny "
+                        "--student-seeds, gem 1, to fit the time budget)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--student-domain", type=int, default=None,
                    help="a per-surface value model: students train and are scored on this domain only")
@@ -171,7 +257,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         over["distill"] = dataclasses.replace(over.get("distill", DistillConfig()), epochs=6)
     if budget is not None:  # the rest of the budget after what run_transfer gets: the latency measurement
         over["time_budget"] = max(1.0, budget - (time.perf_counter() - t0) - _LATENCY_RESERVE[a.preset])
+    if a.sweep_seeds is not None:
+        over["sweep_seeds"] = a.sweep_seeds
     cfg = (tiny if a.preset == "tiny" else gem)(**over)
+    if a.sweep and a.student_samples_sweep:
+        p.error("give --sweep (the preset's counts) or --student-samples-sweep N1,N2,..., not both")
+    if a.sweep:
+        # the preset's counts up to the run's student samples (--quick: a quarter, half and all of them)
+        s_n = cfg.student_samples
+        ns = (s_n // 4, s_n // 2, s_n) if a.quick else tuple(n for n in SWEEP[a.preset] if n <= s_n) + (s_n,)
+        cfg = dataclasses.replace(cfg, student_samples_sweep=_parse_sweep(p, ",".join(map(str, ns)), s_n))
+    elif a.student_samples_sweep is not None:
+        cfg = dataclasses.replace(cfg, student_samples_sweep=_parse_sweep(p, a.student_samples_sweep,
+                                                                          cfg.student_samples))
+    if cfg.student_samples_sweep:
+        plan = sweep_plan(cfg)
+        print(f"student-sample sweep: N {list(plan)}, seeds per method {list(plan.values())}", flush=True)
     print(f"transfer bench, preset {a.preset}{' (smoke sizes)' if a.smoke else ''}, device {dev}, time budget "
           f"{'none' if budget is None else f'{budget:.0f} s'}", flush=True)
     out = Path(a.out or os.environ.get("OUT") or tempfile.mkdtemp(prefix="bench_transfer_"))
@@ -201,30 +302,47 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"  student {m:<15} {v['us']:8.2f} us ({v['ratio']:.3f} of the teacher), "
                   f"{v['flops'] / 1e3:.1f} kFLOP ({v['flops_frac']:.4f} of the teacher's), "
                   f"params {v['params']['total']:,} (trainable {v['params']['trainable']:,})")
-    tasks: dict[str, Any] = {}
-    met = True
-    for t, row in g.items():
-        best = max((m for m in _TRANSFER if m in row), key=lambda m: row[m]["auc"], default=None)
-        kd_gain = row["kd"]["gain"] if "kd" in row else math.nan
-        best_gain = row[best]["gain"] if best else math.nan
-        ok = bool(best is not None and best_gain > 0 and best_gain >= 2 * kd_gain)
-        met = met and ok
-        # the ratio a student that matches the teacher exactly would reach: the target is out of
-        # reach of any student that does not beat its teacher when this is < 2
-        t_gain = res["teacher"][t]["auc"] - row["label_only"]["auc"] if "label_only" in row else math.nan
-        tasks[t] = {"bayes": (res["bayes"] or {}).get(t, {}).get("auc"), "teacher": res["teacher"][t]["auc"],
-                    **{m: v["auc"] for m, v in row.items()},
-                    "ne": {m: v["ne"] for m, v in row.items()}, "gain": {m: v["gain"] for m, v in row.items()},
-                    "vs_kd": {m: v["vs_kd"] for m, v in row.items()}, "best": best,
-                    "best_gain_over_kd_gain": best_gain / kd_gain if kd_gain > 0 else None, "target_met": ok,
-                    "teacher_gain": t_gain, "teacher_gain_over_kd_gain": t_gain / kd_gain if kd_gain > 0 else None}
+    tasks = _task_rows(g, res)
+    met = all(row["target_met"] for row in tasks.values())
+    for t, row in tasks.items():
+        kd_gain, t_gain, ratio = row["gain"].get("kd", math.nan), row["teacher_gain"], row["teacher_gain_over_kd_gain"]
+        best_gain = row["gain"][row["best"]] if row["best"] else math.nan
         note = "" if kd_gain > 0 else " (KD's gain <= 0: the ratio is undefined)"
-        print(f"task {t}: best {best} gain {best_gain:+.4f} vs KD gain {kd_gain:+.4f} -> "
-              f"{'target met' if ok else 'TARGET MISSED'} (>= 2x KD's gain){note}; a student equal to the teacher: "
-              f"gain {t_gain:+.4f}, {t_gain / kd_gain if kd_gain > 0 else math.nan:.2f}x KD's")
+        print(f"task {t}: best {row['best']} gain {best_gain:+.4f} vs KD gain {kd_gain:+.4f} -> "
+              f"{'target met' if row['target_met'] else 'TARGET MISSED'} (>= 2x KD's gain){note}; a student equal "
+              f"to the teacher: gain {t_gain:+.4f}, {math.nan if ratio is None else ratio:.2f}x KD's")
+    # the teacher's own sample count when it trained here; a loaded file does not record it
+    t_samples = tt["samples"] if tt else cfg.teacher_samples
+    sweep: dict[str, Any] = {}
+    for n, entry in res.get("sweep", {}).items():
+        rows = _task_rows(gains(res, entry["students"]), res)
+        sweep[str(n)] = {"tasks": rows, "samples": entry["samples"], "student_seeds": entry["seeds"],
+                         "teacher_samples_over_n": t_samples / entry["samples"],
+                         "best": {t: r["best"] for t, r in rows.items()},
+                         "best_over_kd": {t: r["best_gain_over_kd_gain"] for t, r in rows.items()},
+                         "teacher_over_kd": {t: r["teacher_gain_over_kd_gain"] for t, r in rows.items()},
+                         "target_met": {t: r["target_met"] for t, r in rows.items()}}
+    if sweep:
+        print(f"\nstudent-sample sweep: one teacher ({t_samples:,} samples{'' if tt else ', as configured'}), the "
+              f"same {len(res['objects']['eval_set']):,} held-out samples; the students of each N train on the first "
+              "N student samples (nested), seeds 0..k-1 at every N")
+        methods = [m for m in METHODS if m in res["students"]]
+        for n, e in sweep.items():
+            print(f"N = {int(n):,} ({e['teacher_samples_over_n']:.1f}x fewer than the teacher's; "
+                  f"{e['student_seeds']} seed{'s' if e['student_seeds'] > 1 else ''})")
+            print(f"  {'task':<12} {'teacher':>7} " + " ".join(f"{m[:14]:>14}" for m in methods)
+                  + f" {'best/KD':>8} {'teacher/KD':>10}  2x")
+            for t, r in e["tasks"].items():
+                b, tk = e["best_over_kd"][t], e["teacher_over_kd"][t]
+                print(f"  {t:<12} {r['teacher']:7.4f} " + " ".join(f"{r[m]:14.4f}" for m in methods)
+                      + f" {math.nan if b is None else b:8.2f} {math.nan if tk is None else tk:10.2f}  "
+                      + ("missed" if not r["target_met"] else "met" if tk is not None else "met (KD gain <= 0)"))
     lat_ok = all(lat[m]["ratio"] <= 1 / 20 for m in METHODS if m in lat)
     print(f"latency target (student <= 1/20 of the teacher per sample): {'met' if lat_ok else 'MISSED'}")
     print(_chart(g, out / "transfer_gains.png", f"gem_transfer, preset {a.preset}: AUC gain over label-only"))
+    if sweep:
+        print(_sweep_chart(sweep, out / "transfer_sweep.png",
+                           f"gem_transfer, preset {a.preset}: gain / KD's gain vs student samples"))
     summary = {
         "bench": "transfer", "preset": a.preset, "quick": a.quick, "smoke": a.smoke, "time_budget": budget,
         "tasks": tasks,
@@ -235,6 +353,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "teacher_train": res["teacher_train"], "teacher_params": res["teacher_params"], "teacher_file": a.teacher,
         "score": {k: {kk: vv for kk, vv in v.items() if kk != "bad_blocks"} for k, v in res["score"].items()},
         "student_samples": len(res["objects"]["train_set"]), "student_domain": cfg.student_domain,
+        "teacher_samples": t_samples, "student_samples_sweep": list(cfg.student_samples_sweep), "sweep": sweep,
         "eval_samples": len(res["objects"]["eval_set"]),
         "student_seeds": cfg.student_seeds, "seconds": time.perf_counter() - t0, "device": str(dev),
         "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
