@@ -19,7 +19,7 @@ from gem_parallel._dense import BF16_MIXED, apply_hsdp
 from gem_parallel._dims import Meshes, ParallelDims
 from gem_parallel._parallelize import Parallelized, parallelize
 
-__version__ = "0.3.0"
+__version__ = "0.3.1"
 __all__ = [
     "__version__",
     "parallelize",

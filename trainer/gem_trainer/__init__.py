@@ -16,5 +16,5 @@ def train(cfg: TrainConfig) -> dict[str, object]:
     return _train(cfg)
 
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"
 __all__ = ["PRESETS", "TrainConfig", "presets_h200", "presets_multi", "presets_tiny", "train", "__version__"]

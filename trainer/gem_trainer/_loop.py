@@ -187,7 +187,8 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
                          "(torchrec is not importable here); use sparse_sharding='none'")
     import gem_parallel
 
-    precision = cfg.precision if cfg.precision.startswith("mxfp8") else None
+    # Every value but fp32/bf16 (autocast) is a gem_precision recipe that converts the linears.
+    precision = None if cfg.precision in ("fp32", "bf16") else cfg.precision
     if world == 1 and not sharded:
         done = gem_parallel.parallelize(model, None, precision=precision, compile=cfg.compile)
         return done.model, build_optimizer(done.model, cfg)

@@ -144,10 +144,10 @@ def slow_run_notices(cfg: TrainConfig, device: torch.device) -> list[str]:
     """What will make this run slower (or other) than the user likely expects."""
     out: list[str] = []
     if device.type != "cuda":
-        if cfg.precision.startswith("mxfp8"):
+        if cfg.precision not in ("fp32", "bf16"):
             out.append(f"precision={cfg.precision!r} on CPU is emulated (gem_precision's "
                        "dequantize-and-matmul in fp32 around every linear): expect several times "
-                       "the fp32 step time; the numerics are MXFP8's, the speed is not")
+                       "the fp32 step time; the numerics are the recipe's, the speed is not")
         elif cfg.precision == "bf16":
             out.append("precision='bf16' on CPU runs in fp32 (bf16 autocast is used on CUDA only)")
         if cfg.preset != "tiny":
@@ -160,7 +160,7 @@ def effective_precision(cfg: TrainConfig, device: torch.device) -> str:
     """The arithmetic the run really uses (the summary records it next to the requested one)."""
     if cfg.precision == "bf16" and device.type != "cuda":
         return "fp32"
-    if cfg.precision.startswith("mxfp8") and device.type != "cuda":
+    if cfg.precision not in ("fp32", "bf16") and device.type != "cuda":
         return f"{cfg.precision} (emulated)"
     return cfg.precision
 

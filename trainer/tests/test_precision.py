@@ -36,3 +36,24 @@ def test_mxfp8_precisions_convert_and_train(precision: str) -> None:
     assert 0 < rel < (0.2 if precision == "mxfp8_floor" else 0.1), rel
     out.float().mean().backward()
     assert all(m.weight.grad is not None and torch.isfinite(m.weight.grad).all() for m in mx)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_trainer_passes_every_recipe_to_parallelize(precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer hands each low-precision value to gem_parallel (fp8_block was dropped once:
+    the run said fp8_block and trained in bf16); fp32 / bf16 are autocast, not a recipe."""
+    from gem_trainer import _loop
+
+    seen: dict[str, object] = {}
+    real = gem_parallel.parallelize
+
+    def spy(model: torch.nn.Module, meshes: object = None, **kw: object) -> object:
+        seen.update(kw)
+        kw["precision"] = None  # the tiny model's linears are below every recipe's threshold
+        return real(model, meshes, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gem_parallel, "parallelize", spy)
+    cfg = tiny(precision=precision, batch_size=16)
+    model = gem_model.GEMModel(model_config(cfg, data_config(cfg)))
+    _loop._parallelize(model, cfg, 1, torch.device("cpu"))
+    assert seen["precision"] == (None if precision in ("fp32", "bf16") else precision)
