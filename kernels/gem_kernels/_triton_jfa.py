@@ -19,9 +19,12 @@ Numerics: scores in the log2 domain (`scale·log2 e` folded in), fp32 accumulati
 per-row log-sum-exp `lse2 = m + log2 l` stored for the backward; rows that see no key store
 lse2 = +inf so every recomputed probability is exactly 0 (output 0, gradients 0, no NaN).
 
-Backward (Dao, FlashAttention-2, §3.2): delta = rowsum(dO·O) (a torch reduction), one
+Backward (Dao, FlashAttention-2, §3.2): delta = rowsum(dO·O) (a Triton kernel), one
 kernel accumulates dK/dV for a kv block iterating over the q blocks that see it, one kernel
-accumulates dQ for a q block iterating over its kv tiles. No atomics.
+accumulates dQ for a q block iterating over its kv tiles. No atomics. Or, with
+`JfaConfig.one_pass` (`GEM_JFA_BWD=one_pass`), the dK/dV kernel alone also adds dQ into an
+fp32 workspace with atomics (as FlashAttention-2's CUDA backward does): S and P are computed
+once per tile pair instead of twice.
 """
 
 from __future__ import annotations
@@ -66,6 +69,11 @@ class JfaConfig:
     # False = never (the plain (B·H, max blocks) grid with early exits), None = when the
     # plain grid would be mostly empty programs (long-tailed lengths).
     tile_list: bool | None = None
+    # Backward in one pass (see `jfa_backward`): the dK/dV kernel, with `dkdv` tiles and
+    # schedule, also adds dQ into an fp32 workspace with atomics (5 matmuls per tile pair
+    # instead of 7; `dq` tiles and `kv_split` then play no part in the backward). False = the
+    # two-pass FlashAttention-2 backward (dK/dV kernel, then dQ kernel; no atomics).
+    one_pass: bool = False
 
 
 _FORCED: list[JfaConfig] = []
@@ -85,15 +93,35 @@ def _pow2_clamp(n: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, triton.next_power_of_2(max(n, 1))))
 
 
+# The backward the heuristic picks; `GEM_JFA_BWD` overrides it per process (GPU benches,
+# trainer A/B runs). Two-pass until the one-pass kernel is measured on the GPU (BENCHMARKS.md).
+ONE_PASS_DEFAULT = False
+BWD_ENV = "GEM_JFA_BWD"
+_BWD_CHOICES = {"one_pass": True, "two_pass": False}
+
+
+def bwd_one_pass_from_env() -> bool:
+    """`GEM_JFA_BWD=one_pass|two_pass` (unset or empty: `ONE_PASS_DEFAULT`)."""
+    value = os.environ.get(BWD_ENV, "")
+    if value == "":
+        return ONE_PASS_DEFAULT
+    if value not in _BWD_CHOICES:
+        raise ValueError(f"{BWD_ENV}={value!r} must be one of {sorted(_BWD_CHOICES)} (or unset)")
+    return _BWD_CHOICES[value]
+
+
 def pick_config(max_q_len: int, max_kv_len: int, d: int, dtype: torch.dtype) -> JfaConfig:
-    """The forced config (see `force_config`) or the heuristic one."""
+    """The forced config (see `force_config`; its `one_pass` is used as is) or the heuristic one
+    (with the backward chosen by `GEM_JFA_BWD`, default `ONE_PASS_DEFAULT`)."""
     if _FORCED:
         return _FORCED[-1]
-    return _heuristic_config(max_q_len, max_kv_len, d, dtype)
+    return _heuristic_config(max_q_len, max_kv_len, d, dtype, bwd_one_pass_from_env())
 
 
 @functools.lru_cache(maxsize=1024)
-def _heuristic_config(max_q_len: int, max_kv_len: int, d: int, dtype: torch.dtype) -> JfaConfig:
+def _heuristic_config(
+    max_q_len: int, max_kv_len: int, d: int, dtype: torch.dtype, one_pass: bool = ONE_PASS_DEFAULT
+) -> JfaConfig:
     """Heuristic tiles per shape (issue 3's three shapes), from the H200 sweep in BENCHMARKS.md.
 
     - long self-attention: forward 128×128 tiles, 8 warps; backward dK/dV 32×64 (q×kv) and
@@ -101,6 +129,10 @@ def _heuristic_config(max_q_len: int, max_kv_len: int, d: int, dtype: torch.dtyp
     - cross (long q, short kv): BLOCK_N shrinks to the kv length (>=16) so no tile is mostly
       padding; BLOCK_M stays large.
     - pooling (few q, long kv): BLOCK_M shrinks to the q length (>=16), BLOCK_N = 128.
+    - one-pass backward (`one_pass`): the dK/dV kernel tiles widen to 64×128 (q×kv), 8 warps,
+      2 stages for 16-bit D <= 128, as FlashAttention-2's CUDA backward (64×128, 8 warps at
+      D=128): a wider kv block halves the dQ atomics per FLOP (one [BLOCK_M, D] add per tile
+      pair). Not yet swept on the GPU (`bench.table --bwd-compare` does).
     """
     lowp = dtype != torch.float32
     bm = _pow2_clamp(max_q_len, 16, 128 if lowp else 64)
@@ -124,7 +156,15 @@ def _heuristic_config(max_q_len: int, max_kv_len: int, d: int, dtype: torch.dtyp
     # Split-kv and the tile-list schedule are built and tested but off by default: on the H200
     # (BENCHMARKS.md) neither beat the plain grid in eager use (their extra torch ops cost
     # more host time than they saved on the device). Enable them through `force_config`.
-    return JfaConfig(fwd=fwd, dkdv=dkdv, dq=dq, kv_split=0, tile_list=False)
+    if one_pass:
+        wide = lowp and d <= 128
+        dkdv = JfaTiles(
+            block_m=_pow2_clamp(max_q_len, 16, 64 if wide else small),
+            block_n=_pow2_clamp(max_kv_len, 16, 128 if wide else 64),
+            num_warps=8 if wide else 4,
+            num_stages=2,
+        )
+    return JfaConfig(fwd=fwd, dkdv=dkdv, dq=dq, kv_split=0, tile_list=False, one_pass=one_pass)
 
 
 @triton.jit
@@ -337,11 +377,17 @@ def _jfa_fwd_kernel(
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_m, offs_n, offs_d,
-               stride_qt, stride_dot, H, shift, lq, lk, scale_log2, WINDOW,
+def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, start_m, offs_m, offs_n, offs_d,
+               stride_qt, stride_dot, stride_dqt, H, shift, lq, lk, scale, scale_log2, WINDOW,
                CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, MASKED: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
-    """dV += Pᵀ dO and dK += dSᵀ Q for one q block (FlashAttention-2 backward, transposed)."""
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, DOT_PREC: tl.constexpr,
+               UPCAST: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+    """dV += Pᵀ dO and dK += dSᵀ Q for one q block (FlashAttention-2 backward, transposed).
+
+    DQ_ATOMIC (the one-pass backward): also dQ[rows] += scale · dS K, added into the fp32
+    workspace at `dq_base` with relaxed atomics (other kv blocks of the sample add to the
+    same rows; order does not matter, the workspace is read only by a later launch).
+    """
     rows = start_m + offs_m
     if MASKED:
         r_valid = rows < lq
@@ -360,20 +406,28 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, off
         pT = tl.where(_visible_t(rows, offs_n, shift, lk, WINDOW, CAUSAL, HAS_WINDOW), pT, 0.0)
     dv = _mma(pT.to(do.dtype), do, dv, DOT_PREC, UPCAST)
     dpT = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT_PREC, UPCAST)
-    dsT = pT * (dpT - delta[None, :])
-    dk = _mma(dsT.to(qT.dtype), tl.trans(qT), dk, DOT_PREC, UPCAST)
+    dsT = (pT * (dpT - delta[None, :])).to(qT.dtype)
+    dk = _mma(dsT, tl.trans(qT), dk, DOT_PREC, UPCAST)
+    if DQ_ATOMIC:
+        dq = _mma(tl.trans(dsT), k, tl.zeros([BLOCK_M, D], dtype=tl.float32), DOT_PREC, UPCAST) * scale
+        dq_ptrs = dq_base + rows[:, None] * stride_dqt + offs_d[None, :]
+        if MASKED:  # rows past lq belong to the next sample (or past the end): never touch them
+            tl.atomic_add(dq_ptrs, dq, mask=(rows < lq)[:, None], sem="relaxed")
+        else:
+            tl.atomic_add(dq_ptrs, dq, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
 def _jfa_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, QO, KO,
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ, QO, KO,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-    stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+    stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
     CUM, ORDER, B, H, scale, scale_log2, WINDOW,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
     TILE_LIST: tl.constexpr, LOG2B: tl.constexpr,
+    DQ_ATOMIC: tl.constexpr,  # one-pass backward: also add dQ into the fp32 workspace DQ (else unused)
 ):
     b, h, n_start, ok = _schedule(KO, CUM, ORDER, H, B, BLOCK_N, TILE_LIST, LOG2B)
     if not ok:
@@ -420,18 +474,19 @@ def _jfa_bwd_dkdv_kernel(
     do_base = DO + q_start * stride_dot + h * stride_doh
     lse_base = LSE + q_start * H + h
     delta_base = DELTA + q_start * H + h
+    dq_base = DQ + q_start * stride_dqt + h * stride_dqh
     for start_m in range(lo, f_lo, BLOCK_M):
-        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_m, offs_n,
-                            offs_d, stride_qt, stride_dot, H, shift, lq, lk, scale_log2, WINDOW,
-                            CAUSAL, HAS_WINDOW, True, BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
+        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, start_m, offs_m,
+                            offs_n, offs_d, stride_qt, stride_dot, stride_dqt, H, shift, lq, lk, scale, scale_log2,
+                            WINDOW, CAUSAL, HAS_WINDOW, True, BLOCK_M, BLOCK_N, D, DOT_PREC, UPCAST, DQ_ATOMIC)
     for start_m in range(f_lo, f_hi, BLOCK_M):
-        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_m, offs_n,
-                            offs_d, stride_qt, stride_dot, H, shift, lq, lk, scale_log2, WINDOW,
-                            CAUSAL, HAS_WINDOW, False, BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
+        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, start_m, offs_m,
+                            offs_n, offs_d, stride_qt, stride_dot, stride_dqt, H, shift, lq, lk, scale, scale_log2,
+                            WINDOW, CAUSAL, HAS_WINDOW, False, BLOCK_M, BLOCK_N, D, DOT_PREC, UPCAST, DQ_ATOMIC)
     for start_m in range(f_hi, hi, BLOCK_M):
-        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_m, offs_n,
-                            offs_d, stride_qt, stride_dot, H, shift, lq, lk, scale_log2, WINDOW,
-                            CAUSAL, HAS_WINDOW, True, BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
+        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, start_m, offs_m,
+                            offs_n, offs_d, stride_qt, stride_dot, stride_dqt, H, shift, lq, lk, scale, scale_log2,
+                            WINDOW, CAUSAL, HAS_WINDOW, True, BLOCK_M, BLOCK_N, D, DOT_PREC, UPCAST, DQ_ATOMIC)
 
     dk = dk * scale
     tl.store(DK + (kv_start + offs_n)[:, None] * stride_dkt + h * stride_dkh + offs_d[None, :],
@@ -517,9 +572,14 @@ def _jfa_bwd_dq_kernel(
 
 
 @triton.jit
-def _jfa_bwd_delta_kernel(O, DO, DELTA, n_rows, H, stride_ot, stride_oh, stride_dot, stride_doh,
-                          D: tl.constexpr, BLOCK: tl.constexpr):
-    """delta[t, h] = Σ_d dO[t, h, d] · O[t, h, d] in fp32 (FlashAttention-2 backward preprocess)."""
+def _jfa_bwd_delta_kernel(O, DO, DELTA, DQ, n_rows, H, stride_ot, stride_oh, stride_dot, stride_doh,
+                          D: tl.constexpr, BLOCK: tl.constexpr,
+                          ZERO_DQ: tl.constexpr):  # one-pass: also zero the contiguous fp32 dQ workspace
+    """delta[t, h] = Σ_d dO[t, h, d] · O[t, h, d] in fp32 (FlashAttention-2 backward preprocess).
+
+    With ZERO_DQ it also zeroes the one-pass backward's dQ accumulator `[T, H, D]` (the rows it
+    visits anyway), which saves a separate memset launch.
+    """
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     valid = rows < n_rows
     t = rows // H
@@ -528,6 +588,9 @@ def _jfa_bwd_delta_kernel(O, DO, DELTA, n_rows, H, stride_ot, stride_oh, stride_
     o = tl.load(O + (t * stride_ot + h * stride_oh)[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
     do = tl.load(DO + (t * stride_dot + h * stride_doh)[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
     tl.store(DELTA + rows, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=valid)
+    if ZERO_DQ:
+        tl.store(DQ + rows[:, None] * D + offs_d[None, :], tl.zeros([BLOCK, D], dtype=tl.float32),
+                 mask=valid[:, None])
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -639,42 +702,55 @@ def jfa_backward(
     window: int | None,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward. Returns dq, dk, dv (zeros for rows of empty or invisible sequences)."""
+    """Backward. Returns dq, dk, dv (zeros for rows of empty or invisible sequences).
+
+    Two-pass (FlashAttention-2 §3.2): delta, then a dK/dV kernel per kv block and a dQ kernel
+    per q block, each recomputing S = QKᵀ and P (7 matmuls per tile pair), no atomics.
+    One-pass (`JfaConfig.one_pass`): delta (which also zeroes an fp32 dQ workspace), then the
+    dK/dV kernel alone, adding each tile's dS K into the workspace with atomics (5 matmuls),
+    then a cast of the workspace to q's dtype (none for fp32). The atomic sums make dQ's
+    last bits depend on the order of arrival (not bitwise reproducible run to run).
+    """
     dout, q, k, v = (_last_dim_contiguous(t) for t in (dout, q, k, v))
     tq, h, d = q.shape
     b = q_offsets.numel() - 1
     if tq == 0 or k.shape[0] == 0 or b == 0 or h == 0 or max_q_len == 0 or max_kv_len == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    # The kernels write every row (offsets contract): no memset.
+    cfg = pick_config(max_q_len, max_kv_len, d, q.dtype)
+    # The kernels write every row of dk/dv (offsets contract): no memset.
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
+    # One-pass: every dQ row is a sum over kv blocks; rows no kv block sees stay 0.
+    dq_acc = torch.empty((tq, h, d), dtype=torch.float32, device=q.device) if cfg.one_pass else dk
     # FA2 preprocess: delta_i = sum_d dO_id · O_id (fp32).
     out = _last_dim_contiguous(out)
     delta = torch.empty((tq, h), dtype=torch.float32, device=q.device)
     _jfa_bwd_delta_kernel[(triton.cdiv(tq * h, 64),)](
-        out, dout, delta, tq * h, h, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1),
-        D=d, BLOCK=64, num_warps=4,
+        out, dout, delta, dq_acc, tq * h, h, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1),
+        D=d, BLOCK=64, ZERO_DQ=cfg.one_pass, num_warps=4,
     )
-    cfg = pick_config(max_q_len, max_kv_len, d, q.dtype)
-    splits = triton.cdiv(max_kv_len, cfg.kv_split) if cfg.kv_split else 1
-    if splits > 1:
-        dq_ws = torch.empty((splits, tq, h, d), dtype=torch.float32, device=q.device)
-    else:
-        dq_ws = torch.empty_like(q).unsqueeze(0)
     common = dict(
         CAUSAL=causal, HAS_WINDOW=window is not None, D=d, DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q)
     )
     win = window if window is not None else 0
     grid_kv, sched_kv = _schedule_args(kv_offsets, q_offsets, k.shape[0], max_kv_len, cfg.dkdv.block_n, h, cfg.tile_list)
     _jfa_bwd_dkdv_kernel[grid_kv](
-        q, k, v, dout, lse, delta, dk, dv, q_offsets, kv_offsets,
+        q, k, v, dout, lse, delta, dk, dv, dq_acc, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+        dq_acc.stride(0), dq_acc.stride(1),
         sched_kv["CUM"], sched_kv["ORDER"], sched_kv["B"], h, scale, scale * _LOG2E, win,
         TILE_LIST=sched_kv["TILE_LIST"], LOG2B=sched_kv["LOG2B"],
-        BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n,
+        BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n, DQ_ATOMIC=cfg.one_pass,
         num_warps=cfg.dkdv.num_warps, num_stages=cfg.dkdv.num_stages, **common,
     )
+    if cfg.one_pass:
+        return dq_acc.to(q.dtype), dk, dv
+    splits = triton.cdiv(max_kv_len, cfg.kv_split) if cfg.kv_split else 1
+    if splits > 1:
+        dq_ws = torch.empty((splits, tq, h, d), dtype=torch.float32, device=q.device)
+    else:
+        dq_ws = torch.empty_like(q).unsqueeze(0)
     (g0, g1), sched_q = _schedule_args(q_offsets, kv_offsets, tq, max_q_len, cfg.dq.block_m, h, cfg.tile_list)
     _jfa_bwd_dq_kernel[(g0, g1, splits)](
         q, k, v, dout, lse, delta, dq_ws, q_offsets, kv_offsets,

@@ -148,6 +148,26 @@ def test_jfa_and_block_in_bounds(bounds_checked: list[str], variant: str) -> Non
     assert "store" in bounds_checked
 
 
+@pytest.mark.skipif(not INTERPRET, reason="bounds check runs in Triton's interpreter (TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("variant", ["full", "causal_window"])
+def test_jfa_one_pass_atomics_in_bounds(bounds_checked: list[str], variant: str) -> None:
+    # The one-pass backward adds dQ with atomics per kv block; masked edge q blocks must not add
+    # past a sample's rows (a zero added to the next sample is invisible in the values, one
+    # past the last row is an illegal address on the GPU). Cross lengths, empty on each side.
+    from gem_kernels._triton_jfa import JfaConfig, JfaTiles, force_config
+
+    t = JfaTiles(block_m=16, block_n=32)
+    lq, lk = [17, 0, 1, 16, 15, 33], [33, 15, 16, 0, 3, 17]
+    qo, ko = _offsets(lq), _offsets(lk)
+    q = torch.randn(sum(lq), 2, 16, requires_grad=True)
+    k, v = (torch.randn(sum(lk), 2, 16, requires_grad=True) for _ in range(2))
+    with force_config(JfaConfig(fwd=t, dkdv=t, dq=t, one_pass=True)):
+        out = jagged_flash_attention(q, k, v, qo, ko, max(lq), max(lk), backend="triton",
+                                     **VARIANTS[variant])  # type: ignore[arg-type]
+        torch.autograd.grad(out.sum(), (q, k, v))
+    assert "atomic" in bounds_checked
+
+
 @pytest.mark.skipif(not CUDA, reason="GPU-size test")
 @pytest.mark.parametrize("activation", ["silu", "gelu"])
 @pytest.mark.parametrize("variant", ["full", "causal"])

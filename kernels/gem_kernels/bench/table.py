@@ -1,6 +1,7 @@
 """Bench: issue 15's table in one command, ours beside the best torch path in the same run.
 
     cd kernels && PYTHONPATH=. python3 -m gem_kernels.bench.table [--out DIR] [--iters N]
+    cd kernels && PYTHONPATH=. python3 -m gem_kernels.bench.table --bwd-compare   # JFA backward A/B only
 
 Why a third bench: `attention` and `gdpa` sweep many shapes and tiles; this one prints only
 the issue's rows on the issue's batch (`torch.manual_seed(62)`; 64 lengths
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 
 from gem_kernels import block_attention, generalized_dot_product_attention, jagged_flash_attention, pad_jagged
 from gem_kernels._gdpa import GdpaTiles, force_tiles, gdpa_tiles
+from gem_kernels._triton_jfa import JfaTiles, _heuristic_config, force_config, jfa_backward, jfa_forward
 from gem_kernels.bench._common import (attention_flops, bench_ms, emit_json, env_info, offsets_from_lengths,
                                        print_table, visible_pairs)
 
@@ -51,18 +53,20 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 class Batch:
     """q, k, v, dout `[T, H, D]` and offsets for one length list (self-attention)."""
 
-    def __init__(self, lengths: list[int], device: str) -> None:
+    def __init__(self, lengths: list[int], device: str, heads: int = H) -> None:
         self.lengths = lengths
+        self.heads = heads
         self.off = offsets_from_lengths(lengths, device)
         self.max = max(lengths)
         g = torch.Generator(device=device).manual_seed(1)
         t = sum(lengths)
-        self.q, self.k, self.v, self.do = (torch.randn(t, H, D, generator=g, device=device).to(DT) for _ in range(4))
+        self.q, self.k, self.v, self.do = (torch.randn(t, heads, D, generator=g, device=device).to(DT)
+                                           for _ in range(4))
         self.qg, self.kg, self.vg = (x.clone().requires_grad_() for x in (self.q, self.k, self.v))
 
     def head(self, n: int) -> Batch:
         """The first n samples (for the reference check)."""
-        return Batch(self.lengths[:n], str(self.q.device))
+        return Batch(self.lengths[:n], str(self.q.device), self.heads)
 
 
 def _check(ours: Callable[..., torch.Tensor], ref: Callable[..., torch.Tensor], b: Batch) -> float:
@@ -294,6 +298,110 @@ def narrow_bwd(iters: int) -> list[dict[str, object]]:
     return rows
 
 
+# One-pass backward tile sweep (q x kv, warps, stages) beside the heuristic's one-pass tiles:
+# FlashAttention-2's CUDA backward uses 64x128 / 8 warps at D=128; the two-pass dK/dV kernel
+# uses 32x64 / 4 warps / 3 stages. Wider kv blocks mean fewer dQ atomics per FLOP.
+BWD_SWEEP = (
+    JfaTiles(block_m=32, block_n=64, num_warps=4, num_stages=3),
+    JfaTiles(block_m=64, block_n=64, num_warps=4, num_stages=2),
+    JfaTiles(block_m=64, block_n=64, num_warps=4, num_stages=3),
+    JfaTiles(block_m=32, block_n=128, num_warps=8, num_stages=2),
+    JfaTiles(block_m=64, block_n=128, num_warps=8, num_stages=1),
+)
+
+
+def trainer_lengths() -> list[int]:
+    """The trainer's attention shape: the issue batch scaled by 262,144 / its tokens, clamped to
+    64..16384 (255,604 tokens, mean ~4,000)."""
+    lengths = issue_lengths()
+    f = 262144 / sum(lengths)
+    return [min(16384, max(64, round(n * f))) for n in lengths]
+
+
+def _tiles(t: JfaTiles) -> str:
+    return f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}"
+
+
+def bwd_compare(iters: int, cases: list[tuple[str, list[int], int, bool]] | None = None,
+                device: str = "cuda") -> list[dict[str, object]]:
+    """Issue #15/#16: the JFA backward, two-pass (dK/dV + dQ kernels) vs one-pass (dK/dV kernel
+    adding dQ with atomics), backward-only and fwd+bwd, plus a one-pass tile sweep (backward
+    only). Cases (name, lengths, heads, causal): the issue batch (H=4) full and causal; the
+    trainer shape (H=8, ~256k tokens) full. err: vs the fp32 reference on the first 8 samples
+    for the issue batch's two main paths, else vs the two-pass gradients."""
+    if cases is None:
+        cases = [("issue H=4 full", issue_lengths(), 4, False), ("issue H=4 causal", issue_lengths(), 4, True),
+                 ("trainer H=8 full", trainer_lengths(), 8, False)]
+    rows: list[dict[str, object]] = []
+    for name, lengths, heads, causal in cases:
+        b = Batch(lengths, device, heads)
+        print(f"{name}: B={len(lengths)} tokens={sum(lengths)} max={b.max}", flush=True)
+        f_fwd, f_all = attention_flops(visible_pairs(b.lengths, b.lengths, causal=causal), heads, D)
+        scale = 1.0 / math.sqrt(D)
+        with torch.no_grad():
+            out, lse = jfa_forward(b.q, b.k, b.v, b.off, b.off, b.max, b.max, causal, None, scale)
+
+        def bwd(b: Batch = b, out: torch.Tensor = out, lse: torch.Tensor = lse,
+                causal: bool = causal) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            return jfa_backward(b.do, b.q, b.k, b.v, out, lse, b.off, b.off, b.max, b.max, causal, None, scale)
+
+        two = _heuristic_config(b.max, b.max, D, DT, False)
+        one = _heuristic_config(b.max, b.max, D, DT, True)
+        with force_config(two):
+            base = bwd()
+        configs = [("two-pass", two), ("one-pass", one)]
+        configs += [("one-pass sweep", dataclasses.replace(one, dkdv=t)) for t in BWD_SWEEP if t != one.dkdv]
+        two_ms = math.nan
+        for path, cfg in configs:
+            tiles = _tiles(cfg.dkdv) if cfg.one_pass else f"dkdv {_tiles(cfg.dkdv)}; dq {_tiles(cfg.dq)}"
+            ms: float | None = None
+            fb_ms: float | None = None
+            err: float | str | None = None
+            try:
+                with force_config(cfg):
+                    ms = bench_ms(bwd, warmup=2, iters=iters)
+                    err = max(_rel_err(g, w) for g, w in zip(bwd(), base))
+                    if path != "one-pass sweep":
+                        fb_ms = bench_ms(_fwd_bwd(jfa(causal), b), warmup=1, iters=iters)
+                        if heads == H:  # the issue batch: the fp32 reference on the first 8 samples
+                            err = _check(jfa(causal), jfa(causal, "reference"), b.head(8))
+            except Exception as e:  # noqa: BLE001 - e.g. a tile that runs out of shared memory
+                if path == "two-pass":
+                    raise
+                err = f"{type(e).__name__}: {str(e)[:60]}"
+            two_ms = ms if path == "two-pass" and ms is not None else two_ms
+            rows.append({"case": name, "path": path, "tiles": tiles, "bwd_ms": ms,
+                         "bwd_tflops": _tf(f_all - f_fwd, ms), "bwd_x": None if ms is None else two_ms / ms,
+                         "fb_ms": fb_ms, "fb_tflops": _tf(f_all, fb_ms), "err": err})
+            print(rows[-1], flush=True)
+        del b, out, lse, base
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def print_bwd_compare(rows: list[dict[str, object]]) -> None:
+    """The compact two-pass vs one-pass table, then the fastest one-pass tiles per case."""
+    print("\nJFA backward, two-pass vs one-pass (useful TFLOP/s, backward = 2.5x forward FLOPs; bwd_x = "
+          "two-pass bwd ms / this bwd ms; err = max rel. error of out/dq/dk/dv vs the fp32 reference on 8 "
+          "samples for the issue batch's two main rows, else of dq/dk/dv vs two-pass):")
+    print_table(rows, ["case", "path", "tiles", "bwd_ms", "bwd_tflops", "bwd_x", "fb_ms", "fb_tflops", "err"])
+    print("\nfastest one-pass tiles per case (backward only):")
+    for case in dict.fromkeys(str(r["case"]) for r in rows):
+        ones = [r for r in rows if r["case"] == case and str(r["path"]).startswith("one-pass")
+                and isinstance(r["bwd_ms"], float)]
+        if not ones:
+            print(f"  {case}: no one-pass config ran")
+            continue
+        best = min(ones, key=lambda r: _num(r["bwd_ms"]))
+        print(f"  {case}: {best['tiles']}  {_num(best['bwd_ms']):.3f} ms  {_num(best['bwd_x']):.2f}x two-pass  "
+              f"err {_num(best['err']):.2g}")
+
+
+def _num(x: object) -> float:
+    return float(x) if isinstance(x, (int, float)) else math.nan
+
+
 def _save(out: str | None, payload: dict[str, object]) -> None:
     if out:
         os.makedirs(out, exist_ok=True)
@@ -306,12 +414,21 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=7, help="timed iterations per figure (median)")
     p.add_argument("--no-sweep", action="store_true")
     p.add_argument("--narrow-bwd", action="store_true", help="only GDPA fwd+bwd, default vs narrow backward tiles")
+    p.add_argument("--bwd-compare", action="store_true",
+                   help="only the JFA backward: two-pass vs one-pass (+ one-pass tile sweep), < 1 min")
     p.add_argument("--out", default=os.environ.get("OUT"), help="directory for table.json (default $OUT)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("table bench needs CUDA (the CPU toy runs are `bench.attention --quick` / `bench.gdpa --quick`)")
         skipped: dict[str, object] = {"bench": "table", "skipped": "no CUDA", **env_info()}
         emit_json(skipped)
+        return
+    if args.bwd_compare:
+        rows_b = bwd_compare(max(3, args.iters // 2 + 1))
+        print_bwd_compare(rows_b)
+        bc: dict[str, object] = {"bench": "table_bwd_compare", **env_info(), "rows": rows_b}
+        _save(args.out, bc)
+        emit_json(bc)
         return
     if args.narrow_bwd:
         nb: dict[str, object] = {"bench": "table_narrow_bwd", **env_info(), "rows": narrow_bwd(args.iters)}

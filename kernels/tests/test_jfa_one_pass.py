@@ -1,0 +1,238 @@
+"""The one-pass JFA backward (`JfaConfig.one_pass`, `GEM_JFA_BWD=one_pass`) vs the reference and
+the two-pass backward.
+
+One pass: the dK/dV kernel also adds dS·K into an fp32 dQ workspace with atomics, so its dQ
+is a sum in a different order than the two-pass dQ kernel's; everything else is the same
+arithmetic. CPU: Triton's interpreter with 16×16 tiles on lengths that hit the tile edges
+(0, 1, 15, 16, 17, 33), fresh random inputs per test. GPU (skipped without CUDA): the
+trainer-like batch (64 log-normal lengths, H=8, D=128, bf16) with the heuristic tiles.
+"""
+
+import contextlib
+import dataclasses
+import os
+from typing import Any
+
+import pytest
+import torch
+
+from gem_kernels import jagged_flash_attention
+from gem_kernels import _triton_jfa
+from gem_kernels._triton_jfa import (BWD_ENV, ONE_PASS_DEFAULT, JfaConfig, JfaTiles, bwd_one_pass_from_env,
+                                     force_config, pick_config)
+
+CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+needs_triton = pytest.mark.skipif(
+    not (CUDA or INTERPRET), reason="Triton needs CUDA or TRITON_INTERPRET=1 (set by Bazel)"
+)
+DEVICE = "cuda" if CUDA else "cpu"
+
+_T16 = JfaTiles(block_m=16, block_n=16)
+TWO = JfaConfig(fwd=_T16, dkdv=_T16, dq=_T16)
+ONE = dataclasses.replace(TWO, one_pass=True)
+# Max gradient error relative to max(1, max |want|): vs the fp32 reference, and one-pass vs
+# two-pass (both Triton: only dQ's summation order differs, plus the final rounding to dtype).
+TOL = {
+    torch.float32: {"ref": 5e-5, "two": 1e-5},
+    torch.bfloat16: {"ref": 2e-2, "two": 1e-2},
+    torch.float16: {"ref": 4e-3, "two": 2e-3},
+}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "full": dict(causal=False, window=None),
+    "causal": dict(causal=True, window=None),
+    "causal_window": dict(causal=True, window=5),
+    "band": dict(causal=False, window=3),
+}
+EDGE_Q = [17, 0, 1, 16, 15, 33]
+EDGE_K = [33, 15, 16, 0, 3, 17]  # cross: longer and shorter kv than q, empty on either side
+
+
+def _offsets(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64, device=DEVICE)
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    if want.numel() == 0:
+        return 0.0
+    return float((got.float() - want.float()).abs().max()) / max(1.0, float(want.float().abs().max()))
+
+
+def _grads(cfg: JfaConfig | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
+           qo: torch.Tensor, ko: torch.Tensor, *, backend: str = "triton", causal: bool = False,
+           window: int | None = None) -> list[torch.Tensor]:
+    """[out, dq, dk, dv] of one call; q, k, v keep their strides (detach() is a view)."""
+    mq, mk = int((qo[1:] - qo[:-1]).max()), int((ko[1:] - ko[:-1]).max())
+    xq, xk, xv = (x.detach().requires_grad_() for x in (q, k, v))
+    # The config must hold for the backward too: pick_config runs again inside it.
+    with force_config(cfg) if cfg is not None else contextlib.nullcontext():
+        out = jagged_flash_attention(xq, xk, xv, qo, ko, mq, mk, causal=causal, window=window, backend=backend)
+        return [out.detach(), *torch.autograd.grad(out, (xq, xk, xv), dout)]
+
+
+def _compare(lq: list[int], lk: list[int], *, dtype: torch.dtype = torch.float32, d: int = 16, h: int = 2,
+             one: JfaConfig = ONE, two: JfaConfig = TWO, seed: int = 0, **vis: Any) -> None:
+    """One-pass grads vs the fp32 reference (on the same rounded inputs) and vs two-pass."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    qo, ko = _offsets(lq), _offsets(lk)
+    q, k, v = (torch.randn(sum(n), h, d, generator=g, device=DEVICE).to(dtype) for n in (lq, lk, lk))
+    dout = torch.randn(sum(lq), h, d, generator=g, device=DEVICE).to(dtype)
+    got = _grads(one, q, k, v, dout, qo, ko, **vis)
+    base = _grads(two, q, k, v, dout, qo, ko, **vis)
+    ref = _grads(None, q.float(), k.float(), v.float(), dout.float(), qo, ko, backend="reference", **vis)
+    for name, a, b, r in zip(("out", "dq", "dk", "dv"), got, base, ref):
+        assert a.dtype == dtype and a.shape == r.shape, name
+        assert torch.isfinite(a).all(), name
+        assert _rel(a, r) <= TOL[dtype]["ref"], f"{name}: one-pass vs reference {_rel(a, r):.3g}"
+        assert _rel(a, b) <= TOL[dtype]["two"], f"{name}: one-pass vs two-pass {_rel(a, b):.3g}"
+    if dtype == torch.float32:  # dk/dv do the same arithmetic in the same order on both paths
+        torch.testing.assert_close(got[2], base[2], atol=1e-6, rtol=1e-6)
+
+
+@needs_triton
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_self_attention_fp32(variant: str) -> None:
+    _compare(EDGE_Q, EDGE_Q, seed=1, **VARIANTS[variant])
+
+
+@needs_triton
+@pytest.mark.parametrize("variant", ["full", "causal", "causal_window"])
+def test_cross_and_empty_sequences_fp32(variant: str) -> None:
+    # Separate q/kv offsets, bottom-right alignment both ways, empty q and empty kv samples.
+    _compare(EDGE_Q, EDGE_K, seed=2, **VARIANTS[variant])
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype,variant", [(torch.bfloat16, "full"), (torch.bfloat16, "causal"),
+                                           (torch.float16, "causal")])
+def test_low_precision(dtype: torch.dtype, variant: str) -> None:
+    _compare(EDGE_Q, EDGE_Q, dtype=dtype, d=32, seed=3, **VARIANTS[variant])
+
+
+@needs_triton
+def test_bf16_cross_window() -> None:
+    _compare(EDGE_Q, EDGE_K, dtype=torch.bfloat16, d=64, seed=4, causal=True, window=20)
+
+
+@needs_triton
+@pytest.mark.parametrize("d,variant", [(128, "causal"), (32, "band")])
+def test_head_dims(d: int, variant: str) -> None:
+    _compare([17, 1, 33], [17, 1, 33], d=d, h=1, seed=5, **VARIANTS[variant])
+
+
+@needs_triton
+@pytest.mark.parametrize("tile_list", [True, False])
+def test_tile_list_schedule(tile_list: bool) -> None:
+    # Long-tailed batch: the heaviest-first tile list and the plain grid, one-pass vs both.
+    one, two = (dataclasses.replace(c, tile_list=tile_list) for c in (ONE, TWO))
+    _compare([40, 0, 3, 17, 1, 16], [33, 5, 0, 17, 40, 16], one=one, two=two, seed=6, causal=True, window=20)
+
+
+@needs_triton
+def test_wider_tiles_mixed_blocks() -> None:
+    # BLOCK_M != BLOCK_N and a band wider than a tile: unmasked interior q blocks take the
+    # atomic add without the row mask; the masked edges with it.
+    one = dataclasses.replace(ONE, dkdv=JfaTiles(block_m=16, block_n=32))
+    _compare([50, 33, 64], [50, 40, 64], one=one, seed=7, causal=False, window=40)
+
+
+@needs_triton
+def test_strided_qkv_views() -> None:
+    # q, k, v as views of one fused [T, 3, H, D] projection (last dim contiguous).
+    lq = [17, 0, 33, 16]
+    qo = _offsets(lq)
+    g = torch.Generator(device=DEVICE).manual_seed(8)
+    qkv = torch.randn(sum(lq), 3, 2, 16, generator=g, device=DEVICE)
+    dout = torch.randn(sum(lq), 2, 16, generator=g, device=DEVICE)
+    q, k, v = qkv.unbind(1)
+    assert not q.is_contiguous() and q.stride(2) == 1
+    strided = _grads(ONE, q, k, v, dout, qo, qo, causal=True)
+    dense = _grads(ONE, q.contiguous(), k.contiguous(), v.contiguous(), dout, qo, qo, causal=True)
+    for a, b in zip(strided, dense):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+@needs_triton
+def test_no_visible_key_gives_zero_dq() -> None:
+    # Every kv empty: no kv block exists, so no atomic reaches dQ; the zeroed workspace is the answer.
+    qo, ko = _offsets([3, 2]), _offsets([0, 1])
+    q = torch.randn(5, 2, 16, device=DEVICE, requires_grad=True)
+    k = torch.randn(1, 2, 16, device=DEVICE, requires_grad=True)
+    v = torch.randn(1, 2, 16, device=DEVICE, requires_grad=True)
+    with force_config(ONE):
+        out = jagged_flash_attention(q, k, v, qo, ko, 3, 1, causal=True, backend="triton")
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert torch.count_nonzero(dq[:3]) == 0  # sample 0 has no keys
+    assert torch.isfinite(dk).all() and torch.isfinite(dv).all()
+
+
+def test_config_and_env_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(BWD_ENV, raising=False)
+    assert bwd_one_pass_from_env() is ONE_PASS_DEFAULT
+    assert pick_config(4500, 4500, 128, torch.bfloat16).one_pass is ONE_PASS_DEFAULT
+    monkeypatch.setenv(BWD_ENV, "one_pass")
+    cfg = pick_config(4500, 4500, 128, torch.bfloat16)
+    assert cfg.one_pass and (cfg.dkdv.block_m, cfg.dkdv.block_n) == (64, 128)
+    with force_config(TWO):  # a forced config is used as is, whatever the environment says
+        assert not pick_config(4500, 4500, 128, torch.bfloat16).one_pass
+    monkeypatch.setenv(BWD_ENV, "two_pass")
+    assert not pick_config(4500, 4500, 128, torch.bfloat16).one_pass
+    with force_config(ONE):
+        assert pick_config(4500, 4500, 128, torch.bfloat16).one_pass
+    monkeypatch.setenv(BWD_ENV, "fused")
+    with pytest.raises(ValueError, match="GEM_JFA_BWD='fused' must be one of"):
+        pick_config(4500, 4500, 128, torch.bfloat16)
+
+
+class _Forbidden:
+    def __getitem__(self, grid: object) -> object:
+        raise AssertionError("the two-pass dQ kernel ran under GEM_JFA_BWD=one_pass")
+
+
+@needs_triton
+def test_env_switches_the_heuristic_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BWD_ENV, "one_pass")
+    monkeypatch.setattr(_triton_jfa, "_jfa_bwd_dq_kernel", _Forbidden())
+    lq = [9, 0, 20]
+    qo = _offsets(lq)
+    q, k, v = (torch.randn(sum(lq), 1, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    out = jagged_flash_attention(q, k, v, qo, qo, 20, 20, causal=True, backend="triton")
+    got = torch.autograd.grad(out.sum(), (q, k, v))
+    ref = jagged_flash_attention(q, k, v, qo, qo, 20, 20, causal=True, backend="reference")
+    want = torch.autograd.grad(ref.sum(), (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=5e-5, rtol=1e-4)
+
+
+def _trainer_like_lengths(n: int = 64, cap: int = 4096) -> list[int]:
+    g = torch.Generator().manual_seed(62)
+    x = torch.exp(torch.randn(n, generator=g, dtype=torch.float64) + 6.5)  # LogNormal(6.5, 1.0)
+    return [int(v) for v in x.clamp(64, cap).long().tolist()]
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU-size test")
+@pytest.mark.parametrize("variant", ["full", "causal"])
+def test_gpu_real_size_one_pass(variant: str) -> None:
+    lengths = _trainer_like_lengths()
+    vis = VARIANTS[variant]
+    h, d, mx = 8, 128, max(lengths)
+    one = _triton_jfa._heuristic_config(mx, mx, d, torch.bfloat16, True)
+    two = _triton_jfa._heuristic_config(mx, mx, d, torch.bfloat16, False)
+    g = torch.Generator(device=DEVICE).manual_seed(9)
+    off = _offsets(lengths)
+    q, k, v, dout = (torch.randn(sum(lengths), h, d, generator=g, device=DEVICE).to(torch.bfloat16)
+                     for _ in range(4))
+    got = _grads(one, q, k, v, dout, off, off, **vis)
+    base = _grads(two, q, k, v, dout, off, off, **vis)
+    torch.cuda.synchronize()
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, base):
+        assert torch.isfinite(a).all(), name
+        assert _rel(a, b) <= 1e-2, f"{name}: one-pass vs two-pass {_rel(a, b):.3g}"
+    # fp32 reference on the first 8 samples (the padded reference of all 64 would be large).
+    n = int(off[8])
+    sub = _offsets(lengths[:8])
+    q8, k8, v8, do8 = (x[:n] for x in (q, k, v, dout))
+    got8 = _grads(one, q8, k8, v8, do8, sub, sub, **vis)
+    ref8 = _grads(None, q8.float(), k8.float(), v8.float(), do8.float(), sub, sub, backend="reference", **vis)
+    for name, a, r in zip(("out", "dq", "dk", "dv"), got8, ref8):
+        assert _rel(a, r) <= 2e-2, f"{name}: one-pass vs fp32 reference {_rel(a, r):.3g}"
