@@ -43,7 +43,9 @@ print(json.dumps(got))
 
 
 def _child(mode: str, path: Path, cache_dir: Path, seed: int) -> dict[str, object]:
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TRITON_CACHE_DIR=str(cache_dir / "triton"))
+    # The child sees this process's import path (Bazel sets it up in sys.path, not the env).
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TRITON_CACHE_DIR=str(cache_dir / "triton"),
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     r = subprocess.run([sys.executable, "-c", _CHILD, mode, str(path), str(seed)], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
