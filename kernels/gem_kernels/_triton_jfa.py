@@ -129,10 +129,10 @@ def _heuristic_config(
     - cross (long q, short kv): BLOCK_N shrinks to the kv length (>=16) so no tile is mostly
       padding; BLOCK_M stays large.
     - pooling (few q, long kv): BLOCK_M shrinks to the q length (>=16), BLOCK_N = 128.
-    - one-pass backward (`one_pass`): the dK/dV kernel tiles widen to 64×128 (q×kv), 8 warps,
-      2 stages for 16-bit D <= 128, as FlashAttention-2's CUDA backward (64×128, 8 warps at
-      D=128): a wider kv block halves the dQ atomics per FLOP (one [BLOCK_M, D] add per tile
-      pair). Not yet swept on the GPU (`bench.table --bwd-compare` does).
+    - one-pass backward (`one_pass`): the dK/dV kernel tiles widen to 32×128 (q×kv), 8 warps,
+      2 stages for 16-bit D <= 128: a wider kv block halves the dQ atomics per FLOP (one
+      [BLOCK_M, D] add per tile pair); BLOCK_M = 64 (FlashAttention-2's CUDA choice) was much
+      slower in the H200 sweep (`bench.table --bwd-compare`), 32×128 w8 s2 the fastest.
     """
     lowp = dtype != torch.float32
     bm = _pow2_clamp(max_q_len, 16, 128 if lowp else 64)
@@ -159,7 +159,7 @@ def _heuristic_config(
     if one_pass:
         wide = lowp and d <= 128
         dkdv = JfaTiles(
-            block_m=_pow2_clamp(max_q_len, 16, 64 if wide else small),
+            block_m=_pow2_clamp(max_q_len, 16, 32 if wide else small),
             block_n=_pow2_clamp(max_kv_len, 16, 128 if wide else 64),
             num_warps=8 if wide else 4,
             num_stages=2,
@@ -475,11 +475,22 @@ def _jfa_bwd_dkdv_kernel(
     lse_base = LSE + q_start * H + h
     delta_base = DELTA + q_start * H + h
     dq_base = DQ + q_start * stride_dqt + h * stride_dqh
+    # One-pass: the kv-block programs of a (sample, head) run at once; walking the q blocks in
+    # the same order they would add into the same dQ rows at the same time (atomic contention).
+    # So each starts its full blocks at `rot`, spread evenly over [f_lo, f_hi) by kv-block
+    # index, and wraps around: [lo, f_lo) masked, [rot, f_hi) full, [f_hi, hi) masked,
+    # [f_lo, rot) full (the masked lo edge is the causal/band diagonal, already distinct per kv
+    # block). Every loop keeps one constexpr mask mode. Two-pass: rot = f_lo, the plain order.
+    rot = f_lo
+    if DQ_ATOMIC:
+        n_full = (f_hi - f_lo) // BLOCK_M
+        n_kv = (lk + BLOCK_N - 1) // BLOCK_N  # >= 1: this program's block is inside lk
+        rot = f_lo + ((n_start // BLOCK_N) * n_full // n_kv) * BLOCK_M
     for start_m in range(lo, f_lo, BLOCK_M):
         dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, start_m, offs_m,
                             offs_n, offs_d, stride_qt, stride_dot, stride_dqt, H, shift, lq, lk, scale, scale_log2,
                             WINDOW, CAUSAL, HAS_WINDOW, True, BLOCK_M, BLOCK_N, D, DOT_PREC, UPCAST, DQ_ATOMIC)
-    for start_m in range(f_lo, f_hi, BLOCK_M):
+    for start_m in range(rot, f_hi, BLOCK_M):
         dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, start_m, offs_m,
                             offs_n, offs_d, stride_qt, stride_dot, stride_dqt, H, shift, lq, lk, scale, scale_log2,
                             WINDOW, CAUSAL, HAS_WINDOW, False, BLOCK_M, BLOCK_N, D, DOT_PREC, UPCAST, DQ_ATOMIC)
@@ -487,6 +498,12 @@ def _jfa_bwd_dkdv_kernel(
         dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, start_m, offs_m,
                             offs_n, offs_d, stride_qt, stride_dot, stride_dqt, H, shift, lq, lk, scale, scale_log2,
                             WINDOW, CAUSAL, HAS_WINDOW, True, BLOCK_M, BLOCK_N, D, DOT_PREC, UPCAST, DQ_ATOMIC)
+    if DQ_ATOMIC:
+        for start_m in range(f_lo, rot, BLOCK_M):
+            dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, start_m, offs_m,
+                                offs_n, offs_d, stride_qt, stride_dot, stride_dqt, H, shift, lq, lk, scale,
+                                scale_log2, WINDOW, CAUSAL, HAS_WINDOW, False, BLOCK_M, BLOCK_N, D, DOT_PREC, UPCAST,
+                                DQ_ATOMIC)
 
     dk = dk * scale
     tl.store(DK + (kv_start + offs_n)[:, None] * stride_dkt + h * stride_dkh + offs_d[None, :],

@@ -2,8 +2,8 @@
 the two-pass backward.
 
 One pass: the dK/dV kernel also adds dS·K into an fp32 dQ workspace with atomics, so its dQ
-is a sum in a different order than the two-pass dQ kernel's; everything else is the same
-arithmetic. CPU: Triton's interpreter with 16×16 tiles on lengths that hit the tile edges
+is a sum in a different order than the two-pass dQ kernel's (and dK/dV too: each kv block
+walks its q blocks from a rotated start); everything else is the same arithmetic. CPU: Triton's interpreter with 16×16 tiles on lengths that hit the tile edges
 (0, 1, 15, 16, 17, 33), fresh random inputs per test. GPU (skipped without CUDA): the
 trainer-like batch (64 log-normal lengths, H=8, D=128, bf16) with the heuristic tiles.
 """
@@ -85,7 +85,7 @@ def _compare(lq: list[int], lk: list[int], *, dtype: torch.dtype = torch.float32
         assert torch.isfinite(a).all(), name
         assert _rel(a, r) <= TOL[dtype]["ref"], f"{name}: one-pass vs reference {_rel(a, r):.3g}"
         assert _rel(a, b) <= TOL[dtype]["two"], f"{name}: one-pass vs two-pass {_rel(a, b):.3g}"
-    if dtype == torch.float32:  # dk/dv do the same arithmetic in the same order on both paths
+    if dtype == torch.float32:  # dk/dv: the same arithmetic (one-pass walks the q blocks rotated)
         torch.testing.assert_close(got[2], base[2], atol=1e-6, rtol=1e-6)
 
 
@@ -137,6 +137,19 @@ def test_wider_tiles_mixed_blocks() -> None:
 
 
 @needs_triton
+@pytest.mark.parametrize("variant", ["full", "causal", "band"])
+def test_rotated_q_walk_wraps_around(variant: str) -> None:
+    # Many q blocks per sequence (up to 10 with 16-row blocks, lengths off the tile edges): each
+    # kv block starts its full q blocks at a different, evenly spread index and wraps around, so
+    # the walk crosses [rot, f_hi) -> masked edges -> [f_lo, rot); kv 16 and 32 wide.
+    lq = [150, 97, 5]
+    for bn in (16, 32):
+        one = dataclasses.replace(ONE, dkdv=JfaTiles(block_m=16, block_n=bn))
+        vis = dict(VARIANTS[variant], window=40) if variant == "band" else VARIANTS[variant]
+        _compare(lq, lq, one=one, h=1, seed=10 + bn, **vis)
+
+
+@needs_triton
 def test_strided_qkv_views() -> None:
     # q, k, v as views of one fused [T, 3, H, D] projection (last dim contiguous).
     lq = [17, 0, 33, 16]
@@ -172,7 +185,7 @@ def test_config_and_env_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert pick_config(4500, 4500, 128, torch.bfloat16).one_pass is ONE_PASS_DEFAULT
     monkeypatch.setenv(BWD_ENV, "one_pass")
     cfg = pick_config(4500, 4500, 128, torch.bfloat16)
-    assert cfg.one_pass and (cfg.dkdv.block_m, cfg.dkdv.block_n) == (64, 128)
+    assert cfg.one_pass and (cfg.dkdv.block_m, cfg.dkdv.block_n, cfg.dkdv.num_warps) == (32, 128, 8)
     with force_config(TWO):  # a forced config is used as is, whatever the environment says
         assert not pick_config(4500, 4500, 128, torch.bfloat16).one_pass
     monkeypatch.setenv(BWD_ENV, "two_pass")
