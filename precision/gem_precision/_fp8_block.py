@@ -172,15 +172,31 @@ def block_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: t
         if bias is not None:
             ref = ref + bias.float()
         return ref.to(out_dtype)
-    F: Any = torch.nn.functional
-    if not hasattr(F, "scaled_mm"):
+    if not hasattr(torch.nn.functional, "scaled_mm"):
         raise RuntimeError(f"backend='cublas' needs torch.nn.functional.scaled_mm (torch >= 2.10), got torch {torch.__version__}")
+    out: torch.Tensor = torch.ops.gem_precision.fp8_block_mm(a, a_scale, b, b_scale, b_tiles, out_dtype, bias)
+    return out
+
+
+# cuBLAS's blockwise GEMM as a custom op: torch 2.11's dynamo cannot trace the builtin behind
+# F.scaled_mm (`_scaled_mm_v2`, "marked as skipped"), so a compiled block (fullgraph) would
+# fail on the H200; as an op with a fake (shape-only) implementation it is one opaque node.
+@torch.library.custom_op("gem_precision::fp8_block_mm", mutates_args=())
+def _fp8_block_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+                  b_tiles: bool, out_dtype: torch.dtype, bias: torch.Tensor | None) -> torch.Tensor:
+    F: Any = torch.nn.functional
     ST = F.ScalingType
     sb = _tile_scale(b_scale) if b_tiles else _outer_major(b_scale)
     out: torch.Tensor = F.scaled_mm(a, b.t(), _outer_major(a_scale), ST.BlockWise1x128, sb,
                                     ST.BlockWise128x128 if b_tiles else ST.BlockWise1x128,
                                     bias=bias, output_dtype=out_dtype)
     return out
+
+
+@_fp8_block_mm.register_fake
+def _fp8_block_mm_fake(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+                       b_tiles: bool, out_dtype: torch.dtype, bias: torch.Tensor | None) -> torch.Tensor:
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
 # --- the linear ------------------------------------------------------------------------------
