@@ -130,9 +130,9 @@ def _heuristic_config(
       padding; BLOCK_M stays large.
     - pooling (few q, long kv): BLOCK_M shrinks to the q length (>=16), BLOCK_N = 128.
     - one-pass backward (`one_pass`): the dK/dV kernel tiles widen to 32×128 (q×kv), 8 warps,
-      2 stages for 16-bit D <= 128: a wider kv block halves the dQ atomics per FLOP (one
+      3 stages for 16-bit D <= 128: a wider kv block halves the dQ atomics per FLOP (one
       [BLOCK_M, D] add per tile pair); BLOCK_M = 64 (FlashAttention-2's CUDA choice) was much
-      slower in the H200 sweep (`bench.table --bwd-compare`), 32×128 w8 s2 the fastest.
+      slower in the H200 sweeps (`bench.table --bwd-compare`), 32×128 w8 s3 the fastest.
     """
     lowp = dtype != torch.float32
     bm = _pow2_clamp(max_q_len, 16, 128 if lowp else 64)
@@ -162,7 +162,9 @@ def _heuristic_config(
             block_m=_pow2_clamp(max_q_len, 16, 32 if wide else small),
             block_n=_pow2_clamp(max_kv_len, 16, 128 if wide else 64),
             num_warps=8 if wide else 4,
-            num_stages=2,
+            # 3 stages: the H200 sweep's best one-pass tile in every case (32x128 w8 s3: 1.12x
+            # two-pass on the trainer-like batch, 0.98x / 0.92x on the issue batch full / causal)
+            num_stages=3 if wide else 2,
         )
     return JfaConfig(fwd=fwd, dkdv=dkdv, dq=dq, kv_split=0, tile_list=False, one_pass=one_pass)
 
