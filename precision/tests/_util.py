@@ -1,5 +1,7 @@
-"""Shared test helpers: random data of mixed magnitudes and bitwise MXTensor equality."""
+"""Shared test helpers: random data of mixed magnitudes, bitwise MXTensor equality, and the
+small-MLP training run the parity tests compare recipes on."""
 import torch
+from torch import nn
 
 from gem_precision import MXTensor
 
@@ -26,3 +28,33 @@ def assert_mx_equal(a: MXTensor, b: MXTensor) -> None:
     da, db = a.data.view(torch.uint8), b.data.view(torch.uint8)
     bad = (da != db).nonzero()
     assert bad.numel() == 0, f"{bad.shape[0]} element codes differ, first at {bad[0].tolist()}"
+
+
+def parity_mlp(seed: int, widths: tuple[int, int, int, int]) -> nn.Module:
+    """Linear-GELU-Linear-GELU-Linear through `widths` (in, hidden, hidden, out), seeded."""
+    torch.manual_seed(seed)
+    a, b, c, d = widths
+    return nn.Sequential(nn.Linear(a, b), nn.GELU(), nn.Linear(b, c), nn.GELU(), nn.Linear(c, d))
+
+
+def parity_train(model: nn.Module, steps: int, *, d_in: int, d_out: int, batch: int, lr: float,
+                 teacher_div: float) -> float:
+    """bf16-autocast AdamW + cosine on planted tanh regression (same data for every model);
+    the recipe's layers do their own casts. Returns the mean of the last 25 losses."""
+    g = torch.Generator().manual_seed(123)
+    teacher = torch.randn(d_in, d_out, generator=g) / teacher_div
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(batch, d_in, generator=g)
+        target = torch.tanh(x @ teacher) * 2 + 0.6 * torch.randn(batch, d_out, generator=g)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        loss = (out.float() - target).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    return sum(losses[-25:]) / 25

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from _util import mixed
+from _util import mixed, parity_mlp, parity_train
 from gem_precision import FP8BlockConfig, FP8BlockLinear, MXFP8Linear, convert
 from gem_precision import _fp8_block as fb
 
@@ -182,28 +182,11 @@ def test_convert_filter_and_recipes() -> None:
 
 
 def _mlp(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 128), nn.GELU(), nn.Linear(128, 32))
+    return parity_mlp(seed, (128, 256, 128, 32))
 
 
 def _train(model: nn.Module, steps: int) -> float:
-    g = torch.Generator().manual_seed(123)
-    teacher = torch.randn(128, 32, generator=g) / 16
-    opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
-    losses = []
-    for _ in range(steps):
-        x = torch.randn(128, 128, generator=g)
-        target = torch.tanh(x @ teacher) * 2 + 0.6 * torch.randn(128, 32, generator=g)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = model(x)
-        loss = (out.float() - target).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-    return sum(losses[-25:]) / 25
+    return parity_train(model, steps, d_in=128, d_out=32, batch=128, lr=5e-3, teacher_div=16)
 
 
 def test_training_parity_bf16_vs_fp8_block() -> None:

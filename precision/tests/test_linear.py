@@ -15,6 +15,8 @@ from gem_precision import (
     to_mx_reference,
 )
 
+from _util import parity_mlp, parity_train
+
 CAN_TRITON = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -120,29 +122,11 @@ def test_convert_to_mxfp8_filter() -> None:
 
 
 def _mlp(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 32))
+    return parity_mlp(seed, (32, 64, 64, 32))
 
 
 def _train(model: nn.Module, steps: int) -> float:
-    """bf16 autocast training (the MXFP8Linear layers do their own casts); mean of the last 25 losses."""
-    g = torch.Generator().manual_seed(123)
-    teacher = torch.randn(32, 32, generator=g) / 8
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
-    losses = []
-    for _ in range(steps):
-        x = torch.randn(64, 32, generator=g)
-        target = torch.tanh(x @ teacher) * 2 + 0.6 * torch.randn(64, 32, generator=g)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = model(x)
-        loss = (out.float() - target).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-    return sum(losses[-25:]) / 25
+    return parity_train(model, steps, d_in=32, d_out=32, batch=64, lr=1e-2, teacher_div=8)
 
 
 def test_training_parity_bf16_vs_mxfp8() -> None:

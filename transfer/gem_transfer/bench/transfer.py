@@ -85,11 +85,18 @@ def _latency(res: dict[str, Any], batch_size: int, reps: int, teacher_reps: int,
     return out
 
 
-def _chart(g: dict[str, Any], path: Path, title: str) -> str:
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend, or None when matplotlib is not installed."""
     try:
         importlib.import_module("matplotlib").use("Agg")
-        plt: Any = importlib.import_module("matplotlib.pyplot")
+        return importlib.import_module("matplotlib.pyplot")
     except ImportError:
+        return None
+
+
+def _chart(g: dict[str, Any], path: Path, title: str) -> str:
+    plt = _pyplot()
+    if plt is None:
         return "chart skipped: matplotlib is not installed"
     tasks = list(g)
     methods = [m for m in METHODS if m != "label_only" and m in g[tasks[0]]]
@@ -110,10 +117,8 @@ def _chart(g: dict[str, Any], path: Path, title: str) -> str:
 
 def _sweep_chart(sweep: dict[str, Any], path: Path, title: str) -> str:
     """best/KD and teacher/KD gain ratios against the student samples N, one colour per task."""
-    try:
-        importlib.import_module("matplotlib").use("Agg")
-        plt: Any = importlib.import_module("matplotlib.pyplot")
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return "sweep chart skipped: matplotlib is not installed"
     ns = sorted(sweep, key=int)
     tasks = list(sweep[ns[0]]["best_over_kd"])
