@@ -28,7 +28,10 @@ changes a block's amax).
 
 backend "reference" (CPU, and "auto" off CUDA) dequantizes the same codes to fp32 and
 matmuls: the exact emulation. On CUDA the three quantizations run through torch.compile
-(fused reductions; inside an already compiled model they are traced into its graph).
+(fused reductions; inside an already compiled model they are traced into its graph), or, with
+quant="triton" (opt-in, not yet measured), x and dY each go through one Triton pass that writes
+both their 1x128-along-K codes and the transposed 1x128-along-M codes
+(`_triton_fp8_block.py`, bit-exact with the torch quantizers); weights stay on torch.
 """
 
 from __future__ import annotations
@@ -40,9 +43,12 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from gem_precision._quant import interpreting
+
 BLOCK = 128
 E4M3 = torch.float8_e4m3fn
 Backend = Literal["auto", "cublas", "reference"]
+Quant = Literal["torch", "triton"]
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -53,13 +59,18 @@ class FP8BlockConfig:
     Attributes:
         wgrad_bf16: dW = dY^T x in bf16 (saves the bf16 x instead of the FP8 x^T).
         backend: "auto" (cuBLAS on CUDA, emulation elsewhere), "cublas" or "reference".
-        compile_quant: on CUDA, run the quantizations through torch.compile when the caller
-            is not compiling already (plain torch ops run ~6 passes over memory each).
+        compile_quant: on CUDA, run the torch quantizations through torch.compile when the
+            caller is not compiling already (plain torch ops run ~6 passes over memory each).
+        quant: how x and dY are quantized: "torch" (the functions below) or "triton" (one
+            fused pass per tensor for both layouts, bit-identical codes; on CUDA, or on CPU
+            under TRITON_INTERPRET=1; other CPU runs use "torch", which gives the same codes).
+            Weights always use the torch path.
     """
 
     wgrad_bf16: bool = False
     backend: Backend = "auto"
     compile_quant: bool = True
+    quant: Quant = "torch"
 
     @classmethod
     def from_recipe(cls, recipe: str) -> FP8BlockConfig:
@@ -215,6 +226,17 @@ def _quant(fn: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]], be: 
     return c
 
 
+_Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+def _fused_quant(t: torch.Tensor, rows: bool, cols: bool) -> tuple[_Pair | None, _Pair | None]:
+    """quant="triton": (quantize_rows(t) if rows, quantize_cols(t) if cols) from one Triton pass
+    (imported here: triton loads only when a layer asks for it)."""
+    from gem_precision._triton_fp8_block import fused_quant as fq
+
+    return fq(t, rows, cols)
+
+
 def _grad_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in _FLOATS else torch.float32
 
@@ -225,7 +247,8 @@ class _FP8BlockFn(torch.autograd.Function):
     # from whatever dtype they arrive in, and the emulation's matmuls must stay fp32.
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                wgrad_bf16: bool, be: Literal["cublas", "reference"], compile_quant: bool) -> torch.Tensor:
+                wgrad_bf16: bool, be: Literal["cublas", "reference"], compile_quant: bool,
+                fused: bool) -> torch.Tensor:
         with torch.autocast(device_type=x.device.type, enabled=False):
             K, N = x.shape[-1], weight.shape[0]
             x2 = x.reshape(-1, K)
@@ -234,19 +257,24 @@ class _FP8BlockFn(torch.autograd.Function):
             if pad:
                 x2 = nn.functional.pad(x2, (0, 0, 0, pad))
             need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-            xq, xs = _quant(quantize_rows, be, compile_quant)(x2)
+            need_xt = need_dw and not wgrad_bf16
+            xr: _Pair | None = None
+            xt: _Pair | None = None
+            if fused:  # x read once for both layouts (x^T's codes are kept for the wgrad)
+                xr, xt = _fused_quant(x2, True, need_xt)
+            xq, xs = xr if xr is not None else _quant(quantize_rows, be, compile_quant)(x2)
             wq, ws = _quant(quantize_tiles, be, compile_quant)(weight)
             b = bias.to(torch.bfloat16) if bias is not None else None
             y = block_mm(xq, xs, wq, ws, b_tiles=True, out_dtype=torch.bfloat16, bias=b, backend=be)
             saved: list[torch.Tensor] = []
             if need_dx:
                 saved += [wq.t().contiguous(), ws]  # W^T [K, N]: its tiles are W's, transposed
-            if need_dw and not wgrad_bf16:
-                saved += list(_quant(quantize_cols, be, compile_quant)(x2))  # FP8 x^T, not bf16 x
+            if need_xt:  # FP8 x^T, not bf16 x
+                saved += list(xt if xt is not None else _quant(quantize_cols, be, compile_quant)(x2))
             elif need_dw:
                 saved.append(x2)
             ctx.save_for_backward(*saved)
-            ctx.cfg = (wgrad_bf16, be, compile_quant, M, x.shape, _grad_dtype(x.dtype), weight.dtype,
+            ctx.cfg = (wgrad_bf16, be, compile_quant, fused, M, x.shape, _grad_dtype(x.dtype), weight.dtype,
                        bias is not None)
             if pad:
                 y = y[:M]
@@ -254,7 +282,7 @@ class _FP8BlockFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        wgrad_bf16, be, cq, M, x_shape, x_dtype, w_dtype, has_bias = ctx.cfg
+        wgrad_bf16, be, cq, fused, M, x_shape, x_dtype, w_dtype, has_bias = ctx.cfg
         with torch.autocast(device_type=dy.device.type, enabled=False):
             saved = list(ctx.saved_tensors)
             need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -265,14 +293,19 @@ class _FP8BlockFn(torch.autograd.Function):
             if pad:
                 dy2 = nn.functional.pad(dy2, (0, 0, 0, pad))
             dx = dw = db = None
+            need_dyt = need_dw and not wgrad_bf16
+            dyr: _Pair | None = None
+            dyt: _Pair | None = None
+            if fused and (need_dx or need_dyt):  # dY read once for both layouts
+                dyr, dyt = _fused_quant(dy2, need_dx, need_dyt)
             if need_dx:
                 wtq, ws = saved.pop(0), saved.pop(0)
-                dyq, dys = _quant(quantize_rows, be, cq)(dy2)
+                dyq, dys = dyr if dyr is not None else _quant(quantize_rows, be, cq)(dy2)
                 dx = block_mm(dyq, dys, wtq, ws.t(), b_tiles=True, out_dtype=x_dtype, backend=be)
                 dx = (dx[:M] if pad else dx).reshape(x_shape)
-            if need_dw and not wgrad_bf16:
+            if need_dyt:
                 xtq, xts = saved.pop(0), saved.pop(0)
-                dytq, dyts = _quant(quantize_cols, be, cq)(dy2)
+                dytq, dyts = dyt if dyt is not None else _quant(quantize_cols, be, cq)(dy2)
                 out = w_dtype if w_dtype in _FLOATS else torch.float32
                 dw = block_mm(dytq, dyts.t(), xtq, xts.t(), b_tiles=False, out_dtype=out, backend=be).to(w_dtype)
             elif need_dw:
@@ -280,10 +313,17 @@ class _FP8BlockFn(torch.autograd.Function):
                 dw = (dy2.to(torch.bfloat16).t() @ x2.to(torch.bfloat16)).to(w_dtype)
             if has_bias and ctx.needs_input_grad[2]:
                 db = dy2.float().sum(0).to(w_dtype)
-            return dx, dw, db, None, None, None
+            return dx, dw, db, None, None, None, None
 
 
 _SM: dict[int, tuple[int, int]] = {}
+
+
+def _fused(quant: str, x: torch.Tensor) -> bool:
+    """quant="triton" and a tensor Triton can run on (CUDA, or the CPU interpreter)."""
+    if quant not in ("torch", "triton"):
+        raise ValueError(f"{quant=} must be 'torch' or 'triton'")
+    return quant == "triton" and (x.is_cuda or interpreting())
 
 
 def _resolve(backend: str, x: torch.Tensor) -> Literal["cublas", "reference"]:
@@ -335,12 +375,12 @@ class FP8BlockLinear(nn.Linear):
             raise ValueError(f"{x.shape=} must end in in_features={self.in_features}")
         c = self.config
         out: torch.Tensor = _FP8BlockFn.apply(  # type: ignore[no-untyped-call]
-            x, self.weight, self.bias, c.wgrad_bf16, _resolve(c.backend, x), c.compile_quant)
+            x, self.weight, self.bias, c.wgrad_bf16, _resolve(c.backend, x), c.compile_quant, _fused(c.quant, x))
         return out
 
     def extra_repr(self) -> str:
         c = self.config
-        return f"{super().extra_repr()}, fp8_block, wgrad_bf16={c.wgrad_bf16}"
+        return f"{super().extra_repr()}, fp8_block, wgrad_bf16={c.wgrad_bf16}, quant={c.quant}"
 
 
 def _check_features(in_features: int, out_features: int) -> None:

@@ -5,9 +5,15 @@
 
 Per shape (tokens M, in K -> out N; the h200 preset's 262144 tokens through 1024 -> 4096,
 4096 -> 1024, 1024 -> 3072, and 8192^3): nn.Linear in bf16; FP8BlockLinear ("fp8_block":
-quantization included, FP8 wgrad; and "fp8_block_wgrad_bf16"); MXFP8Linear (mxfp8_rceil,
-the exact dequantize path). Also the forward GEMM alone: bf16 torch.mm vs the blockwise FP8
-scaled_mm (quantization excluded). TFLOP/s = 6 M N K / time (fwd+bwd) or 2 M N K (GEMM);
+quantization included, FP8 wgrad; and "fp8_block_wgrad_bf16"), each also with the fused
+Triton quantizer (`*_triton`: FP8BlockConfig(quant="triton"), x and dY read once each);
+MXFP8Linear (mxfp8_rceil, the exact dequantize path). Also the forward GEMM alone: bf16
+torch.mm vs the blockwise FP8 scaled_mm (quantization excluded). Then the quantizer alone on
+every distinct [tokens, features] bf16 operand: GB/s of the fused Triton rows+cols pass (each
+QuantTile of `_triton_fp8_block.TILES`, best first) vs the compiled torch pair
+quantize_rows + quantize_cols vs a device copy moving the same bytes (bytes = read the input
+once + write both codes and both scales; one byte count for every column), and a bit-exactness
+check of the fused codes against the torch pair. TFLOP/s = 6 M N K / time (fwd+bwd) or 2 M N K (GEMM);
 ratio = bf16 time / this time. Weights and inputs are bf16. Timing: triton.testing.do_bench
 (CUDA events, L2 flushed between reps), median. The first fp8_block call compiles its three
 quantizations (torch.compile, dynamic shapes: once per process). Without an SM90 GPU it runs
@@ -28,6 +34,7 @@ from torch import nn
 
 from gem_precision import FP8BlockConfig, FP8BlockLinear, MXFP8Linear, MXLinearConfig
 from gem_precision import _fp8_block as fb
+from gem_precision import _triton_fp8_block as tfb
 
 SHAPES = [(262144, 4096, 1024), (262144, 1024, 4096), (262144, 3072, 1024), (8192, 8192, 8192)]  # M, N, K
 
@@ -57,6 +64,8 @@ def row(M: int, N: int, K: int, mx: bool) -> dict[str, Any]:
         "bf16": lin,
         "fp8_block": FP8BlockLinear.from_linear(lin),
         "fp8_block_wgrad_bf16": FP8BlockLinear.from_linear(lin, FP8BlockConfig(wgrad_bf16=True)),
+        "fp8_block_triton": FP8BlockLinear.from_linear(lin, FP8BlockConfig(quant="triton")),
+        "fp8_block_wgrad_bf16_triton": FP8BlockLinear.from_linear(lin, FP8BlockConfig(wgrad_bf16=True, quant="triton")),
     }
     if mx:
         mods["mxfp8_rceil"] = MXFP8Linear.from_linear(lin, MXLinearConfig(scale_mode="rceil"))
@@ -81,6 +90,45 @@ def row(M: int, N: int, K: int, mx: bool) -> dict[str, Any]:
     r["gemm bf16 TFLOP/s"] = 2 * M * N * K / t_bf / 1e9
     r["gemm fp8 blockwise TFLOP/s"] = 2 * M * N * K / t_8 / 1e9
     return r
+
+
+def quant_row(M: int, K: int) -> dict[str, Any]:
+    """The quantizer alone on a bf16 [M, K]: fused Triton rows+cols vs the torch pair vs copy."""
+    torch.manual_seed(0)
+    t = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    nbytes = M * K * 2 + 2 * M * K + 2 * 4 * (M * K // fb.BLOCK)  # read t; write 2 codes + 2 scales
+    rows_c = fb._quant(fb.quantize_rows, "cublas", True)
+    cols_c = fb._quant(fb.quantize_cols, "cublas", True)
+    (rq, rs), (cq, cs) = rows_c(t), cols_c(t)
+    r, c = tfb.quantize_rows_cols_triton(t, True, True)
+    assert r is not None and c is not None
+    exact = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in ((r[0], rq), (c[0], cq)))
+    exact = exact and torch.equal(r[1], rs) and torch.equal(c[1], cs)
+    del r, c, rq, rs, cq, cs
+    res: dict[str, Any] = {"M": M, "K": K, "bytes": nbytes, "fused_bit_exact_vs_torch": exact}
+    tiles = []
+    for tile in tfb.TILES:
+        ms = _bench(lambda: tfb.quantize_rows_cols_triton(t, True, True, tile=tile), rep_ms=50)
+        tiles.append((ms, f"{tile.bm}x{tile.bk} w{tile.num_warps}"))
+    tiles.sort()
+    res["fused ms"], res["fused tile"] = tiles[0]
+    res["tiles GB/s"] = {name: nbytes / ms / 1e6 for ms, name in tiles}
+    res["torch pair ms"] = _bench(lambda: (rows_c(t), cols_c(t)), rep_ms=50)
+    src = torch.empty(nbytes // 2, device="cuda", dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    res["copy ms"] = _bench(lambda: dst.copy_(src), rep_ms=50)
+    for k in ("fused", "torch pair", "copy"):
+        res[f"{k} GB/s"] = nbytes / res[f"{k} ms"] / 1e6
+    res["fused x torch pair"] = res["torch pair ms"] / res["fused ms"]
+    res["fused % of copy"] = 100 * res["copy ms"] / res["fused ms"]
+    return res
+
+
+def _fmt_quant(q: dict[str, Any]) -> str:
+    tiles = " ".join(f"{n} {g:.0f}" for n, g in q["tiles GB/s"].items())
+    return (f"{q['M']:>6} x {q['K']:<5} | {q['fused GB/s']:6.0f} ({q['fused ms']:.3f} ms) | "
+            f"{q['torch pair GB/s']:6.0f} ({q['torch pair ms']:.3f} ms) | {q['copy GB/s']:6.0f} | "
+            f"x{q['fused x torch pair']:.2f} | {q['fused % of copy']:4.0f} % | {q['fused_bit_exact_vs_torch']} | {tiles}")
 
 
 def _fmt(r: dict[str, Any], names: list[str]) -> str:
@@ -117,7 +165,8 @@ def main(argv: list[str] | None = None) -> None:
              f"CUDA {torch.version.cuda}")
     print(where, flush=True)
     shapes = [SHAPES[0], SHAPES[3]] if args.quick else SHAPES
-    names = ["bf16", "fp8_block", "fp8_block_wgrad_bf16"] + ([] if args.no_mxfp8 else ["mxfp8_rceil"])
+    names = ["bf16", "fp8_block", "fp8_block_wgrad_bf16", "fp8_block_triton", "fp8_block_wgrad_bf16_triton"]
+    names += [] if args.no_mxfp8 else ["mxfp8_rceil"]
     print("fwd+bwd of one linear: TFLOP/s, ms, speed-up vs bf16 (quantization included)")
     print(f"{'tokens':>6} {'K->N':<11} | " + " | ".join(f"{n:<24}" for n in names) + " | fwd GEMM only (TFLOP/s)")
     rows = []
@@ -126,12 +175,26 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(r)
         print(_fmt(r, names), flush=True)
         torch.cuda.empty_cache()
+    print("quantizer alone, bf16 [M, K] -> 1x128 codes+scales along K and along M (x^T): GB/s over "
+          "the same bytes (read once, write both)")
+    print(f"{'M x K':<14} | {'triton fused (ms)':<20} | {'torch pair (ms)':<20} | {'copy':>6} | "
+          "fused/torch | % copy | bit-exact | GB/s per tile (best first)")
+    quants = []
+    for M, K in dict.fromkeys((M, d) for M, N, K in shapes for d in (K, N)):
+        q = quant_row(M, K)
+        quants.append(q)
+        print(_fmt_quant(q), flush=True)
+        torch.cuda.empty_cache()
     trainer = [r for r in rows if r["M"] == 262144]
-    summary = {"where": where, "rows": rows, "seconds": round(time.time() - t0, 1),
+    summary = {"where": where, "rows": rows, "quant": quants, "seconds": round(time.time() - t0, 1),
                "fp8_block_min_x_trainer_shapes": min((r["fp8_block x"] for r in trainer), default=None),
+               "fp8_block_triton_min_x_trainer_shapes": min((r["fp8_block_triton x"] for r in trainer), default=None),
+               "quant_fused_bit_exact": all(q["fused_bit_exact_vs_torch"] for q in quants),
                "target_x": 1.3}
     worst = summary["fp8_block_min_x_trainer_shapes"]
-    print(f"fp8_block vs bf16 at the trainer's shapes: min x{worst or 0:.2f} (target >= 1.3); total {summary['seconds']} s")
+    worst_t = summary["fp8_block_triton_min_x_trainer_shapes"]
+    print(f"fp8_block vs bf16 at the trainer's shapes: min x{worst or 0:.2f}, with quant='triton' x{worst_t or 0:.2f} "
+          f"(target >= 1.3); total {summary['seconds']} s")
     print(json.dumps(summary))
 
 

@@ -1,0 +1,227 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def,misc"
+"""fp8_block's activation / gradient quantization in one Triton pass (opt-in: quant="triton").
+
+Why: on the H200 the blockwise FP8 GEMMs are ~1.5x bf16, but a linear's fwd+bwd ran at ~0.5x
+because the torch quantizers (`_fp8_block.quantize_rows` / `quantize_cols`, compiled) read x
+twice and dY twice per step and write the transposed codes through a separate layout copy.
+This kernel reads a [BM, BK] tile of t [M, K] once and writes, as asked:
+
+    rows   codes [M, K] E4M3, scale [M, K/128] fp32        (1x128 along K: `quantize_rows`)
+    cols   codes of t^T [K, M] E4M3, scale [M/128, K] fp32 (1x128 along M: `quantize_cols`;
+           scale.t() is t^T's [K, M/128] scale with the strides (1, K) cuBLAS wants)
+
+Bit-exact with those torch functions (the specification), which it mirrors rule by rule:
+* scale = 2^e, e = clamp(E - 8 + [mantissa(amax) > 0.75], -126, 126) from amax's fp32 bits
+  (`_pow2_scale`); the amax is an integer max of |x|'s bits, so NaN/Inf dominate as in
+  torch's NaN-propagating amax, and a block holding NaN/Inf gets a NaN scale.
+* codes = round-to-nearest-even E4M3 of x * 2^-e (exact: a power-of-two multiply; within
+  +-448 for a finite block, so never saturated); a NaN element gives 0x7F | sign (torch on
+  CUDA gives 0x7F: its multiply drops a NaN's sign), an Inf element torch's own code for Inf
+  (`_inf_code`: 0x7E, saturated, in torch >= 2.13; 0x7F, NaN, before) | sign.
+* the finite elements of a block holding NaN/Inf: the torch path leaves these undefined (it
+  scales them by 2^-e of whatever NaN its amax returns: torch's CPU amax gives 0x7FC00000 or
+  0xFFFFFFFF depending on the reduction's vectorization, i.e. 2^-120 or 2^126, codes ~0 or
+  saturated). Here: 2^-120 (the canonical NaN's and Inf's e). No GEMM output depends on them
+  (the block's scale is NaN), and the tests compare every other code.
+Two element paths: integer bit arithmetic (`_triton_quant._encode`: exact anywhere, used
+under TRITON_INTERPRET=1, whose fp8 casts neither round to even nor saturate) and the GPU's
+fp8 conversion (used on CUDA once `_triton_quant.hw_cvt_ok` has matched the MX reference on
+ties, subnormals and saturation with the same instruction).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from gem_precision._quant import interpreting
+from gem_precision._triton_quant import _encode, hw_cvt_ok
+
+BLOCK = 128
+E4M3 = torch.float8_e4m3fn
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuantTile:
+    """One program's tile. bm, bk: multiples of 128 (the column / row blocks); a tile that
+    does not divide [M, K] is halved down to 128 (M and K are multiples of 128)."""
+
+    bm: int = 128
+    bk: int = 128
+    num_warps: int = 8
+
+
+TILE = QuantTile()
+# What the bench sweeps on the GPU (the first is the default: nothing measured yet).
+TILES = (TILE, QuantTile(num_warps=4), QuantTile(bm=256, num_warps=8), QuantTile(bk=256, num_warps=8))
+
+
+@triton.jit
+def _fp8_block_quant_kernel(
+    x_ptr, sxm, sxk, M,
+    qr_ptr, sr_ptr,  # rows: codes [M, K], scale [M, K/128] (both contiguous)
+    qc_ptr, sc_ptr,  # cols: codes of t^T [K, M], scale [M/128, K] (both contiguous)
+    K,
+    BM: tl.constexpr, BK: tl.constexpr, BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,  # write the 1x128-along-K codes + scales (t's own layout)
+    COLS: tl.constexpr,  # write t^T's codes + the 128-along-M scales
+    INT_CVT: tl.constexpr,  # integer encode (interpreter) vs the GPU's fp8 conversion
+    INF_CODE: tl.constexpr,  # torch's E4M3 code for +Inf (0x7E or 0x7F, by torch version)
+):
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_k * BK + tl.arange(0, BK)
+    # No masks: the wrapper guarantees the tile divides [M, K].
+    xf = tl.load(x_ptr + rows[:, None].to(tl.int64) * sxm + cols[None, :] * sxk).to(tl.float32)
+    bits = xf.to(tl.int32, bitcast=True)
+    a = bits & 0x7FFFFFFF
+    sign = (bits >> 31) & 1
+    special = tl.where(a > 0x7F800000, 0x7F, INF_CODE) | (sign << 7)  # NaN / Inf elements
+    nonfinite = a >= 0x7F800000
+    if ROWS:
+        a3 = tl.reshape(a, (BM, BK // BLOCK, BLOCK))
+        amax = tl.max(a3, axis=2)  # [BM, BK/128]
+        e = _exponent(amax)
+        code = _codes(tl.reshape(bits, (BM, BK // BLOCK, BLOCK)), tl.reshape(xf, (BM, BK // BLOCK, BLOCK)),
+                      e[:, :, None], INT_CVT)
+        code = tl.where(nonfinite, special, tl.reshape(code, (BM, BK)))
+        tl.store(qr_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], code.to(tl.uint8))
+        kb = pid_k * (BK // BLOCK) + tl.arange(0, BK // BLOCK)
+        tl.store(sr_ptr + rows[:, None].to(tl.int64) * (K // BLOCK) + kb[None, :], _scale(amax, e))
+    if COLS:
+        a3 = tl.reshape(a, (BM // BLOCK, BLOCK, BK))
+        amax = tl.max(a3, axis=1)  # [BM/128, BK]
+        e = _exponent(amax)
+        code = _codes(tl.reshape(bits, (BM // BLOCK, BLOCK, BK)), tl.reshape(xf, (BM // BLOCK, BLOCK, BK)),
+                      e[:, None, :], INT_CVT)
+        code = tl.where(nonfinite, special, tl.reshape(code, (BM, BK)))
+        # t^T [K, M]: the tile transposed, so the store runs along M (contiguous there)
+        tl.store(qc_ptr + cols[:, None].to(tl.int64) * M + rows[None, :], tl.trans(code.to(tl.uint8)))
+        mb = pid_m * (BM // BLOCK) + tl.arange(0, BM // BLOCK)
+        tl.store(sc_ptr + mb[:, None].to(tl.int64) * K + cols[None, :], _scale(amax, e))
+
+
+@triton.jit
+def _exponent(amax_bits):
+    # `_pow2_scale`'s e = E - 8 (+1 when 1.m > 1.75), clamped to [-126, 126]; a non-finite
+    # amax -> 120, what Inf and the canonical NaN 0x7FC00000 give (module docstring).
+    big = ((amax_bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    e = tl.minimum(tl.maximum((amax_bits >> 23) - (127 + 8) + big, -126), 126)
+    return tl.where(amax_bits >= 0x7F800000, 120, e)
+
+
+@triton.jit
+def _scale(amax_bits, e):
+    # 2^e in fp32, NaN for a non-finite block (a finite amax can give e = 120 too).
+    s = ((e + 127) << 23).to(tl.float32, bitcast=True)
+    return tl.where(amax_bits >= 0x7F800000, float("nan"), s)
+
+
+@triton.jit
+def _codes(bits3, x3, e3, INT_CVT: tl.constexpr):
+    # E4M3 code (as int32) of x * 2^-e, round to nearest even; |x * 2^-e| <= 448 here.
+    if INT_CVT:
+        code = _encode(bits3, e3 + 127, 3, -6, 0x7E)  # E4M3: 3 mantissa bits, emin -6, max 0x7E
+    else:
+        inv = ((127 - e3) << 23).to(tl.float32, bitcast=True)
+        code = (x3 * inv).to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+    return code
+
+
+_INF: dict[str, int] = {}
+
+
+def _inf_code() -> int:
+    """torch's E4M3 code for +Inf (0x7E: saturated, torch >= 2.13; 0x7F: NaN, before)."""
+    if "code" not in _INF:
+        _INF["code"] = int(torch.tensor(float("inf")).to(E4M3).view(torch.uint8))
+    return _INF["code"]
+
+
+def _fit(n: int, b: int) -> int:
+    while n % b:
+        b //= 2
+    return b
+
+
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+def quantize_rows_cols_triton(t: torch.Tensor, rows: bool, cols: bool, *, tile: QuantTile = TILE,
+                              int_cvt: bool | None = None) -> tuple[Pair | None, Pair | None]:
+    """One read of t [M, K] -> (`quantize_rows(t)` if rows, `quantize_cols(t)` if cols), bit for bit.
+
+    Args:
+        t: [M, K] fp32 / bf16 / fp16, any strides; M and K multiples of 128 (the caller pads).
+        rows: return (codes [M, K] E4M3, scale [M, K/128] fp32): 1x128 blocks along K.
+        cols: return (codes of t^T [K, M] E4M3 contiguous, scale [M/128, K] fp32): 1x128
+            blocks along M, laid out as `quantize_cols` returns them.
+        tile: the program tile (QuantTile; the bench sweeps TILES).
+        int_cvt: True: the integer encode; False: the GPU's fp8 conversion; None: the GPU's
+            on CUDA where `hw_cvt_ok`, else the integer one (always under the interpreter).
+    Returns:
+        (rows pair or None, cols pair or None).
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"t must be a tensor, got {type(t).__name__}")
+    if t.dtype not in _FLOATS:
+        raise TypeError(f"t.dtype={t.dtype} must be one of {_FLOATS}")
+    if t.dim() != 2 or t.shape[0] % BLOCK or t.shape[1] % BLOCK:
+        raise ValueError(f"t.shape={tuple(t.shape)} must be 2-D [M, K] with M and K multiples of {BLOCK}")
+    if not (rows or cols):
+        raise ValueError(f"{rows=}, {cols=}: ask for at least one")
+    if not (t.is_cuda or interpreting()):
+        raise ValueError(f"quantize_rows_cols_triton needs a CUDA tensor or TRITON_INTERPRET=1 (got device {t.device})")
+    if tile.bm % BLOCK or tile.bk % BLOCK:
+        raise ValueError(f"{tile=}: bm and bk must be multiples of {BLOCK}")
+    M, K = t.shape
+    dev = t.device
+    u8 = torch.uint8
+    qr = torch.empty((M, K) if rows else (1,), dtype=u8, device=dev)
+    sr = torch.empty((M, K // BLOCK) if rows else (1,), dtype=torch.float32, device=dev)
+    qc = torch.empty((K, M) if cols else (1,), dtype=u8, device=dev)
+    sc = torch.empty((M // BLOCK, K) if cols else (1,), dtype=torch.float32, device=dev)
+    if M and K:
+        if int_cvt is None:
+            int_cvt = not (t.is_cuda and torch.cuda.get_device_capability(dev) >= (8, 9) and hw_cvt_ok(dev))
+        bm, bk = _fit(M, tile.bm), _fit(K, tile.bk)
+        _fp8_block_quant_kernel[(M // bm, K // bk)](
+            t, t.stride(0), t.stride(1), M, qr, sr, qc, sc, K,
+            BM=bm, BK=bk, BLOCK=BLOCK, ROWS=rows, COLS=cols, INT_CVT=int_cvt, INF_CODE=_inf_code(),
+            num_warps=tile.num_warps)
+    return ((qr.view(E4M3), sr) if rows else None), ((qc.view(E4M3), sc) if cols else None)
+
+
+def fused_quant(t: torch.Tensor, rows: bool, cols: bool) -> tuple[Pair | None, Pair | None]:
+    """`quantize_rows_cols_triton` eagerly, or (under torch.compile) through the custom op
+    gem_precision::fp8_block_quant, which the compiled graph keeps as one opaque node."""
+    if not torch.compiler.is_compiling():  # eager: skip the op dispatch (~0.1 ms of host time)
+        return quantize_rows_cols_triton(t, rows, cols)
+    qr, sr, qc, sc = torch.ops.gem_precision.fp8_block_quant(t, rows, cols)
+    return ((qr.view(E4M3), sr) if rows else None), ((qc.view(E4M3), sc) if cols else None)
+
+
+# FP8 codes travel as uint8 (torch's op checks cannot compare fp8 tensors); an output not
+# asked for is a 1-element placeholder (an op returns a fixed number of tensors).
+@torch.library.custom_op("gem_precision::fp8_block_quant", mutates_args=())
+def _fp8_block_quant_op(t: torch.Tensor, rows: bool, cols: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    r, c = quantize_rows_cols_triton(t, rows, cols)
+    u8, dev = torch.uint8, t.device
+    qr, sr = r if r is not None else (torch.empty(1, dtype=u8, device=dev), torch.empty(1, device=dev))
+    qc, sc = c if c is not None else (torch.empty(1, dtype=u8, device=dev), torch.empty(1, device=dev))
+    return qr.view(u8), sr, qc.view(u8), sc
+
+
+@_fp8_block_quant_op.register_fake
+def _fp8_block_quant_fake(t: torch.Tensor, rows: bool, cols: bool
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    M, K = t.shape
+    u8, f32 = torch.uint8, torch.float32
+    return (t.new_empty((M, K) if rows else (1,), dtype=u8), t.new_empty((M, K // BLOCK) if rows else (1,), dtype=f32),
+            t.new_empty((K, M) if cols else (1,), dtype=u8), t.new_empty((M // BLOCK, K) if cols else (1,), dtype=f32))

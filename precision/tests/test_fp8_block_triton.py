@@ -1,0 +1,187 @@
+"""fp8_block's fused Triton quantizer (`_triton_fp8_block`) vs the torch quantizers, bit for bit.
+
+TRITON_INTERPRET=1 on CPU at small sizes: codes and scales of `quantize_rows_cols_triton`
+equal `quantize_rows` / `quantize_cols` (mixed magnitudes, zeros, subnormal and clamped
+blocks, the 1.75 mantissa boundary, +-NaN/+-Inf), every tile, strided input; FP8BlockLinear
+with quant="triton" gives the same output and gradients as quant="torch", eager and compiled.
+GPU: real sizes, both element paths; SM90: the cuBLAS linear, triton vs torch quantization.
+"""
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from _util import mixed
+from gem_precision import FP8BlockConfig, FP8BlockLinear
+from gem_precision import _fp8_block as fb
+from gem_precision import _triton_fp8_block as tfb
+
+CUDA = torch.cuda.is_available()
+SM90 = CUDA and torch.cuda.get_device_capability()[0] == 9
+pytestmark = pytest.mark.skipif(not (CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
+                                reason="needs CUDA or TRITON_INTERPRET=1")
+DEV = "cuda" if CUDA else "cpu"
+U8 = torch.uint8
+
+
+def _finite_blocks(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """[M, K] bool: the element's 128-block along `dim` (1: rows, 0: cols) is all finite."""
+    ok = torch.isfinite(t)
+    M, K = t.shape
+    if dim == 1:
+        return ok.reshape(M, K // 128, 128).all(-1, keepdim=True).expand(M, K // 128, 128).reshape(M, K)
+    return ok.reshape(M // 128, 128, K).all(1, keepdim=True).expand(M // 128, 128, K).reshape(M, K)
+
+
+def _same(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor],
+          defined: torch.Tensor) -> None:
+    """Codes equal wherever the torch path defines them; scales equal (NaN where NaN)."""
+    (q, s), (rq, rs) = got, want
+    assert q.shape == rq.shape and q.dtype == rq.dtype == torch.float8_e4m3fn and q.is_contiguous()
+    assert s.shape == rs.shape and s.dtype == rs.dtype == torch.float32 and s.is_contiguous()
+    bad = ((q.view(U8) != rq.view(U8)) & defined).nonzero()
+    assert bad.numel() == 0, f"{bad.shape[0]} codes differ, first at {bad[0].tolist()}"
+    assert torch.equal(s.isnan(), rs.isnan())
+    assert torch.equal(s.nan_to_num(0.0), rs.nan_to_num(0.0))
+
+
+def _check(t: torch.Tensor, rows: bool = True, cols: bool = True, **kw: object) -> None:
+    r, c = tfb.quantize_rows_cols_triton(t, rows, cols, **kw)  # type: ignore[arg-type]
+    assert (r is not None) == rows and (c is not None) == cols
+    # the torch path defines a code where the element is NaN/Inf or its block is finite
+    special = ~torch.isfinite(t)
+    if r is not None:
+        _same(r, fb.quantize_rows(t), _finite_blocks(t, 1) | special)
+    if c is not None:
+        _same(c, fb.quantize_cols(t), (_finite_blocks(t, 0) | special).t())
+
+
+def _hard(shape: tuple[int, int], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """mixed() (2^+-40 magnitudes, 5 % zeros, NaN, +-Inf, a subnormal) plus known edge blocks."""
+    t = mixed(shape, torch.float32, seed)
+    t[:128, :128] = 0  # a zero block: scale 2^-126, codes 0
+    t[1, 128:] = 2.0**-120  # amax below 448 * 2^-126: e clamped to -126, codes 64
+    t[2, :128] = 1.75 * 8  # mantissa exactly 0.75: scale 2^-5 (448 itself)
+    t[3, :128] = torch.tensor(1.75 * 8).nextafter(torch.tensor(100.0))  # just above: 2^-4
+    t[4, 5], t[5, 6], t[6, 7] = float("inf"), -float("inf"), -0.0
+    t[4, 6] = 1.5 * 2.0**126  # finite, in a block holding Inf: scaled by 2^-120 (our rule)
+    t.view(torch.int32)[7, 8] = -0x400000  # a negative NaN (0xFFC00000)
+    return t.to(dtype)
+
+
+@pytest.mark.parametrize("shape", [(256, 384), (128, 128)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rows_and_cols_bit_exact(shape: tuple[int, int], dtype: torch.dtype) -> None:
+    t = _hard(shape, dtype, seed=shape[1] + len(str(dtype))).to(DEV)
+    _check(t)
+
+
+def test_rows_only_cols_only_tiles_and_strides() -> None:
+    t = _hard((256, 256), torch.bfloat16, seed=7).to(DEV)
+    _check(t, rows=True, cols=False)
+    _check(t, rows=False, cols=True)
+    for tile in tfb.TILES:  # 256-wide tiles fit; each bit-exact
+        _check(t, tile=tile)
+    _check(_hard((384, 256), torch.float32, seed=8).to(DEV).t())  # non-contiguous [256, 384]
+    r, c = tfb.quantize_rows_cols_triton(torch.empty(0, 256, device=DEV), True, True)  # no tokens
+    assert r is not None and c is not None and r[0].shape == (0, 256) and c[0].shape == (256, 0)
+
+
+def test_known_answers() -> None:
+    t = _hard((128, 256), torch.float32, seed=9).to(DEV)
+    (q, s), (qt, st) = tfb.quantize_rows_cols_triton(t, True, True)  # type: ignore[misc]
+    assert s[0, 0] == 2.0**-126 and torch.all(q[0, :128].view(U8) == 0)  # zero block
+    assert s[1, 1] == 2.0**-126 and torch.all(q[1, 128:].float() == 64)  # clamped exponent
+    assert s[2, 0] == 2.0**-5 and torch.all(q[2, :128].float() == 448)
+    assert s[3, 0] == 2.0**-4
+    assert s[4, 0].isnan() and q[4, 5].view(U8) == tfb._inf_code()  # +Inf
+    assert q[4, 6].float() == 96  # 1.5 * 2^126 * 2^-120: the rule for a non-finite block's finite codes
+    assert q[5, 6].view(U8) == tfb._inf_code() | 0x80 and q[7, 8].view(U8) == 0xFF  # -Inf, -NaN
+    assert q[6, 7].view(U8) == 0x80  # -0 keeps its sign
+    assert torch.all(st[0, [5, 6, 8]].isnan()) and qt[5, 4].view(U8) == tfb._inf_code()  # cols: t^T[5, 4] = t[4, 5]
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match=r"t.shape=\(100, 128\) must be 2-D \[M, K\] with M and K multiples of 128"):
+        tfb.quantize_rows_cols_triton(torch.ones(100, 128, device=DEV), True, True)
+    with pytest.raises(TypeError, match="t.dtype=torch.int32"):
+        tfb.quantize_rows_cols_triton(torch.ones(128, 128, dtype=torch.int32, device=DEV), True, False)
+    with pytest.raises(ValueError, match="rows=False, cols=False: ask for at least one"):
+        tfb.quantize_rows_cols_triton(torch.ones(128, 128, device=DEV), False, False)
+    with pytest.raises(ValueError, match="bm and bk must be multiples of 128"):
+        tfb.quantize_rows_cols_triton(torch.ones(128, 128, device=DEV), True, True, tile=tfb.QuantTile(bm=64))
+    with pytest.raises(ValueError, match="quant='cuda' must be 'torch' or 'triton'"):
+        FP8BlockLinear(128, 128, config=FP8BlockConfig(quant="cuda"))(torch.ones(2, 128))  # type: ignore[arg-type]
+
+
+def _run(lin: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> list[torch.Tensor]:
+    xx = x.clone().requires_grad_()
+    lin.zero_grad()
+    y = lin(xx)
+    y.backward(dy)
+    return [y, xx.grad] + [p.grad.clone() for p in lin.parameters()]
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU emulation; the GPU runs test_gpu_linear_triton_equals_torch")
+@pytest.mark.parametrize("wgrad_bf16", [False, True])
+def test_linear_triton_quant_equals_torch(wgrad_bf16: bool) -> None:
+    torch.manual_seed(0)
+    base = nn.Linear(256, 384)
+    x = torch.randn(2, 100, 256)  # 200 tokens: padded to 256 inside
+    dy = torch.randn(2, 100, 384, dtype=torch.bfloat16)
+    want = _run(FP8BlockLinear.from_linear(base, FP8BlockConfig(wgrad_bf16=wgrad_bf16)), x, dy)
+    lin = FP8BlockLinear.from_linear(base, FP8BlockConfig(wgrad_bf16=wgrad_bf16, quant="triton"))
+    assert "quant=triton" in repr(lin)
+    got = _run(lin, x, dy)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    if not wgrad_bf16:  # and traced whole, the quantizer as the opaque op fp8_block_quant
+        for a, b in zip(_run(torch.compile(lin, fullgraph=True, backend="aot_eager"), x, dy), want):
+            assert torch.equal(a, b)
+
+
+def test_cpu_without_interpreter_uses_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    x = torch.ones(2, 128)
+    assert fb._fused("triton", x) is False  # the same codes through the torch quantizers
+    with pytest.raises(ValueError, match="needs a CUDA tensor or TRITON_INTERPRET=1"):
+        tfb.quantize_rows_cols_triton(torch.ones(128, 128), True, True)
+    y = FP8BlockLinear(128, 128, config=FP8BlockConfig(quant="triton"))(x)
+    assert y.shape == (2, 128)
+
+
+def test_op_fake_shapes() -> None:
+    t = torch.empty(384, 256, device="meta", dtype=torch.bfloat16)
+    shapes = [tuple(o.shape) for o in tfb._fp8_block_quant_fake(t, True, False)]
+    assert shapes == [(384, 256), (384, 2), (1,), (1,)]
+    shapes = [tuple(o.shape) for o in tfb._fp8_block_quant_fake(t, False, True)]
+    assert shapes == [(1,), (1,), (256, 384), (3, 256)]
+
+
+# --- GPU --------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+@pytest.mark.parametrize("shape,dtype", [((262144, 1024), torch.bfloat16), ((16384, 4096), torch.float32)])
+def test_gpu_real_size_bit_exact(shape: tuple[int, int], dtype: torch.dtype) -> None:
+    t = mixed(shape, dtype, seed=shape[1]).cuda()
+    _check(t)
+    small = t[:4096, :2048]
+    for int_cvt in (False, True):  # both element paths
+        if int_cvt or torch.cuda.get_device_capability() >= (8, 9):
+            _check(small, int_cvt=int_cvt)
+    for tile in tfb.TILES:
+        _check(small, tile=tile)
+
+
+@pytest.mark.skipif(not SM90, reason="needs an SM90 (Hopper) GPU")
+def test_gpu_linear_triton_equals_torch() -> None:
+    torch.manual_seed(0)
+    base = nn.Linear(1024, 3072, device="cuda")
+    x = torch.randn(8, 1000, 1024, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(8, 1000, 3072, device="cuda", dtype=torch.bfloat16)
+    want = _run(FP8BlockLinear.from_linear(base), x, dy)  # torch quantizers (compiled)
+    lin = FP8BlockLinear.from_linear(base, FP8BlockConfig(quant="triton"))
+    for f in (lin, torch.compile(lin, fullgraph=True)):  # same codes -> the same cuBLAS GEMMs
+        for a, b in zip(_run(f, x, dy), want):
+            assert torch.equal(a, b)
