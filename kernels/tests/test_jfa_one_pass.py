@@ -5,8 +5,8 @@ One pass: the dK/dV kernel also adds dS·K into an fp32 dQ workspace with atomic
 is a sum in a different order than the two-pass dQ kernel's (and dK/dV too: each kv block
 walks its q blocks from a rotated start); everything else is the same arithmetic. CPU:
 Triton's interpreter with 16×16 tiles on lengths that hit the tile edges (0, 1, 15, 16, 17,
-33), fresh random inputs per test. GPU (skipped without CUDA): the
-trainer-like batch (64 log-normal lengths, H=8, D=128, bf16) with the heuristic tiles.
+33), fresh random inputs per test. GPU (skipped without CUDA): 64 log-normal lengths up to
+4,096, H=8, D=128, bf16, with the heuristic tiles.
 """
 
 import contextlib

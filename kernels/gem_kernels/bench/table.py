@@ -314,12 +314,26 @@ BWD_SWEEP = (
 )
 
 
-def trainer_lengths() -> list[int]:
-    """The trainer's attention shape: the issue batch scaled by 262,144 / its tokens, clamped to
-    64..16384 (255,604 tokens, mean ~4,000)."""
+def long_lengths() -> list[int]:
+    """A long mix at the trainer's token count: the issue batch scaled by 262,144 / its tokens,
+    clamped to 64..16384 (255,604 tokens, mean ~4,000; this was the bench's "trainer" case
+    until 2026-11-30, but the trainer's sequences are a quarter as long)."""
     lengths = issue_lengths()
     f = 262144 / sum(lengths)
     return [min(16384, max(64, round(n * f))) for n in lengths]
+
+
+def trainer_lengths(tokens: int = 262144, seed: int = 0) -> list[int]:
+    """The h200 trainer's batches: lengths as gem_data's GEM preset draws them (log-normal,
+    mean 1,000, sigma 1.0, clamped to 16..16384), sequences added until `tokens` is reached
+    (the trainer's `batch_tokens`; ~260 sequences)."""
+    g = torch.Generator().manual_seed(seed)
+    mu, sigma = math.log(1000.0) - 0.5, 1.0
+    out: list[int] = []
+    while sum(out) < tokens:
+        n = float(torch.exp(mu + sigma * torch.randn((), generator=g)))
+        out.append(min(16384, max(16, round(n))))
+    return out
 
 
 def _tiles(t: JfaTiles) -> str:
@@ -331,11 +345,12 @@ def bwd_compare(iters: int, cases: list[tuple[str, list[int], int, bool]] | None
     """Issue #15/#16: the JFA backward, two-pass (dK/dV + dQ kernels) vs one-pass (dK/dV kernel
     adding dQ with atomics), backward-only and fwd+bwd, plus a one-pass tile sweep (backward
     only). Cases (name, lengths, heads, causal): the issue batch (H=4) full and causal; the
-    trainer shape (H=8, ~256k tokens) full. err: vs the fp32 reference on the first 8 samples
-    for the issue batch's two main paths, else vs the two-pass gradients."""
+    trainer's batches (H=8, 262k tokens of mean-1,000 sequences) full; a long mix (H=8, 256k
+    tokens, mean ~4,000) full. err: vs the fp32 reference on the first 8 samples for the issue
+    batch's two main paths, else vs the two-pass gradients."""
     if cases is None:
         cases = [("issue H=4 full", issue_lengths(), 4, False), ("issue H=4 causal", issue_lengths(), 4, True),
-                 ("trainer H=8 full", trainer_lengths(), 8, False)]
+                 ("trainer H=8 full", trainer_lengths(), 8, False), ("long H=8 full", long_lengths(), 8, False)]
     rows: list[dict[str, object]] = []
     for name, lengths, heads, causal in cases:
         b = Batch(lengths, device, heads)

@@ -1,0 +1,36 @@
+"""The issue-15 table bench's JFA backward comparison runs end to end on CPU (Triton's
+interpreter, tiny lengths): every path and sweep row gives gradients that match (timings on
+CPU mean nothing; the H200 figures are in BENCHMARKS.md). And its trainer case draws the
+trainer's length law."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gem_kernels.bench import table
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1 on CPU")
+
+
+def test_bwd_compare_runs_every_path_and_agrees() -> None:
+    rows = table.bwd_compare(1, cases=[("tiny", [17, 3, 40], 2, False), ("tiny causal", [9, 33], 1, True)],
+                             device="cpu")
+    paths = {(r["case"], r["path"]) for r in rows}
+    for case in ("tiny", "tiny causal"):
+        assert {(case, "two-pass"), (case, "one-pass")} <= paths
+        assert sum(1 for r in rows if r["case"] == case and r["path"] == "one-pass sweep") >= len(table.BWD_SWEEP) - 1
+    for r in rows:
+        err = r["err"]
+        assert isinstance(err, float) and err < 2e-2, r  # bf16 gradients vs fp32 / two-pass
+    table.print_bwd_compare(rows)
+
+
+def test_trainer_lengths_follow_the_trainer_batches() -> None:
+    t = table.trainer_lengths()
+    assert 262144 <= sum(t) < 262144 + 16384 and all(16 <= n <= 16384 for n in t)
+    assert 800 < sum(t) / len(t) < 1250  # the GEM data preset's mean 1,000
+    assert table.trainer_lengths(seed=1) != t
+    long = table.long_lengths()
+    assert sum(long) / len(long) > 3 * sum(t) / len(t)
