@@ -19,6 +19,7 @@ finish() {
   echo "=== gpu tests"; tail -n 8 "$OUT/gpu_tests.log" | cut -c1-300
   for r in tr_two_pass tr_one_pass; do echo "=== $r"
     [ -f "$OUT/$r.log" ] && python3 tools/trainer_summary.py "$OUT/$r.log" | head -1; done
+  echo "=== local mfu (trainer batch)"; grep -A16 "GEM local MFU" "$OUT/local_mfu.log" | cut -c1-200
   [ -f "$OUT/transfer_gem_sweep.log" ] && { echo "=== transfer"; grep -v '^{' "$OUT/transfer_gem_sweep.log" | tail -n 45 | cut -c1-220; }
   } > "$TOP/summary.txt" 2>&1
   tar -czf "$TOP/all.tgz" -C "$OUT" . 2>/dev/null; }
@@ -29,7 +30,8 @@ main() {
   st gpu_tests 120 python3 -m pytest -q -p no:cacheprovider precision/tests/test_fp8_block.py \
      precision/tests/test_fp8_block_triton.py kernels/tests/test_jfa_one_pass.py -k "gpu or opaque"
   st tr_two_pass 130 env GEM_JFA_BWD=two_pass $TR
-  st tr_one_pass 70 env GEM_JFA_BWD=one_pass $TR; }
+  st tr_one_pass 70 env GEM_JFA_BWD=one_pass $TR
+  st local_mfu 90 python3 -m gem_model.bench.local_mfu --tokens 262144 --cap 16384 --no-reference; }
 if [ "${DUAL:-0}" = 1 ]; then
   ( export CUDA_VISIBLE_DEVICES=0; main ) & P0=$!
   ( export CUDA_VISIBLE_DEVICES=1

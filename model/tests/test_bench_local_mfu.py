@@ -32,3 +32,11 @@ def test_fresh_keeps_namedtuple_types() -> None:
     got = local_mfu._fresh((lay, torch.ones(3)))
     assert isinstance(got[0], _jagged.PrefixLayout)
     assert got[1].requires_grad and torch.equal(got[1], torch.ones(3))
+
+
+def test_token_budget_batch_like_the_trainer(capsys: pytest.CaptureFixture[str]) -> None:
+    local_mfu.main(["--tokens", "150", "--no-reference"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # sequences are drawn until the budget is met: at least 150 tokens, each under the CPU cap
+    assert 150 <= out["tokens"] < 150 + 64 and out["batch"] > 3
+    assert out["kernels"]["e2e_ms"] > 0 and not out.get("reference")

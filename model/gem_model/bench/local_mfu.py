@@ -163,6 +163,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--window", type=int, default=None, help="sliding-window self-attention")
     ap.add_argument("--no-reference", action="store_true", help="skip the reference-attention model")
     ap.add_argument("--mxfp8", default=None, help="gem_precision recipe for the linears, e.g. mxfp8_rceil")
+    ap.add_argument("--tokens", type=int, default=None,
+                    help="draw sequences (mean --mean-len, cap --cap) until this many tokens, as the "
+                         "trainer's token-budgeted batches do (h200: --tokens 262144 --cap 16384); "
+                         "overrides --batch")
     args = ap.parse_args(argv)
 
     cuda = torch.cuda.is_available()
@@ -181,7 +185,19 @@ def main(argv: list[str] | None = None) -> None:
                            window=args.window, event_widths=(16, 16, 12, 8, 8, 4, 4, 2))
         b, cap, mean = args.batch or 4, args.cap or 64, min(args.mean_len, 24.0)
         warmup, iters = 1, 2
-    lengths = lognormal_lengths(b, mean, args.sigma, cap, seed=0)
+    if args.tokens:  # the trainer's batches: sequences until the token budget is reached
+        if args.tokens < 1:
+            raise SystemExit(f"--tokens={args.tokens} must be >= 1")
+        lengths: list[int] = []
+        seed = 0
+        while sum(lengths) < args.tokens:
+            lengths += lognormal_lengths(64, mean, args.sigma, cap, seed=seed)
+            seed += 1
+        while sum(lengths[:-1]) >= args.tokens:
+            lengths.pop()
+        b = len(lengths)
+    else:
+        lengths = lognormal_lengths(b, mean, args.sigma, cap, seed=0)
     batch = make_batch(cfg, lengths, device)
     shapes = Shapes(tuple(lengths))
     timer = _timer(device)
