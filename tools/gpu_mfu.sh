@@ -24,18 +24,21 @@ finish() {
   } > "$TOP/summary.txt" 2>&1
   tar -czf "$TOP/all.tgz" -C "$OUT" . 2>/dev/null; }
 ( sleep "${WATCH:-560}"; finish ) & WATCHDOG=$!
-main() {
-  st kernels_bwd 100 python3 -m gem_kernels.bench.table --bwd-compare --out "$OUT/kbwd"
+precision() {
   st precision_bench 100 python3 -m gem_precision.bench.hopper
   st gpu_tests 120 python3 -m pytest -q -p no:cacheprovider precision/tests/test_fp8_block.py \
-     precision/tests/test_fp8_block_triton.py kernels/tests/test_jfa_one_pass.py -k "gpu or opaque"
+     precision/tests/test_fp8_block_triton.py kernels/tests/test_jfa_one_pass.py -k "gpu or opaque"; }
+main() {
+  st kernels_bwd 100 python3 -m gem_kernels.bench.table --bwd-compare --out "$OUT/kbwd"
+  [ "${DUAL:-0}" = 1 ] || precision
   st tr_two_pass 130 env GEM_JFA_BWD=two_pass $TR
   st tr_one_pass 70 env GEM_JFA_BWD=one_pass $TR
   st local_mfu 90 python3 -m gem_model.bench.local_mfu --tokens 262144 --cap 16384 --no-reference; }
 if [ "${DUAL:-0}" = 1 ]; then
   ( export CUDA_VISIBLE_DEVICES=0; main ) & P0=$!
   ( export CUDA_VISIBLE_DEVICES=1
-    st transfer_gem_sweep 330 python3 -m gem_transfer.bench.transfer --preset gem --sweep --time-budget 300 --out "$OUT/tx" ) & P1=$!
+    st transfer_gem_sweep 330 python3 -m gem_transfer.bench.transfer --preset gem --sweep --time-budget 300 --out "$OUT/tx"
+    precision ) & P1=$!
   wait "$P0" "$P1"
 else
   main
