@@ -106,3 +106,45 @@ def test_bad_settings_name_the_field(tmp_path: Path) -> None:
     cfg.validate()
     with pytest.raises(ValueError, match=r"compile_cache=.*is a directory"):
         _preflight.check_dirs(cfg)
+
+
+def test_trainer_loads_before_the_first_step_and_saves_once_after_the_warm_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop's wiring, with the blocks compiled by "aot_eager" (no inductor code on the CPU
+    box, so the artifacts themselves are stand-ins): load before any step compiles, one save
+    by rank 0 right after the warm-up steps, the summary keys, and a loaded file not rewritten."""
+    import gem_parallel
+    from gem_trainer import presets_tiny, train
+    from gem_trainer._metrics import WARMUP_STEPS
+
+    real = gem_parallel.parallelize
+    monkeypatch.setattr(gem_parallel, "parallelize",
+                        lambda model, meshes=None, **kw: real(model, meshes, **{**kw, "compile": "aot_eager"}))
+    events: list[tuple[str, int]] = []
+    steps_done = {"n": 0}
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts of this run", None))
+
+    class Info:
+        artifacts = {"inductor": ["a", "b"]}
+
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda blob: Info() if blob == b"artifacts of this run" else None)
+    real_save, real_load = _compile_cache.save, _compile_cache.load
+    monkeypatch.setattr(_compile_cache, "save", lambda p: (events.append(("save", steps_done["n"])), real_save(p))[1])
+    monkeypatch.setattr(_compile_cache, "load", lambda p: (events.append(("load", steps_done["n"])), real_load(p))[1])
+    path = tmp_path / "c.cache"
+    cfg = presets_tiny(steps=WARMUP_STEPS + 2, batch_size=16, eval_batches=0, progress=False,
+                       compile=True, compile_cache=str(path))
+
+    def hook(n: int) -> None:
+        steps_done["n"] = n
+
+    first = train(cfg, step_hook=hook)
+    assert events == [("load", 0), ("save", WARMUP_STEPS)]
+    assert first["compile_cache"] == "absent" and first["compile_cache_saved_bytes"] == len(b"artifacts of this run")
+    assert path.read_bytes() == b"artifacts of this run"
+    events.clear()
+    steps_done["n"] = 0
+    second = train(cfg, step_hook=hook)
+    assert events == [("load", 0)]  # loaded, so not rewritten
+    assert second["compile_cache"] == "loaded" and second["compile_cache_entries"] == 2
+    assert second["loss"] == first["loss"]  # the same run: the cache changes nothing computed
