@@ -94,7 +94,7 @@ def _pow2_clamp(n: int, lo: int, hi: int) -> int:
 
 
 # The backward the heuristic picks; `GEM_JFA_BWD` overrides it per process (GPU benches,
-# trainer A/B runs). Two-pass until the one-pass kernel is measured on the GPU (BENCHMARKS.md).
+# trainer A/B runs). Two-pass: on the H200 one-pass wins only on long sequences (BENCHMARKS.md).
 ONE_PASS_DEFAULT = False
 BWD_ENV = "GEM_JFA_BWD"
 _BWD_CHOICES = {"one_pass": True, "two_pass": False}

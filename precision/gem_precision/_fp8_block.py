@@ -242,8 +242,8 @@ def _grad_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class _FP8BlockFn(torch.autograd.Function):
-    # Traceable by Dynamo: plain torch ops, scaled_mm (which has a meta kernel), config as
-    # plain arguments, only tensors saved. Autocast is off inside: the operands are quantized
+    # Traceable by Dynamo: plain torch ops, the custom ops gem_precision::fp8_block_mm (and
+    # fp8_block_quant) with fake implementations, config as plain arguments, only tensors saved. Autocast is off inside: the operands are quantized
     # from whatever dtype they arrive in, and the emulation's matmuls must stay fp32.
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

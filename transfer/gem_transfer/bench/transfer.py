@@ -94,6 +94,15 @@ def _pyplot() -> Any:
         return None
 
 
+def _save_figure(plt: Any, fig: Any, ax: Any, title: str, path: Path, legend_size: int) -> None:
+    """Title, legend, tight layout, written to `path` at 120 dpi, then closed."""
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _chart(g: dict[str, Any], path: Path, title: str) -> str:
     plt = _pyplot()
     if plt is None:
@@ -107,11 +116,7 @@ def _chart(g: dict[str, Any], path: Path, title: str) -> str:
     ax.axhline(0.0, color="black", lw=0.8)
     ax.set_xticks([i + 0.4 - w / 2 for i in range(len(tasks))], tasks)
     ax.set_ylabel("AUC gain over label-only student")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save_figure(plt, fig, ax, title, path, legend_size=8)
     return f"chart: {path}"
 
 
@@ -137,11 +142,7 @@ def _sweep_chart(sweep: dict[str, Any], path: Path, title: str) -> str:
     ax.yaxis.set_major_formatter(importlib.import_module("matplotlib.ticker").FormatStrFormatter("%g"))
     ax.set_xlabel("student samples N (nested subsets, one teacher)")
     ax.set_ylabel("gain over label-only / KD's gain")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save_figure(plt, fig, ax, title, path, legend_size=7)
     return f"sweep chart: {path}"
 
 
