@@ -2,8 +2,8 @@
 # One GPU call for what is still unmeasured (issues #16, #15, #19), on a 1- or 2-GPU box:
 #   the JFA backward two-pass vs one-pass (kernel bench, GPU tests, the compiled h200 trainer
 #   step), the Hopper FP8 recipe (hopper bench incl. the fused Triton quantizer, GPU tests incl.
-#   the compiled layer), and with DUAL=1 the transfer bench's GEM-preset student-sample sweep
-#   on the second GPU.
+#   the compiled layer) on the second GPU with DUAL=1, and with TRANSFER=1 before them the
+#   transfer bench's GEM-preset student-sample sweep.
 # Every stage runs under `timeout -k` (tools/stage.sh); a watchdog writes the summary and the
 # archive at WATCH seconds (default 560) even if a stage overruns, so a call cut at the device
 # limit still returns its logs.
@@ -17,7 +17,7 @@ finish() {
   echo "=== kernels bwd"; grep -A40 "^case" "$OUT/kernels_bwd.log" | cut -c1-160; grep -A4 "^fastest" "$OUT/kernels_bwd.log"
   echo "=== precision bench"; grep -v '^{' "$OUT/precision_bench.log" | tail -n 30 | cut -c1-240
   echo "=== gpu tests"; tail -n 8 "$OUT/gpu_tests.log" | cut -c1-300
-  for r in tr_two_pass tr_one_pass; do echo "=== $r"
+  for r in tr_two_pass tr_one_pass tr_fp8_block; do echo "=== $r"
     [ -f "$OUT/$r.log" ] && python3 tools/trainer_summary.py "$OUT/$r.log" | head -1; done
   echo "=== local mfu (trainer batch)"; grep -A16 "GEM local MFU" "$OUT/local_mfu.log" | cut -c1-200
   [ -f "$OUT/transfer_gem_sweep.log" ] && { echo "=== transfer"; grep -v '^{' "$OUT/transfer_gem_sweep.log" | tail -n 45 | cut -c1-220; }
@@ -37,8 +37,9 @@ main() {
 if [ "${DUAL:-0}" = 1 ]; then
   ( export CUDA_VISIBLE_DEVICES=0; main ) & P0=$!
   ( export CUDA_VISIBLE_DEVICES=1
-    st transfer_gem_sweep 330 python3 -m gem_transfer.bench.transfer --preset gem --sweep --time-budget 300 --out "$OUT/tx"
-    precision ) & P1=$!
+    [ "${TRANSFER:-0}" = 1 ] && st transfer_gem_sweep 330 python3 -m gem_transfer.bench.transfer --preset gem --sweep --time-budget 300 --out "$OUT/tx"
+    precision
+    st tr_fp8_block 150 $TR --precision fp8_block ) & P1=$!
   wait "$P0" "$P1"
 else
   main
