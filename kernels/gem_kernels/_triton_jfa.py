@@ -94,17 +94,25 @@ def _pow2_clamp(n: int, lo: int, hi: int) -> int:
 
 
 # The backward the heuristic picks; `GEM_JFA_BWD` overrides it per process (GPU benches,
-# trainer A/B runs). Two-pass: on the H200 one-pass wins only on long sequences (BENCHMARKS.md).
-ONE_PASS_DEFAULT = False
+# trainer A/B runs). One-pass from ONE_PASS_MIN_LEN keys on (the longest sequence of the
+# batch): on the H200 (kernels/BENCHMARKS.md, 2026-11-30) one-pass is 0.95-0.96x two-pass on
+# the issue batch (max 4,787), 1.10x on the trainer's batch (max 13,613; the compiled h200
+# step 0.2755 s vs 0.2946 s) and 1.12x on a long mix (max 16,384). Never while torch's
+# deterministic algorithms are on: its dQ atomics make dQ's last bits order-dependent.
+ONE_PASS_DEFAULT = True
+ONE_PASS_MIN_LEN = 8192
 BWD_ENV = "GEM_JFA_BWD"
 _BWD_CHOICES = {"one_pass": True, "two_pass": False}
 
 
-def bwd_one_pass_from_env() -> bool:
-    """`GEM_JFA_BWD=one_pass|two_pass` (unset or empty: `ONE_PASS_DEFAULT`)."""
+def bwd_one_pass_from_env(max_kv_len: int | None = None) -> bool:
+    """`GEM_JFA_BWD=one_pass|two_pass`; unset or empty: the default rule, `ONE_PASS_DEFAULT`
+    and `max_kv_len >= ONE_PASS_MIN_LEN` (None: length not known, the rule's length test
+    passes) and torch's deterministic algorithms off."""
     value = os.environ.get(BWD_ENV, "")
     if value == "":
-        return ONE_PASS_DEFAULT
+        long_enough = max_kv_len is None or max_kv_len >= ONE_PASS_MIN_LEN
+        return ONE_PASS_DEFAULT and long_enough and not torch.are_deterministic_algorithms_enabled()
     if value not in _BWD_CHOICES:
         raise ValueError(f"{BWD_ENV}={value!r} must be one of {sorted(_BWD_CHOICES)} (or unset)")
     return _BWD_CHOICES[value]
@@ -112,15 +120,15 @@ def bwd_one_pass_from_env() -> bool:
 
 def pick_config(max_q_len: int, max_kv_len: int, d: int, dtype: torch.dtype) -> JfaConfig:
     """The forced config (see `force_config`; its `one_pass` is used as is) or the heuristic one
-    (with the backward chosen by `GEM_JFA_BWD`, default `ONE_PASS_DEFAULT`)."""
+    (with the backward chosen by `GEM_JFA_BWD`, else by `bwd_one_pass_from_env`'s rule)."""
     if _FORCED:
         return _FORCED[-1]
-    return _heuristic_config(max_q_len, max_kv_len, d, dtype, bwd_one_pass_from_env())
+    return _heuristic_config(max_q_len, max_kv_len, d, dtype, bwd_one_pass_from_env(max_kv_len))
 
 
 @functools.lru_cache(maxsize=1024)
 def _heuristic_config(
-    max_q_len: int, max_kv_len: int, d: int, dtype: torch.dtype, one_pass: bool = ONE_PASS_DEFAULT
+    max_q_len: int, max_kv_len: int, d: int, dtype: torch.dtype, one_pass: bool = False
 ) -> JfaConfig:
     """Heuristic tiles per shape (issue 3's three shapes), from the H200 sweep in BENCHMARKS.md.
 

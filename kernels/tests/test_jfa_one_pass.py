@@ -19,8 +19,8 @@ import torch
 
 from gem_kernels import jagged_flash_attention
 from gem_kernels import _triton_jfa
-from gem_kernels._triton_jfa import (BWD_ENV, ONE_PASS_DEFAULT, JfaConfig, JfaTiles, bwd_one_pass_from_env,
-                                     force_config, pick_config)
+from gem_kernels._triton_jfa import (BWD_ENV, ONE_PASS_DEFAULT, ONE_PASS_MIN_LEN, JfaConfig, JfaTiles,
+                                     bwd_one_pass_from_env, force_config, pick_config)
 
 CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -183,7 +183,22 @@ def test_no_visible_key_gives_zero_dq() -> None:
 def test_config_and_env_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(BWD_ENV, raising=False)
     assert bwd_one_pass_from_env() is ONE_PASS_DEFAULT
-    assert pick_config(4500, 4500, 128, torch.bfloat16).one_pass is ONE_PASS_DEFAULT
+    # the default rule: one-pass from ONE_PASS_MIN_LEN keys on, two-pass below it and whenever
+    # torch's deterministic algorithms are on (one-pass's dQ atomics are order-dependent)
+    assert ONE_PASS_DEFAULT and ONE_PASS_MIN_LEN > 4500
+    assert not pick_config(4500, 4500, 128, torch.bfloat16).one_pass
+    assert pick_config(ONE_PASS_MIN_LEN, ONE_PASS_MIN_LEN, 128, torch.bfloat16).one_pass
+    assert not pick_config(ONE_PASS_MIN_LEN - 1, ONE_PASS_MIN_LEN - 1, 128, torch.bfloat16).one_pass
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not pick_config(13613, 13613, 128, torch.bfloat16).one_pass
+        monkeypatch.setenv(BWD_ENV, "one_pass")  # an explicit choice wins over determinism
+        assert pick_config(13613, 13613, 128, torch.bfloat16).one_pass
+        monkeypatch.delenv(BWD_ENV)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert pick_config(13613, 13613, 128, torch.bfloat16).one_pass
     monkeypatch.setenv(BWD_ENV, "one_pass")
     cfg = pick_config(4500, 4500, 128, torch.bfloat16)
     assert cfg.one_pass and (cfg.dkdv.block_m, cfg.dkdv.block_n, cfg.dkdv.num_warps) == (32, 128, 8)
