@@ -15,8 +15,9 @@ Bit-exact with those torch functions (the specification), which it mirrors rule 
   (`_pow2_scale`); the amax is an integer max of |x|'s bits, so NaN/Inf dominate as in
   torch's NaN-propagating amax, and a block holding NaN/Inf gets a NaN scale.
 * codes = round-to-nearest-even E4M3 of x * 2^-e (exact: a power-of-two multiply; within
-  +-448 for a finite block, so never saturated); a NaN element gives 0x7F | sign (torch on
-  CUDA gives 0x7F: its multiply drops a NaN's sign), an Inf element torch's own code for Inf
+  +-448 for a finite block, so never saturated); a NaN element gives 0x7F | sign on CPU and
+  0x7F on CUDA, as torch does there (the GPU's multiply drops a NaN's sign: a -NaN input
+  made the first real-size H200 test differ in one code), an Inf element torch's own code for Inf
   (`_inf_code`: 0x7E, saturated, in torch >= 2.13; 0x7F, NaN, before) | sign.
 * the finite elements of a block holding NaN/Inf: the torch path leaves these undefined (it
   scales them by 2^-e of whatever NaN its amax returns: torch's CPU amax gives 0x7FC00000 or
@@ -71,6 +72,7 @@ def _fp8_block_quant_kernel(
     COLS: tl.constexpr,  # write t^T's codes + the 128-along-M scales
     INT_CVT: tl.constexpr,  # integer encode (interpreter) vs the GPU's fp8 conversion
     INF_CODE: tl.constexpr,  # torch's E4M3 code for +Inf (0x7E or 0x7F, by torch version)
+    NAN_SIGN: tl.constexpr,  # a NaN element keeps its sign (torch on CPU) or not (on CUDA)
 ):
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -81,7 +83,10 @@ def _fp8_block_quant_kernel(
     bits = xf.to(tl.int32, bitcast=True)
     a = bits & 0x7FFFFFFF
     sign = (bits >> 31) & 1
-    special = tl.where(a > 0x7F800000, 0x7F, INF_CODE) | (sign << 7)  # NaN / Inf elements
+    if NAN_SIGN:
+        special = tl.where(a > 0x7F800000, 0x7F, INF_CODE) | (sign << 7)  # NaN / Inf elements
+    else:  # a NaN's sign dropped, as torch's multiply on this device does
+        special = tl.where(a > 0x7F800000, 0x7F, INF_CODE | (sign << 7))
     nonfinite = a >= 0x7F800000
     if ROWS:
         a3 = tl.reshape(a, (BM, BK // BLOCK, BLOCK))
@@ -143,6 +148,17 @@ def _inf_code() -> int:
     return _INF["code"]
 
 
+def _nan_keeps_sign(device: torch.device) -> bool:
+    """Whether torch's quantizers on `device` give a -NaN element the code 0xFF (CPU) or 0x7F
+    (CUDA: the GPU's fp32 multiply returns the canonical, positive NaN), probed once per
+    device type the way `quantize_rows` computes codes (x * 2^-e, then the E4M3 cast)."""
+    key = "nan_sign_" + device.type
+    if key not in _INF:
+        x = torch.tensor([-float("nan")], device=device) * torch.tensor([2.0], device=device)
+        _INF[key] = int(x.to(E4M3).view(torch.uint8)[0]) >> 7
+    return bool(_INF[key])
+
+
 def _fit(n: int, b: int) -> int:
     while n % b:
         b //= 2
@@ -193,6 +209,7 @@ def quantize_rows_cols_triton(t: torch.Tensor, rows: bool, cols: bool, *, tile: 
         _fp8_block_quant_kernel[(M // bm, K // bk)](
             t, t.stride(0), t.stride(1), M, qr, sr, qc, sc, K,
             BM=bm, BK=bk, BLOCK=BLOCK, ROWS=rows, COLS=cols, INT_CVT=int_cvt, INF_CODE=_inf_code(),
+            NAN_SIGN=_nan_keeps_sign(dev),
             num_warps=tile.num_warps)
     return ((qr.view(E4M3), sr) if rows else None), ((qc.view(E4M3), sc) if cols else None)
 
