@@ -24,7 +24,9 @@ kernel accumulates dK/dV for a kv block iterating over the q blocks that see it,
 accumulates dQ for a q block iterating over its kv tiles. No atomics. Or, with
 `JfaConfig.one_pass` (`GEM_JFA_BWD=one_pass`), the dK/dV kernel alone also adds dQ into an
 fp32 workspace with atomics (as FlashAttention-2's CUDA backward does): S and P are computed
-once per tile pair instead of twice.
+once per tile pair instead of twice. Opt-in on Hopper (`JfaConfig.tma`, `JfaConfig.tma_loads`,
+not measured yet): dQ added by one TMA bulk reduce per tile pair instead of element-wise
+atomics, and q/dO tiles loaded through tensor descriptors (see `_tma_modes`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from collections.abc import Iterator
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 _LOG2E = 1.4426950408889634
 _NO_SPLIT = 1 << 30  # one split covering any kv length
@@ -74,6 +77,17 @@ class JfaConfig:
     # instead of 7; `dq` tiles and `kv_split` then play no part in the backward). False = the
     # two-pass FlashAttention-2 backward (dK/dV kernel, then dQ kernel; no atomics).
     one_pass: bool = False
+    # One-pass backward only (ignored by the two-pass one), Hopper TMA, opt-in until measured:
+    # `tma` adds each tile pair's [BLOCK_M, D] dQ through a tensor descriptor's `atomic_add`
+    # (one TMA bulk reduce, `cp.reduce.async.bulk.tensor`, instead of BLOCK_M·D element-wise
+    # atomics), on CUDA with compute capability >= 9 only; elsewhere, and always under
+    # TRITON_INTERPRET=1 (the interpreter has no descriptor reduce), the same math runs with
+    # `tl.atomic_add`. `tma_loads` (independent of `tma`) loads the inner loop's q and dO tiles
+    # through tensor descriptors over their 2-D `[T, H·D]` views (on SM90+ and under the
+    # interpreter, which emulates descriptor loads), when those views meet TMA's rules (see
+    # `_tma_view_ok`); else pointer loads. `_tma_modes` makes both choices on the host.
+    tma: bool = False
+    tma_loads: bool = False
 
 
 _FORCED: list[JfaConfig] = []
@@ -390,27 +404,48 @@ def _jfa_fwd_kernel(
 @triton.jit
 def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, start_m, offs_m, offs_n, offs_d,
                stride_qt, stride_dot, stride_dqt, H, shift, lq, lk, scale, scale_log2, WINDOW,
+               q_desc, do_desc, dq_desc, q_start, col0,
                CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, MASKED: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, DOT_PREC: tl.constexpr,
-               UPCAST: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+               UPCAST: tl.constexpr, DQ_ATOMIC: tl.constexpr, DQ_TMA: tl.constexpr, TMA_LOADS: tl.constexpr):
     """dV += Pᵀ dO and dK += dSᵀ Q for one q block (FlashAttention-2 backward, transposed).
 
     DQ_ATOMIC (the one-pass backward): also dQ[rows] += scale · dS K, added into the fp32
     workspace at `dq_base` with relaxed atomics (other kv blocks of the sample add to the
-    same rows; order does not matter, the workspace is read only by a later launch).
+    same rows; order does not matter, the workspace is read only by a later launch). With
+    DQ_TMA the add is one TMA bulk reduce of the [BLOCK_M, D] tile through `dq_desc` (the
+    workspace as 2-D [T, H·D], block at row q_start + start_m, column col0 = h·D). A bulk
+    reduce has no mask: rows past lq (the next sample's, in masked tiles) must add exactly 0.
+    They do: their q and dO rows are 0 and lse2 = +inf, so pT = 0 and dS = 0; and the tile is
+    also zeroed there explicitly (`tl.where`) so that not even a non-finite k can leak into
+    the next sample. Rows past T are clipped by the descriptor's bounds.
+
+    TMA_LOADS: q and dO come through `q_desc` / `do_desc` (2-D [T, H·D] views, block
+    [BLOCK_M, D]); such a load is bounded by T only, so in masked tiles the rows past lq (the
+    next sample's data) are zeroed, as the pointer loads' masks do.
     """
     rows = start_m + offs_m
     if MASKED:
         r_valid = rows < lq
-        qT = tl.load(q_base + rows[None, :] * stride_qt + offs_d[:, None], mask=r_valid[None, :], other=0.0)
         lse2 = tl.load(lse_base + rows * H, mask=r_valid, other=float("inf"))
-        do = tl.load(do_base + rows[:, None] * stride_dot + offs_d[None, :], mask=r_valid[:, None], other=0.0)
         delta = tl.load(delta_base + rows * H, mask=r_valid, other=0.0)
     else:
-        qT = tl.load(q_base + rows[None, :] * stride_qt + offs_d[:, None])
         lse2 = tl.load(lse_base + rows * H)
-        do = tl.load(do_base + rows[:, None] * stride_dot + offs_d[None, :])
         delta = tl.load(delta_base + rows * H)
+    if TMA_LOADS:
+        row0 = (q_start + start_m).to(tl.int32)
+        q = q_desc.load([row0, col0])
+        do = do_desc.load([row0, col0])
+        if MASKED:
+            q = tl.where(r_valid[:, None], q, tl.zeros_like(q))
+            do = tl.where(r_valid[:, None], do, tl.zeros_like(do))
+        qT = tl.trans(q)
+    elif MASKED:
+        qT = tl.load(q_base + rows[None, :] * stride_qt + offs_d[:, None], mask=r_valid[None, :], other=0.0)
+        do = tl.load(do_base + rows[:, None] * stride_dot + offs_d[None, :], mask=r_valid[:, None], other=0.0)
+    else:
+        qT = tl.load(q_base + rows[None, :] * stride_qt + offs_d[:, None])
+        do = tl.load(do_base + rows[:, None] * stride_dot + offs_d[None, :])
     kq = _mma(k, qT, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT_PREC, UPCAST) * scale_log2
     pT = tl.exp2(kq - lse2[None, :])
     if MASKED:
@@ -421,17 +456,23 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sta
     dk = _mma(dsT, tl.trans(qT), dk, DOT_PREC, UPCAST)
     if DQ_ATOMIC:
         dq = _mma(tl.trans(dsT), k, tl.zeros([BLOCK_M, D], dtype=tl.float32), DOT_PREC, UPCAST) * scale
-        dq_ptrs = dq_base + rows[:, None] * stride_dqt + offs_d[None, :]
-        if MASKED:  # rows past lq belong to the next sample (or past the end): never touch them
-            tl.atomic_add(dq_ptrs, dq, mask=(rows < lq)[:, None], sem="relaxed")
+        if DQ_TMA:
+            if MASKED:  # rows past lq (the next sample's): exactly 0 already, kept so explicitly
+                dq = tl.where(r_valid[:, None], dq, 0.0)
+            dq_desc.atomic_add([(q_start + start_m).to(tl.int32), col0], dq)
         else:
-            tl.atomic_add(dq_ptrs, dq, sem="relaxed")
+            dq_ptrs = dq_base + rows[:, None] * stride_dqt + offs_d[None, :]
+            if MASKED:  # rows past lq belong to the next sample (or past the end): never touch them
+                tl.atomic_add(dq_ptrs, dq, mask=r_valid[:, None], sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
 def _jfa_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DQ, QO, KO,
+    Q_DESC, DO_DESC, DQ_DESC,  # tensor descriptors when TMA_LOADS / DQ_TMA (else unused plain tensors)
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
     CUM, ORDER, B, H, scale, scale_log2, WINDOW,
@@ -439,6 +480,8 @@ def _jfa_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
     TILE_LIST: tl.constexpr, LOG2B: tl.constexpr,
     DQ_ATOMIC: tl.constexpr,  # one-pass backward: also add dQ into the fp32 workspace DQ (else unused)
+    DQ_TMA: tl.constexpr,  # one-pass: add dQ by TMA bulk reduce through DQ_DESC (host: `_tma_modes`)
+    TMA_LOADS: tl.constexpr,  # q and dO tiles through Q_DESC / DO_DESC (host: `_tma_modes`)
 ):
     b, h, n_start, ok = _schedule(KO, CUM, ORDER, H, B, BLOCK_N, TILE_LIST, LOG2B)
     if not ok:
@@ -486,6 +529,7 @@ def _jfa_bwd_dkdv_kernel(
     lse_base = LSE + q_start * H + h
     delta_base = DELTA + q_start * H + h
     dq_base = DQ + q_start * stride_dqt + h * stride_dqh
+    col0 = h * D  # this head's first column in the descriptors' 2-D [T, H·D] views
     # One-pass: the kv-block programs of a (sample, head) run at once; walking the q blocks in
     # the same order they would add into the same dQ rows at the same time (atomic contention).
     # So each starts its full blocks at `rot`, spread evenly over [f_lo, f_hi) by kv-block
@@ -500,21 +544,24 @@ def _jfa_bwd_dkdv_kernel(
     for start_m in range(lo, f_lo, BLOCK_M):
         dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, start_m, offs_m,
                             offs_n, offs_d, stride_qt, stride_dot, stride_dqt, H, shift, lq, lk, scale, scale_log2,
-                            WINDOW, CAUSAL, HAS_WINDOW, True, BLOCK_M, BLOCK_N, D, DOT_PREC, UPCAST, DQ_ATOMIC)
+                            WINDOW, Q_DESC, DO_DESC, DQ_DESC, q_start, col0, CAUSAL, HAS_WINDOW, True, BLOCK_M,
+                            BLOCK_N, D, DOT_PREC, UPCAST, DQ_ATOMIC, DQ_TMA, TMA_LOADS)
     for start_m in range(rot, f_hi, BLOCK_M):
         dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, start_m, offs_m,
                             offs_n, offs_d, stride_qt, stride_dot, stride_dqt, H, shift, lq, lk, scale, scale_log2,
-                            WINDOW, CAUSAL, HAS_WINDOW, False, BLOCK_M, BLOCK_N, D, DOT_PREC, UPCAST, DQ_ATOMIC)
+                            WINDOW, Q_DESC, DO_DESC, DQ_DESC, q_start, col0, CAUSAL, HAS_WINDOW, False, BLOCK_M,
+                            BLOCK_N, D, DOT_PREC, UPCAST, DQ_ATOMIC, DQ_TMA, TMA_LOADS)
     for start_m in range(f_hi, hi, BLOCK_M):
         dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, start_m, offs_m,
                             offs_n, offs_d, stride_qt, stride_dot, stride_dqt, H, shift, lq, lk, scale, scale_log2,
-                            WINDOW, CAUSAL, HAS_WINDOW, True, BLOCK_M, BLOCK_N, D, DOT_PREC, UPCAST, DQ_ATOMIC)
+                            WINDOW, Q_DESC, DO_DESC, DQ_DESC, q_start, col0, CAUSAL, HAS_WINDOW, True, BLOCK_M,
+                            BLOCK_N, D, DOT_PREC, UPCAST, DQ_ATOMIC, DQ_TMA, TMA_LOADS)
     if DQ_ATOMIC:
         for start_m in range(f_lo, rot, BLOCK_M):
             dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, start_m, offs_m,
                                 offs_n, offs_d, stride_qt, stride_dot, stride_dqt, H, shift, lq, lk, scale,
-                                scale_log2, WINDOW, CAUSAL, HAS_WINDOW, False, BLOCK_M, BLOCK_N, D, DOT_PREC, UPCAST,
-                                DQ_ATOMIC)
+                                scale_log2, WINDOW, Q_DESC, DO_DESC, DQ_DESC, q_start, col0, CAUSAL, HAS_WINDOW,
+                                False, BLOCK_M, BLOCK_N, D, DOT_PREC, UPCAST, DQ_ATOMIC, DQ_TMA, TMA_LOADS)
 
     dk = dk * scale
     tl.store(DK + (kv_start + offs_n)[:, None] * stride_dkt + h * stride_dkh + offs_d[None, :],
@@ -619,6 +666,44 @@ def _jfa_bwd_delta_kernel(O, DO, DELTA, DQ, n_rows, H, stride_ot, stride_oh, str
     if ZERO_DQ:
         tl.store(DQ + rows[:, None] * D + offs_d[None, :], tl.zeros([BLOCK, D], dtype=tl.float32),
                  mask=valid[:, None])
+
+
+def _tma_view_ok(t: torch.Tensor) -> bool:
+    """Whether `t` `[T, H, D]` seen as the 2-D `[T, H·D]` (strides `[t.stride(0), 1]`) meets
+    TMA's rules: heads adjacent (`stride(1) == D`, or H = 1), last stride 1, rows not
+    overlapping, row stride, head width and base 16-byte aligned. A strided view of a fused
+    projection (q = qkv[:, 0] of `[T, 3, H, D]`) passes; a head-strided or odd-offset one not."""
+    tq, h, d = t.shape
+    e = t.element_size()
+    return (tq > 0 and h > 0 and d > 0 and t.stride(2) == 1 and (h == 1 or t.stride(1) == d)
+            and t.stride(0) >= h * d and (t.stride(0) * e) % 16 == 0 and (d * e) % 16 == 0
+            and t.data_ptr() % 16 == 0)
+
+
+def _tma_modes(
+    cfg: JfaConfig, q: torch.Tensor, dout: torch.Tensor, dq_acc: torch.Tensor
+) -> tuple[bool, bool]:
+    """(DQ_TMA, TMA_LOADS) of the dK/dV kernel: what `cfg.tma` / `cfg.tma_loads` become here.
+
+    The dQ bulk reduce needs a compiled kernel on CUDA compute capability >= 9 (TMA); under
+    TRITON_INTERPRET=1 (no descriptor reduce in the interpreter), on older GPUs, or if the fp32
+    workspace is not contiguous, it is False: the same dQ through `tl.atomic_add`. Descriptor
+    loads also run in the interpreter (it emulates them), so CPU tests cover that path; they
+    need q and dO to pass `_tma_view_ok`, else pointer loads. Two-pass: (False, False).
+    """
+    if not cfg.one_pass or not (cfg.tma or cfg.tma_loads):
+        return False, False
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    hopper = q.device.type == "cuda" and not interpret and torch.cuda.get_device_capability(q.device)[0] >= 9
+    reduce = cfg.tma and hopper and dq_acc.dtype == torch.float32 and dq_acc.is_contiguous() and _tma_view_ok(dq_acc)
+    loads = cfg.tma_loads and (hopper or interpret) and _tma_view_ok(q) and _tma_view_ok(dout)
+    return reduce, loads
+
+
+def _desc_2d(t: torch.Tensor, block_m: int) -> TensorDescriptor:
+    """A host TMA descriptor over `t` `[T, H, D]` as 2-D `[T, H·D]`, block `[block_m, D]`."""
+    tq, h, d = t.shape
+    return TensorDescriptor(t, [tq, h * d], [t.stride(0), 1], [block_m, d])
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -738,6 +823,9 @@ def jfa_backward(
     dK/dV kernel alone, adding each tile's dS K into the workspace with atomics (5 matmuls),
     then a cast of the workspace to q's dtype (none for fp32). The atomic sums make dQ's
     last bits depend on the order of arrival (not bitwise reproducible run to run).
+    One-pass with `JfaConfig.tma` / `tma_loads` (see `_tma_modes`): dQ added by TMA bulk
+    reduces and / or q, dO loaded through tensor descriptors on Hopper; under
+    TRITON_INTERPRET=1 `tma` falls back to the `tl.atomic_add` path (same math).
     """
     dout, q, k, v = (_last_dim_contiguous(t) for t in (dout, q, k, v))
     tq, h, d = q.shape
@@ -762,14 +850,18 @@ def jfa_backward(
     )
     win = window if window is not None else 0
     grid_kv, sched_kv = _schedule_args(kv_offsets, q_offsets, k.shape[0], max_kv_len, cfg.dkdv.block_n, h, cfg.tile_list)
+    dq_tma, tma_loads = _tma_modes(cfg, q, dout, dq_acc)
+    bm = cfg.dkdv.block_m
     _jfa_bwd_dkdv_kernel[grid_kv](
         q, k, v, dout, lse, delta, dk, dv, dq_acc, q_offsets, kv_offsets,
+        _desc_2d(q, bm) if tma_loads else q, _desc_2d(dout, bm) if tma_loads else dout,
+        _desc_2d(dq_acc, bm) if dq_tma else dq_acc,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         dq_acc.stride(0), dq_acc.stride(1),
         sched_kv["CUM"], sched_kv["ORDER"], sched_kv["B"], h, scale, scale * _LOG2E, win,
         TILE_LIST=sched_kv["TILE_LIST"], LOG2B=sched_kv["LOG2B"],
-        BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n, DQ_ATOMIC=cfg.one_pass,
+        BLOCK_M=bm, BLOCK_N=cfg.dkdv.block_n, DQ_ATOMIC=cfg.one_pass, DQ_TMA=dq_tma, TMA_LOADS=tma_loads,
         num_warps=cfg.dkdv.num_warps, num_stages=cfg.dkdv.num_stages, **common,
     )
     if cfg.one_pass:

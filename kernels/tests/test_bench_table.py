@@ -19,12 +19,28 @@ def test_bwd_compare_runs_every_path_and_agrees() -> None:
                              device="cpu")
     paths = {(r["case"], r["path"]) for r in rows}
     for case in ("tiny", "tiny causal"):
-        assert {(case, "two-pass"), (case, "one-pass")} <= paths
+        assert {(case, "two-pass"), (case, "one-pass"), (case, "one-pass tma"), (case, "one-pass tma+loads")} <= paths
         assert sum(1 for r in rows if r["case"] == case and r["path"] == "one-pass sweep") >= len(table.BWD_SWEEP) - 1
     for r in rows:
         err = r["err"]
         assert isinstance(err, float) and err < 2e-2, r  # bf16 gradients vs fp32 / two-pass
+    # the interpreter has no TMA reduce: `tma` runs the atomic path there, the loads run
+    assert {r["tma"] for r in rows if r["path"] == "one-pass tma"} == {"-"}
+    assert {r["tma"] for r in rows if r["path"] == "one-pass tma+loads"} == {"loads"}
     table.print_bwd_compare(rows)
+
+
+def test_bwd_compare_case_filter_and_no_sweep() -> None:
+    cases = [("tiny", [17, 3], 1, False), ("tiny causal", [9, 33], 1, True), ("other", [5], 1, False)]
+    assert [c[0] for c in table.select_cases(cases, ["tiny c", "oth"])] == ["tiny causal", "other"]
+    assert table.select_cases(cases, None) == cases
+    with pytest.raises(ValueError, match="matches none of"):
+        table.select_cases(cases, ["trainer"])
+    assert [c[0] for c in table.select_cases(table.bwd_cases(), ["trainer", "long"])] == [
+        "trainer H=8 full", "long H=8 full"]
+    rows = table.bwd_compare(1, cases=cases, device="cpu", case_prefixes=["tiny c"], sweep=False)
+    assert [(r["case"], r["path"]) for r in rows] == [
+        ("tiny causal", p) for p in ("two-pass", "one-pass", "one-pass tma", "one-pass tma+loads")]
 
 
 def test_trainer_lengths_follow_the_trainer_batches() -> None:

@@ -43,6 +43,7 @@ EDGE = [65, 0, 1, 31, 32, 33, 63, 64, 129, 17]
 def bounds_checked(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Makes Triton's interpreter raise on any access outside the launch's tensor arguments."""
     import triton.runtime.interpreter as interp
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
     ranges: list[tuple[int, int]] = []
     accesses: list[str] = []
@@ -53,6 +54,8 @@ def bounds_checked(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         args, kw = init(self, args_dev, kwargs)
         ranges.clear()
         for x in [*args, *kw.values()]:
+            if isinstance(x, TensorDescriptor):  # its loads are checked against its base tensor
+                x = x.base
             if isinstance(x, torch.Tensor):
                 s = x.untyped_storage()
                 ranges.append((s.data_ptr(), s.data_ptr() + s.nbytes()))
@@ -70,9 +73,9 @@ def bounds_checked(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
     load, store, rmw = builder.create_masked_load, builder.create_masked_store, builder.create_atomic_rmw
 
-    def checked_load(ptrs: Any, mask: Any, *a: Any) -> Any:
+    def checked_load(ptrs: Any, mask: Any, *a: Any, **kw: Any) -> Any:  # kw: descriptor loads' cache args
         check(ptrs, mask, "load")
-        return load(ptrs, mask, *a)
+        return load(ptrs, mask, *a, **kw)
 
     def checked_store(ptrs: Any, value: Any, mask: Any, *a: Any) -> Any:
         check(ptrs, mask, "store")
@@ -166,6 +169,23 @@ def test_jfa_one_pass_atomics_in_bounds(bounds_checked: list[str], variant: str)
                                      **VARIANTS[variant])  # type: ignore[arg-type]
         torch.autograd.grad(out.sum(), (q, k, v))
     assert "atomic" in bounds_checked
+
+
+@pytest.mark.skipif(not INTERPRET, reason="bounds check runs in Triton's interpreter (TRITON_INTERPRET=1)")
+def test_jfa_one_pass_tma_loads_in_bounds(bounds_checked: list[str]) -> None:
+    # `JfaConfig.tma_loads`: q and dO tiles through tensor descriptors over [T, H*D] (the
+    # interpreter emulates them; `tma`'s bulk reduce falls back to atomics there). The last
+    # sample's masked q tile reaches past T: the descriptor must clip it to the base tensor.
+    from gem_kernels._triton_jfa import JfaConfig, JfaTiles, force_config
+
+    t = JfaTiles(block_m=16, block_n=32)
+    lq = [17, 0, 1, 16, 33]
+    qo = _offsets(lq)
+    q, k, v = (torch.randn(sum(lq), 2, 16, requires_grad=True) for _ in range(3))
+    with force_config(JfaConfig(fwd=t, dkdv=t, dq=t, one_pass=True, tma=True, tma_loads=True)):
+        out = jagged_flash_attention(q, k, v, qo, qo, max(lq), max(lq), backend="triton", causal=True)
+        torch.autograd.grad(out.sum(), (q, k, v))
+    assert "atomic" in bounds_checked and "load" in bounds_checked
 
 
 @pytest.mark.skipif(not CUDA, reason="GPU-size test")

@@ -7,11 +7,18 @@ walks its q blocks from a rotated start); everything else is the same arithmetic
 Triton's interpreter with 16×16 tiles on lengths that hit the tile edges (0, 1, 15, 16, 17,
 33), fresh random inputs per test. GPU (skipped without CUDA): 64 log-normal lengths up to
 4,096, H=8, D=128, bf16, with the heuristic tiles.
+
+Hopper TMA (`JfaConfig.tma`: dQ by TMA bulk reduce; `tma_loads`: q/dO through tensor
+descriptors): the interpreter has no descriptor reduce, so there `tma` runs the atomic path
+(checked: the host picks DQ_TMA=False) while `tma_loads` runs the descriptor loads (the
+interpreter emulates them); the SM90 GPU test runs both for real and finds the bulk reduce in
+the compiled kernel's PTX.
 """
 
 import contextlib
 import dataclasses
 import os
+import re
 from typing import Any
 
 import pytest
@@ -32,6 +39,9 @@ DEVICE = "cuda" if CUDA else "cpu"
 _T16 = JfaTiles(block_m=16, block_n=16)
 TWO = JfaConfig(fwd=_T16, dkdv=_T16, dq=_T16)
 ONE = dataclasses.replace(TWO, one_pass=True)
+TMA = dataclasses.replace(ONE, tma=True)
+TMA_LOADS = dataclasses.replace(ONE, tma=True, tma_loads=True)
+HOPPER = CUDA and not INTERPRET and torch.cuda.get_device_capability()[0] >= 9
 # Max gradient error relative to max(1, max |want|): vs the fp32 reference, and one-pass vs
 # two-pass (both Triton: only dQ's summation order differs, plus the final rounding to dtype).
 TOL = {
@@ -233,6 +243,85 @@ def test_env_switches_the_heuristic_path(monkeypatch: pytest.MonkeyPatch) -> Non
         torch.testing.assert_close(a, b, atol=5e-5, rtol=1e-4)
 
 
+class _Spy:
+    """Stands in for `_jfa_bwd_dkdv_kernel`: launches it and records (kwargs, compiled kernel)."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        self.launches: list[tuple[dict[str, Any], Any]] = []
+
+    def __getitem__(self, grid: object) -> Any:
+        launch = self.kernel[grid]
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            compiled = launch(*args, **kwargs)
+            self.launches.append((kwargs, compiled))
+            return compiled
+        return run
+
+
+@needs_triton
+@pytest.mark.parametrize("name,variant", [("tma", "full"), ("tma", "causal"), ("tma+loads", "full"),
+                                          ("tma+loads", "causal"), ("tma+loads", "causal_window")])
+def test_tma_configs_match_reference_and_two_pass(name: str, variant: str) -> None:
+    # Cross offsets with empty q and kv samples; lengths off the 16-row tile edges, so masked
+    # q tiles read rows of the next sample through the descriptors (zeroed in the kernel).
+    _compare(EDGE_Q, EDGE_K, one=TMA if name == "tma" else TMA_LOADS, seed=20, **VARIANTS[variant])
+
+
+@needs_triton
+def test_tma_loads_bf16_rotated_wide_tiles() -> None:
+    one = dataclasses.replace(TMA_LOADS, dkdv=JfaTiles(block_m=16, block_n=32))
+    _compare([50, 0, 33, 64], [50, 0, 33, 64], dtype=torch.bfloat16, d=32, one=one, seed=21, causal=True)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the interpreter's fallback (TRITON_INTERPRET=1)")
+def test_tma_host_choice_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    spy = _Spy(_triton_jfa._jfa_bwd_dkdv_kernel)
+    monkeypatch.setattr(_triton_jfa, "_jfa_bwd_dkdv_kernel", spy)
+    lq = [9, 0, 20]
+    qo = _offsets(lq)
+    q, k, v, dout = (torch.randn(sum(lq), 2, 16, device=DEVICE) for _ in range(4))
+    for cfg in (TMA, TMA_LOADS, dataclasses.replace(TWO, tma=True, tma_loads=True)):
+        _grads(cfg, q, k, v, dout, qo, qo, causal=True)
+    # No descriptor reduce in the interpreter: `tma` runs the atomic path; loads go through
+    # descriptors; the two-pass backward ignores both flags.
+    got = [(kw["DQ_ATOMIC"], kw["DQ_TMA"], kw["TMA_LOADS"]) for kw, _ in spy.launches]
+    assert got == [(True, False, False), (True, False, True), (False, False, False)]
+    # TMA's rules for the 2-D [T, H*D] views: a fused projection's q passes; a view whose
+    # heads are not adjacent, or whose base or row stride is not 16-byte aligned, does not.
+    qkv = torch.randn(8, 3, 2, 16)
+    assert _triton_jfa._tma_modes(TMA_LOADS, qkv[:, 0], qkv[:, 1], q) == (False, True)
+    odd_base = torch.randn(8 * 2 * 16 + 1)[1:].view(8, 2, 16)  # contiguous, base 4 bytes off
+    odd_rows = torch.randn(8, 33)[:, :32].view(8, 2, 16)  # row stride 33 floats = 132 bytes
+    heads_apart = torch.randn(8, 2, 32)[:, :, :16]  # stride(1) = 32 != D
+    last_strided = torch.randn(8, 16, 2).transpose(1, 2)  # stride(2) = 2
+    for bad in (odd_base, odd_rows, heads_apart, last_strided):
+        assert _triton_jfa._tma_modes(TMA_LOADS, bad, qkv[:, 1], q) == (False, False)
+    assert not _triton_jfa._tma_view_ok(torch.randn(8, 2, 2))  # a row of a head is 8 bytes < 16
+
+
+@needs_triton
+def test_tma_loads_strided_and_fallback_views() -> None:
+    # q, k, v as views of one fused [T, 3, H, D] projection: q's descriptor has row stride 3·H·D;
+    # and a q whose base is not 16-byte aligned takes the pointer loads: all equal the dense run.
+    lq = [17, 0, 33, 16]
+    qo = _offsets(lq)
+    g = torch.Generator(device=DEVICE).manual_seed(22)
+    qkv = torch.randn(sum(lq), 3, 2, 16, generator=g, device=DEVICE)
+    dout = torch.randn(sum(lq), 2, 16, generator=g, device=DEVICE)
+    q, k, v = qkv.unbind(1)
+    odd = torch.empty(sum(lq) * 2 * 16 + 1, device=DEVICE)[1:].view(sum(lq), 2, 16)  # base 4 bytes off
+    odd.copy_(q)
+    assert _triton_jfa._tma_modes(TMA_LOADS, q, dout, dout)[1] == (INTERPRET or HOPPER)
+    assert not _triton_jfa._tma_modes(TMA_LOADS, odd, dout, dout)[1]
+    dense = _grads(ONE, q.contiguous(), k.contiguous(), v.contiguous(), dout, qo, qo, causal=True)
+    for qv in (q, odd):
+        got = _grads(TMA_LOADS, qv, k, v, dout, qo, qo, causal=True)
+        for a, b in zip(got, dense):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
 def _trainer_like_lengths(n: int = 64, cap: int = 4096) -> list[int]:
     g = torch.Generator().manual_seed(62)
     x = torch.exp(torch.randn(n, generator=g, dtype=torch.float64) + 6.5)  # LogNormal(6.5, 1.0)
@@ -265,3 +354,46 @@ def test_gpu_real_size_one_pass(variant: str) -> None:
     ref8 = _grads(None, q8.float(), k8.float(), v8.float(), do8.float(), sub, sub, backend="reference", **vis)
     for name, a, r in zip(("out", "dq", "dk", "dv"), got8, ref8):
         assert _rel(a, r) <= 2e-2, f"{name}: one-pass vs fp32 reference {_rel(a, r):.3g}"
+
+
+@pytest.mark.skipif(not HOPPER, reason="needs an SM90 (Hopper) GPU")
+@pytest.mark.parametrize("loads", [False, True])
+@pytest.mark.parametrize("variant", ["full", "causal"])
+def test_gpu_tma_one_pass(variant: str, loads: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `test_gpu_real_size_one_pass`'s shapes with the heuristic one-pass tiles plus `tma`
+    # (and `tma_loads`), q/k/v as views of one fused projection (q's descriptor has row stride
+    # 3·H·D), vs the two-pass path; the bulk reduce (and bulk tensor loads) must be in the PTX.
+    lengths = _trainer_like_lengths()
+    vis = VARIANTS[variant]
+    h, d, mx = 8, 128, max(lengths)
+    one = dataclasses.replace(_triton_jfa._heuristic_config(mx, mx, d, torch.bfloat16, True), tma=True,
+                              tma_loads=loads)
+    two = _triton_jfa._heuristic_config(mx, mx, d, torch.bfloat16, False)
+    g = torch.Generator(device=DEVICE).manual_seed(9)
+    off = _offsets(lengths)
+    qkv = torch.randn(sum(lengths), 3, h, d, generator=g, device=DEVICE).to(torch.bfloat16)
+    q, k, v = qkv.unbind(1)
+    dout = torch.randn(sum(lengths), h, d, generator=g, device=DEVICE).to(torch.bfloat16)
+    spy = _Spy(_triton_jfa._jfa_bwd_dkdv_kernel)
+    monkeypatch.setattr(_triton_jfa, "_jfa_bwd_dkdv_kernel", spy)
+    got = _grads(one, q, k, v, dout, off, off, **vis)
+    torch.cuda.synchronize()
+    kw, compiled = spy.launches[-1]
+    assert kw["DQ_TMA"] and kw["TMA_LOADS"] == loads
+    ptx = compiled.asm["ptx"]
+    assert "cp.reduce.async.bulk.tensor" in ptx
+    assert not re.search(r"\b(red|atom)\.global", ptx)  # no element-wise dQ atomics left ("shared.global" is no atomic)
+    if loads:
+        assert "cp.async.bulk.tensor" in ptx
+    base = _grads(two, q, k, v, dout, off, off, **vis)
+    torch.cuda.synchronize()
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, base):
+        assert torch.isfinite(a).all(), name
+        assert _rel(a, b) <= 1e-2, f"{name}: one-pass tma vs two-pass {_rel(a, b):.3g}"
+    n = int(off[8])
+    sub = _offsets(lengths[:8])
+    q8, k8, v8, do8 = (x[:n] for x in (q, k, v, dout))
+    got8 = _grads(one, q8, k8, v8, do8, sub, sub, **vis)
+    ref8 = _grads(None, q8.float(), k8.float(), v8.float(), do8.float(), sub, sub, backend="reference", **vis)
+    for name, a, r in zip(("out", "dq", "dk", "dv"), got8, ref8):
+        assert _rel(a, r) <= 2e-2, f"{name}: one-pass tma vs fp32 reference {_rel(a, r):.3g}"

@@ -2,6 +2,7 @@
 
     cd kernels && PYTHONPATH=. python3 -m gem_kernels.bench.table [--out DIR] [--iters N]
     cd kernels && PYTHONPATH=. python3 -m gem_kernels.bench.table --bwd-compare   # JFA backward A/B only
+    ... --bwd-compare --bwd-cases trainer,long --no-bwd-sweep   # some cases, no one-pass tile sweep
 
 Why a third bench: `attention` and `gdpa` sweep many shapes and tiles; this one prints only
 the issue's rows on the issue's batch (`torch.manual_seed(62)`; 64 lengths
@@ -30,7 +31,8 @@ import torch.nn.functional as F
 
 from gem_kernels import block_attention, generalized_dot_product_attention, jagged_flash_attention, pad_jagged
 from gem_kernels._gdpa import GdpaTiles, force_tiles, gdpa_tiles
-from gem_kernels._triton_jfa import JfaTiles, _heuristic_config, force_config, jfa_backward, jfa_forward
+from gem_kernels._triton_jfa import (JfaConfig, JfaTiles, _heuristic_config, _tma_modes, force_config, jfa_backward,
+                                    jfa_forward)
 from gem_kernels.bench._common import (attention_flops, bench_ms, emit_json, env_info, offsets_from_lengths,
                                        print_table, visible_pairs)
 
@@ -340,17 +342,45 @@ def _tiles(t: JfaTiles) -> str:
     return f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}"
 
 
-def bwd_compare(iters: int, cases: list[tuple[str, list[int], int, bool]] | None = None,
-                device: str = "cuda") -> list[dict[str, object]]:
+BwdCase = tuple[str, list[int], int, bool]  # name, lengths, heads, causal
+
+
+def bwd_cases() -> list[BwdCase]:
+    """`bwd_compare`'s default cases: the issue batch (H=4) full and causal; the trainer's
+    batches (H=8, 262k tokens of mean-1,000 sequences) full; a long mix (H=8, 256k tokens,
+    mean ~4,000) full."""
+    return [("issue H=4 full", issue_lengths(), 4, False), ("issue H=4 causal", issue_lengths(), 4, True),
+            ("trainer H=8 full", trainer_lengths(), 8, False), ("long H=8 full", long_lengths(), 8, False)]
+
+
+def select_cases(cases: list[BwdCase], prefixes: list[str] | None) -> list[BwdCase]:
+    """The cases whose name starts with one of `prefixes` (None: all), in their own order."""
+    if prefixes is None:
+        return cases
+    picked = [c for c in cases if any(c[0].startswith(p) for p in prefixes)]
+    if not picked:
+        raise ValueError(f"--bwd-cases {','.join(prefixes)!r} matches none of {[c[0] for c in cases]}")
+    return picked
+
+
+def _tma_label(cfg: JfaConfig, b: Batch) -> str:
+    """What `cfg.tma` / `tma_loads` become on this device for this batch (see `_tma_modes`)."""
+    ws = torch.empty((1, b.heads, D), dtype=torch.float32, device=b.q.device)  # like the fresh dQ workspace
+    reduce, loads = _tma_modes(cfg, b.q, b.do, ws)
+    return "+".join(name for name, on in (("reduce", reduce), ("loads", loads)) if on) or "-"
+
+
+def bwd_compare(iters: int, cases: list[BwdCase] | None = None, device: str = "cuda", *,
+                case_prefixes: list[str] | None = None, sweep: bool = True) -> list[dict[str, object]]:
     """Issue #15/#16: the JFA backward, two-pass (dK/dV + dQ kernels) vs one-pass (dK/dV kernel
     adding dQ with atomics), backward-only and fwd+bwd, plus a one-pass tile sweep (backward
-    only). Cases (name, lengths, heads, causal): the issue batch (H=4) full and causal; the
-    trainer's batches (H=8, 262k tokens of mean-1,000 sequences) full; a long mix (H=8, 256k
-    tokens, mean ~4,000) full. err: vs the fp32 reference on the first 8 samples for the issue
-    batch's two main paths, else vs the two-pass gradients."""
-    if cases is None:
-        cases = [("issue H=4 full", issue_lengths(), 4, False), ("issue H=4 causal", issue_lengths(), 4, True),
-                 ("trainer H=8 full", trainer_lengths(), 8, False), ("long H=8 full", long_lengths(), 8, False)]
+    only; `sweep=False` skips it). The "one-pass tma" and "one-pass tma+loads" rows are the
+    one-pass heuristic tiles with `JfaConfig.tma` (dQ by TMA bulk reduce) and with `tma_loads`
+    too (q/dO through tensor descriptors); their `tma` column says what ran ("-": the plain
+    path, e.g. not an SM90+ GPU). Cases (name, lengths, heads, causal): `bwd_cases()`, or those
+    whose name starts with one of `case_prefixes`. err: vs the fp32 reference on the first 8
+    samples for the issue batch's main paths, else vs the two-pass gradients."""
+    cases = select_cases(bwd_cases() if cases is None else cases, case_prefixes)
     rows: list[dict[str, object]] = []
     for name, lengths, heads, causal in cases:
         b = Batch(lengths, device, heads)
@@ -368,8 +398,10 @@ def bwd_compare(iters: int, cases: list[tuple[str, list[int], int, bool]] | None
         one = _heuristic_config(b.max, b.max, D, DT, True)
         with force_config(two):
             base = bwd()
-        configs = [("two-pass", two), ("one-pass", one)]
-        configs += [("one-pass sweep", dataclasses.replace(one, dkdv=t)) for t in BWD_SWEEP if t != one.dkdv]
+        configs = [("two-pass", two), ("one-pass", one), ("one-pass tma", dataclasses.replace(one, tma=True)),
+                   ("one-pass tma+loads", dataclasses.replace(one, tma=True, tma_loads=True))]
+        if sweep:
+            configs += [("one-pass sweep", dataclasses.replace(one, dkdv=t)) for t in BWD_SWEEP if t != one.dkdv]
         two_ms = math.nan
         for path, cfg in configs:
             tiles = _tiles(cfg.dkdv) if cfg.one_pass else f"dkdv {_tiles(cfg.dkdv)}; dq {_tiles(cfg.dq)}"
@@ -389,7 +421,7 @@ def bwd_compare(iters: int, cases: list[tuple[str, list[int], int, bool]] | None
                     raise
                 err = f"{type(e).__name__}: {str(e)[:60]}"
             two_ms = ms if path == "two-pass" and ms is not None else two_ms
-            rows.append({"case": name, "path": path, "tiles": tiles, "bwd_ms": ms,
+            rows.append({"case": name, "path": path, "tiles": tiles, "tma": _tma_label(cfg, b), "bwd_ms": ms,
                          "bwd_tflops": _tf(f_all - f_fwd, ms), "bwd_x": None if ms is None else two_ms / ms,
                          "fb_ms": fb_ms, "fb_tflops": _tf(f_all, fb_ms), "err": err})
             print(rows[-1], flush=True)
@@ -403,9 +435,10 @@ def print_bwd_compare(rows: list[dict[str, object]]) -> None:
     """The compact two-pass vs one-pass table, then the fastest one-pass tiles per case."""
     print("\nJFA backward, two-pass vs one-pass (useful TFLOP/s, backward = 2.5x forward FLOPs; bwd_x = "
           "two-pass bwd ms / this bwd ms; err = max rel. error of out/dq/dk/dv vs the fp32 reference on 8 "
-          "samples for the issue batch's two main rows, else of dq/dk/dv vs two-pass):")
-    print_table(rows, ["case", "path", "tiles", "bwd_ms", "bwd_tflops", "bwd_x", "fb_ms", "fb_tflops", "err"])
-    print("\nfastest one-pass tiles per case (backward only):")
+          "samples for the issue batch's main rows (not the sweep), else of dq/dk/dv vs two-pass; tma = what "
+          "the TMA rows ran: reduce / loads, '-' = the plain path):")
+    print_table(rows, ["case", "path", "tiles", "tma", "bwd_ms", "bwd_tflops", "bwd_x", "fb_ms", "fb_tflops", "err"])
+    print("\nfastest one-pass config per case (backward only):")
     for case in dict.fromkeys(str(r["case"]) for r in rows):
         ones = [r for r in rows if r["case"] == case and str(r["path"]).startswith("one-pass")
                 and isinstance(r["bwd_ms"], float)]
@@ -413,7 +446,8 @@ def print_bwd_compare(rows: list[dict[str, object]]) -> None:
             print(f"  {case}: no one-pass config ran")
             continue
         best = min(ones, key=lambda r: _num(r["bwd_ms"]))
-        print(f"  {case}: {best['tiles']}  {_num(best['bwd_ms']):.3f} ms  {_num(best['bwd_x']):.2f}x two-pass  "
+        print(f"  {case}: {best['path']} {best['tiles']}  {_num(best['bwd_ms']):.3f} ms  "
+              f"{_num(best['bwd_x']):.2f}x two-pass  "
               f"err {_num(best['err']):.2g}")
 
 
@@ -434,16 +468,23 @@ def main() -> None:
     p.add_argument("--no-sweep", action="store_true")
     p.add_argument("--narrow-bwd", action="store_true", help="only GDPA fwd+bwd, default vs narrow backward tiles")
     p.add_argument("--bwd-compare", action="store_true",
-                   help="only the JFA backward: two-pass vs one-pass (+ one-pass tile sweep), < 1 min")
+                   help="only the JFA backward: two-pass vs one-pass (+ TMA variants, one-pass tile sweep)")
+    p.add_argument("--bwd-cases", default=None,
+                   help="with --bwd-compare: comma list of case-name prefixes (e.g. trainer,long); default all")
+    p.add_argument("--no-bwd-sweep", action="store_true",
+                   help="with --bwd-compare: skip the one-pass tile sweep (BWD_SWEEP) rows")
     p.add_argument("--out", default=os.environ.get("OUT"), help="directory for table.json (default $OUT)")
     args = p.parse_args()
+    if (args.bwd_cases is not None or args.no_bwd_sweep) and not args.bwd_compare:
+        p.error("--bwd-cases and --no-bwd-sweep go with --bwd-compare")
+    prefixes = None if args.bwd_cases is None else [c.strip() for c in args.bwd_cases.split(",") if c.strip()]
     if not torch.cuda.is_available():
         print("table bench needs CUDA (the CPU toy runs are `bench.attention --quick` / `bench.gdpa --quick`)")
         skipped: dict[str, object] = {"bench": "table", "skipped": "no CUDA", **env_info()}
         emit_json(skipped)
         return
     if args.bwd_compare:
-        rows_b = bwd_compare(max(3, args.iters // 2 + 1))
+        rows_b = bwd_compare(max(3, args.iters // 2 + 1), case_prefixes=prefixes, sweep=not args.no_bwd_sweep)
         print_bwd_compare(rows_b)
         bc: dict[str, object] = {"bench": "table_bwd_compare", **env_info(), "rows": rows_b}
         _save(args.out, bc)
