@@ -8,6 +8,8 @@ differentiated by torch autograd.
 """
 
 import math
+import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -76,11 +78,30 @@ def jagged_flash_attention(
         out, _ = torch.ops.gem_kernels.jfa_fwd(*args)
         return out  # type: ignore[no-any-return]
     # Eager: the same kernels without the custom-op dispatch (tens of µs per call).
-    from gem_kernels._triton_jfa import jfa_forward
-
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _JfaFunction.apply(*args)  # type: ignore[no-untyped-call,no-any-return]
-    return jfa_forward(*args)[0]
+    return _forward_impl()(*args)[0]
+
+
+FWD_ENV = "GEM_JFA_FWD"
+_FWD_CHOICES = ("pointer", "tma")
+
+
+def _forward_impl() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The Triton forward: `_triton_jfa.jfa_forward` (pointer loads; the default) or, with
+    `GEM_JFA_FWD=tma`, `_triton_jfa_tma.jfa_forward_tma` (Hopper TMA descriptors; same
+    contract, falls back to the pointer kernel where TMA cannot run). A per-process switch for
+    GPU A/B runs of the whole trainer; read at each call, so it is not traced into graphs."""
+    value = os.environ.get(FWD_ENV, "")
+    if value in ("", "pointer"):
+        from gem_kernels._triton_jfa import jfa_forward
+
+        return jfa_forward
+    if value != "tma":
+        raise ValueError(f"{FWD_ENV}={value!r} must be one of {list(_FWD_CHOICES)} (or unset)")
+    from gem_kernels._triton_jfa_tma import jfa_forward_tma
+
+    return jfa_forward_tma
 
 
 class _JfaFunction(torch.autograd.Function):
@@ -100,9 +121,7 @@ class _JfaFunction(torch.autograd.Function):
         window: int | None,
         scale: float,
     ) -> torch.Tensor:
-        from gem_kernels._triton_jfa import jfa_forward
-
-        out, lse = jfa_forward(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
+        out, lse = _forward_impl()(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
         ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
         ctx.meta = (max_q_len, max_kv_len, causal, window, scale)
         return out
@@ -132,9 +151,7 @@ def _jfa_fwd(
     window: int | None,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    from gem_kernels._triton_jfa import jfa_forward
-
-    out, lse = jfa_forward(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
+    out, lse = _forward_impl()(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
     # Contiguous whatever q's strides (the fake below promises it; a no-op in practice).
     return out.contiguous(), lse.contiguous()
 

@@ -132,12 +132,32 @@ def bwd_one_pass_from_env(max_kv_len: int | None = None) -> bool:
     return _BWD_CHOICES[value]
 
 
+TMA_ENV = "GEM_JFA_TMA"
+_TMA_CHOICES = {"off": (False, False), "reduce": (True, False), "loads": (True, True)}
+
+
+def bwd_tma_from_env() -> tuple[bool, bool]:
+    """`GEM_JFA_TMA=off|reduce|loads` -> the heuristic one-pass config's (`tma`, `tma_loads`):
+    a per-process switch for GPU A/B runs (unset or empty: off, the default until measured)."""
+    value = os.environ.get(TMA_ENV, "")
+    if value == "":
+        return _TMA_CHOICES["off"]
+    if value not in _TMA_CHOICES:
+        raise ValueError(f"{TMA_ENV}={value!r} must be one of {sorted(_TMA_CHOICES)} (or unset)")
+    return _TMA_CHOICES[value]
+
+
 def pick_config(max_q_len: int, max_kv_len: int, d: int, dtype: torch.dtype) -> JfaConfig:
     """The forced config (see `force_config`; its `one_pass` is used as is) or the heuristic one
-    (with the backward chosen by `GEM_JFA_BWD`, else by `bwd_one_pass_from_env`'s rule)."""
+    (with the backward chosen by `GEM_JFA_BWD`, else by `bwd_one_pass_from_env`'s rule, and the
+    one-pass TMA flags by `GEM_JFA_TMA`)."""
     if _FORCED:
         return _FORCED[-1]
-    return _heuristic_config(max_q_len, max_kv_len, d, dtype, bwd_one_pass_from_env(max_kv_len))
+    cfg = _heuristic_config(max_q_len, max_kv_len, d, dtype, bwd_one_pass_from_env(max_kv_len))
+    tma, loads = bwd_tma_from_env()
+    if cfg.one_pass and (tma or loads):
+        cfg = dataclasses.replace(cfg, tma=tma, tma_loads=loads)
+    return cfg
 
 
 @functools.lru_cache(maxsize=1024)

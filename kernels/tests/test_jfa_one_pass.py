@@ -397,3 +397,59 @@ def test_gpu_tma_one_pass(variant: str, loads: bool, monkeypatch: pytest.MonkeyP
     ref8 = _grads(None, q8.float(), k8.float(), v8.float(), do8.float(), sub, sub, backend="reference", **vis)
     for name, a, r in zip(("out", "dq", "dk", "dv"), got8, ref8):
         assert _rel(a, r) <= 2e-2, f"{name}: one-pass tma vs fp32 reference {_rel(a, r):.3g}"
+
+
+def test_tma_env_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`GEM_JFA_TMA` sets the heuristic one-pass config's TMA flags (never a two-pass one's), and
+    `GEM_JFA_FWD` picks the forward implementation; bad values name the variable and the rule."""
+    from gem_kernels import _jfa, _triton_jfa_tma
+
+    monkeypatch.setenv(BWD_ENV, "one_pass")
+    monkeypatch.delenv(_triton_jfa.TMA_ENV, raising=False)
+    cfg = pick_config(13613, 13613, 128, torch.bfloat16)
+    assert cfg.one_pass and not cfg.tma and not cfg.tma_loads
+    for value, want in (("off", (False, False)), ("reduce", (True, False)), ("loads", (True, True))):
+        monkeypatch.setenv(_triton_jfa.TMA_ENV, value)
+        cfg = pick_config(13613, 13613, 128, torch.bfloat16)
+        assert (cfg.tma, cfg.tma_loads) == want
+    monkeypatch.setenv(BWD_ENV, "two_pass")
+    assert not pick_config(13613, 13613, 128, torch.bfloat16).tma
+    monkeypatch.setenv(_triton_jfa.TMA_ENV, "on")
+    with pytest.raises(ValueError, match="GEM_JFA_TMA='on' must be one of"):
+        pick_config(13613, 13613, 128, torch.bfloat16)
+    monkeypatch.delenv(_triton_jfa.TMA_ENV)
+    monkeypatch.delenv(_jfa.FWD_ENV, raising=False)
+    assert _jfa._forward_impl() is _triton_jfa.jfa_forward
+    monkeypatch.setenv(_jfa.FWD_ENV, "tma")
+    assert _jfa._forward_impl() is _triton_jfa_tma.jfa_forward_tma
+    monkeypatch.setenv(_jfa.FWD_ENV, "fast")
+    with pytest.raises(ValueError, match="GEM_JFA_FWD='fast' must be one of"):
+        _jfa._forward_impl()
+
+
+@needs_triton
+def test_fwd_env_tma_runs_the_tma_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under `GEM_JFA_FWD=tma` the public op's forward goes through `jfa_forward_tma` (the
+    interpreter runs its kernel) and still matches the reference, gradients included."""
+    from gem_kernels import _triton_jfa_tma
+
+    calls: list[int] = []
+    real = _triton_jfa_tma.jfa_forward_tma
+
+    def spy(*a: object, **kw: object) -> object:
+        calls.append(1)
+        return real(*a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_triton_jfa_tma, "jfa_forward_tma", spy)
+    monkeypatch.setenv("GEM_JFA_FWD", "tma")
+    lq = [9, 0, 20]
+    qo = _offsets(lq)
+    q, k, v = (torch.randn(sum(lq), 2, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    out = jagged_flash_attention(q, k, v, qo, qo, 20, 20, causal=True, backend="triton")
+    got = torch.autograd.grad(out.sum(), (q, k, v))
+    assert calls
+    ref = jagged_flash_attention(q, k, v, qo, qo, 20, 20, causal=True, backend="reference")
+    want = torch.autograd.grad(ref.sum(), (q, k, v))
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
