@@ -207,7 +207,7 @@ def _tma_tile(acc, l_i, m_i, q, k_desc, v_desc, kv_row, col, start_n, offs_m, of
     MASKED tiles select the scores with `_visible` (columns past the sample's end included)
     and, with ZERO_V, zero V's rows past the end (host descriptors read the next sample there).
     """
-    k = k_desc.load([kv_row + start_n, col])
+    k = k_desc.load([(kv_row + start_n).to(tl.int32), col])  # TMA offsets must be int32
     qk = _mma(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_PREC, UPCAST) * scale_log2
     cols = start_n + offs_n
     if MASKED:
@@ -221,7 +221,7 @@ def _tma_tile(acc, l_i, m_i, q, k_desc, v_desc, kv_row, col, start_n, offs_m, of
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
-    v = v_desc.load([kv_row + start_n, col])
+    v = v_desc.load([(kv_row + start_n).to(tl.int32), col])
     if MASKED and ZERO_V:
         v = tl.where((cols < lk)[:, None], v, tl.zeros_like(v))
     acc = _mma(p.to(v.dtype), v, acc, DOT_PREC, UPCAST)
@@ -271,7 +271,7 @@ def _jfa_tma_fwd_kernel(
                                            block_shape=[BLOCK_N, D])
         v_desc = tl.make_tensor_descriptor(V, shape=[kv_row + lk.to(tl.int32), H * D], strides=[stride_vt, 1],
                                            block_shape=[BLOCK_N, D])
-        q = q_desc.load([q_row + m_start, col])
+        q = q_desc.load([(q_row + m_start).to(tl.int32), col])
     else:
         k_desc = K
         v_desc = V
@@ -307,7 +307,7 @@ def _jfa_tma_fwd_kernel(
     out = acc / l_safe[:, None]
     lse2 = tl.where(empty, float("inf"), m_i + tl.log2(l_safe))
     if DEVICE_DESC:
-        o_desc.store([q_row + m_start, col], out.to(O.dtype.element_ty))
+        o_desc.store([(q_row + m_start).to(tl.int32), col], out.to(O.dtype.element_ty))
     else:
         tl.store(O + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
                  out.to(O.dtype.element_ty), mask=m_valid[:, None])
