@@ -97,10 +97,12 @@ def _t(bm: int, bn: int, w: int, s: int, *, ws: bool = False, dev: bool = False,
 
 
 # The D=128 16-bit configs the bench compares (by `TmaTiles.name`), warp specialization on
-# and off for the same tiles. Not yet measured: the heuristic (`pick_tiles`) starts from the
-# pointer kernel's measured best, 128x128 w8 s3. WS configs use 4 warps (Hopper's automatic
-# warp specialization partitions 4-warp groups); tutorial 06 pairs Hopper WS with device
-# descriptors, so both kinds are listed.
+# and off for the same tiles. WS configs use 4 warps (Hopper's automatic warp specialization
+# partitions 4-warp groups); tutorial 06 pairs Hopper WS with device descriptors, so both
+# kinds are listed. On the H200 with triton 3.6 (2026-11-30, kernels/BENCHMARKS.md) every WS
+# config fails to compile (triton's NVGPUWarpSpecialization pass rejects these loops), and
+# the others run at 0.92-0.99x the pointer kernel: this path stays opt-in, and the GPU tests
+# run the configs of `COMPILING_TILES`.
 TILES: dict[str, TmaTiles] = {t.name: t for t in (
     _t(128, 128, 8, 3),
     _t(128, 128, 8, 3, dev=True),
@@ -113,6 +115,10 @@ TILES: dict[str, TmaTiles] = {t.name: t for t in (
     _t(128, 128, 4, 2, ws=True, dev=True),   # tutorial 06's Hopper warp-specialized shape
     _t(128, 128, 4, 2, ws=True, dev=True, one=True),
 )}
+
+
+# The configs that compile on the H200 with triton 3.6 (no warp specialization).
+COMPILING_TILES: dict[str, TmaTiles] = {n: t for n, t in TILES.items() if not t.ws}
 
 
 def _pow2_clamp(n: int, lo: int, hi: int) -> int:

@@ -16,7 +16,7 @@ import torch
 from gem_kernels import jagged_flash_attention
 from gem_kernels._jagged import visible_mask
 from gem_kernels._triton_jfa import jfa_forward
-from gem_kernels._triton_jfa_tma import TILES, TmaTiles, jfa_forward_tma, last_compiled, tma_fallback_reason
+from gem_kernels._triton_jfa_tma import COMPILING_TILES, TILES, TmaTiles, jfa_forward_tma, last_compiled, tma_fallback_reason
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and not INTERPRET
@@ -169,6 +169,7 @@ def test_bad_inputs_name_the_argument() -> None:
 def test_tile_names_are_unique_and_valid() -> None:
     assert all(name == t.name for name, t in TILES.items())
     assert {t.ws for t in TILES.values()} == {False, True}
+    assert COMPILING_TILES and not any(t.ws for t in COMPILING_TILES.values())
 
 
 # --- GPU (SM90): real sizes -------------------------------------------------------------------
@@ -176,10 +177,11 @@ def test_tile_names_are_unique_and_valid() -> None:
 
 @needs_sm90
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("name", [None, *TILES])
+@pytest.mark.parametrize("name", [None, *COMPILING_TILES])
 def test_gpu_issue_batch_matches_jfa_forward(name: str | None, causal: bool) -> None:
     """The issue batch (seed 62, 64 LogNormal(6.5, 1) lengths in 64..16384, H=4, D=128, bf16),
-    heuristic tiles (None) and every bench config, warp specialization on and off."""
+    heuristic tiles (None) and every bench config that compiles on triton 3.6 (warp-specialized
+    ones do not: `COMPILING_TILES`; the interpreter tests still run their code)."""
     from gem_kernels.bench.table import issue_lengths
 
     lengths = issue_lengths()
@@ -197,6 +199,6 @@ def test_gpu_issue_batch_matches_jfa_forward(name: str | None, causal: bool) -> 
 
 
 @needs_sm90
-@pytest.mark.parametrize("name", list(TILES))
+@pytest.mark.parametrize("name", list(COMPILING_TILES))
 def test_gpu_non_finite_next_sample_does_not_leak(name: str) -> None:
     _nan_neighbour_case("cuda", [300, 129, 1000, 5], 2, 128, torch.bfloat16, TILES[name], causal=True)
