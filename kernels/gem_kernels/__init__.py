@@ -5,7 +5,7 @@ offers `backend="auto" | "triton" | "reference"`. Ops are registered with `torch
 """
 
 from gem_kernels._jagged import pad_jagged, unpad_jagged
-from gem_kernels._jfa import jagged_flash_attention
+from gem_kernels._jfa import jagged_flash_attention, jfa_backward_rule
 from gem_kernels._gdpa import generalized_dot_product_attention
 from gem_kernels._block import block_attention
 
@@ -17,6 +17,7 @@ __all__ = [
     "block_attention",
     "generalized_dot_product_attention",
     "jagged_flash_attention",
+    "jfa_backward_rule",
     "pad_jagged",
     "unpad_jagged",
 ]

@@ -83,6 +83,21 @@ def jagged_flash_attention(
     return _forward_impl()(*args)[0]
 
 
+def jfa_backward_rule() -> str:
+    """How this process picks the Triton JFA backward, in words (the trainer's summary records
+    it: the one-pass path's dQ atomics make the last bits of dQ order-dependent)."""
+    from gem_kernels import _triton_jfa as tj
+
+    value = os.environ.get(tj.BWD_ENV, "")
+    if value:
+        return f"{value} ({tj.BWD_ENV}, {'one_pass' if tj.bwd_one_pass_from_env() else 'two_pass'})"
+    if torch.are_deterministic_algorithms_enabled():
+        return "two_pass (deterministic algorithms on)"
+    if not tj.ONE_PASS_DEFAULT:
+        return "two_pass"
+    return f"one_pass from {tj.ONE_PASS_MIN_LEN} keys, two_pass below"
+
+
 FWD_ENV = "GEM_JFA_FWD"
 _FWD_CHOICES = ("pointer", "tma")
 

@@ -453,3 +453,21 @@ def test_fwd_env_tma_runs_the_tma_kernel(monkeypatch: pytest.MonkeyPatch) -> Non
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
+def test_backward_rule_in_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gem_kernels import jfa_backward_rule
+
+    monkeypatch.delenv(BWD_ENV, raising=False)
+    assert jfa_backward_rule() == f"one_pass from {ONE_PASS_MIN_LEN} keys, two_pass below"
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert jfa_backward_rule() == "two_pass (deterministic algorithms on)"
+    finally:
+        torch.use_deterministic_algorithms(was)
+    monkeypatch.setenv(BWD_ENV, "one_pass")
+    assert jfa_backward_rule() == "one_pass (GEM_JFA_BWD, one_pass)"
+    monkeypatch.setenv(BWD_ENV, "both")
+    with pytest.raises(ValueError, match="GEM_JFA_BWD='both' must be one of"):
+        jfa_backward_rule()

@@ -167,6 +167,12 @@ def effective_precision(cfg: TrainConfig, device: torch.device) -> str:
 
 def run_info(cfg: TrainConfig, device: torch.device, deterministic: bool,
              resumed_from: int | None) -> dict[str, Any]:
-    """Summary keys that say how the run ran."""
-    return {"precision": cfg.precision, "precision_effective": effective_precision(cfg, device),
-            "deterministic": deterministic, "resumed_from": resumed_from}
+    """Summary keys that say how the run ran (on CUDA also how the JFA backward is picked:
+    its one-pass path adds dQ with atomics, so a run is not bitwise repeatable with it)."""
+    info: dict[str, Any] = {"precision": cfg.precision, "precision_effective": effective_precision(cfg, device),
+                            "deterministic": deterministic, "resumed_from": resumed_from}
+    if device.type == "cuda":
+        import gem_kernels
+
+        info["jfa_backward"] = gem_kernels.jfa_backward_rule()
+    return info

@@ -57,3 +57,19 @@ def test_trainer_passes_every_recipe_to_parallelize(precision: str, monkeypatch:
     model = gem_model.GEMModel(model_config(cfg, data_config(cfg)))
     _loop._parallelize(model, cfg, 1, torch.device("cpu"))
     assert seen["precision"] == (None if precision in ("fp32", "bf16") else precision)
+
+
+def test_run_info_says_how_the_jfa_backward_is_picked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the summary records the JFA backward rule (one-pass adds dQ with atomics); the
+    rule follows GEM_JFA_BWD and torch's deterministic algorithms. No GPU needed: run_info
+    only looks at the device type."""
+    from gem_trainer import _preflight
+
+    cfg = tiny()
+    monkeypatch.delenv("GEM_JFA_BWD", raising=False)
+    assert "jfa_backward" not in _preflight.run_info(cfg, torch.device("cpu"), True, None)
+    info = _preflight.run_info(cfg, torch.device("cuda"), False, None)
+    assert info["jfa_backward"].startswith("one_pass from 8192 keys")
+    monkeypatch.setenv("GEM_JFA_BWD", "two_pass")
+    info = _preflight.run_info(cfg, torch.device("cuda"), False, None)
+    assert info["jfa_backward"] == "two_pass (GEM_JFA_BWD, two_pass)"
