@@ -503,6 +503,9 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         if ccache["compile_cache"].startswith("unreadable"):
             _preflight.say(f"compile_cache={cfg.compile_cache!r}: {ccache['compile_cache']}; compiling from "
                            "scratch, the file is rewritten after the warm-up", rank)
+    notice = _preflight.compile_notice(cfg, device, ccache.get("compile_cache") == "loaded")
+    if notice:
+        _preflight.say(notice, rank)
     sparse_sync = _sparse_sync(model)
     loader = make_loader(cfg, dcfg, rank, world, device)
 

@@ -73,3 +73,21 @@ def test_run_info_says_how_the_jfa_backward_is_picked(monkeypatch: pytest.Monkey
     monkeypatch.setenv("GEM_JFA_BWD", "two_pass")
     info = _preflight.run_info(cfg, torch.device("cuda"), False, None)
     assert info["jfa_backward"] == "two_pass (GEM_JFA_BWD, two_pass)"
+
+
+def test_compile_notice_on_gpu_only() -> None:
+    """A compiled GPU run says why its first step takes a minute; CPU and eager runs say nothing;
+    the CLI rewrites the field names into its flags."""
+    from gem_trainer import _preflight
+    from gem_trainer.__main__ import cli_message
+    from gem_trainer.config import h200
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert _preflight.compile_notice(h200(), cpu, False) is None
+    assert _preflight.compile_notice(h200(compile=False), cuda, False) is None
+    msg = _preflight.compile_notice(h200(), cuda, False)
+    assert msg is not None and "warm-up" in msg
+    cli = cli_message(msg)
+    assert cli.startswith("--compile:") and "--compile-cache" in cli and "--no-compile" in cli
+    loaded = _preflight.compile_notice(h200(), cuda, True)
+    assert loaded is not None and "loaded" in loaded
