@@ -348,9 +348,21 @@ def _fwd_tile(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
         kT = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None])
         v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :])
     qk = _mma(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_PREC, UPCAST) * scale_log2
+    p, acc, l_i, m_new = _softmax_step(qk, acc, l_i, m_i, offs_m, cols, shift, lk, WINDOW, CAUSAL, HAS_WINDOW,
+                                       MASKED)
+    acc = _mma(p.to(v.dtype), v, acc, DOT_PREC, UPCAST)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _softmax_step(qk, acc, l_i, m_i, offs_m, cols, shift, lk, WINDOW, CAUSAL: tl.constexpr,
+                  HAS_WINDOW: tl.constexpr, MASKED: tl.constexpr):
+    """The online-softmax update of one tile's log2-domain scores `qk` [BM, BN] (shared by the
+    pointer and the TMA forward): masked tiles select with `_visible`, a row that has seen no
+    key yet keeps m = -inf (its p and alpha are computed against 0, so no NaN). Returns
+    (p, acc rescaled, l, m) — the caller adds p @ V."""
     if MASKED:
-        mask = _visible(offs_m, cols, shift, lk, WINDOW, CAUSAL, HAS_WINDOW)
-        qk = tl.where(mask, qk, float("-inf"))
+        qk = tl.where(_visible(offs_m, cols, shift, lk, WINDOW, CAUSAL, HAS_WINDOW), qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
@@ -359,9 +371,7 @@ def _fwd_tile(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
     p = tl.exp2(qk - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    acc = _mma(p.to(v.dtype), v, acc, DOT_PREC, UPCAST)
-    return acc, l_i, m_new
+    return p, acc * alpha[:, None], l_i, m_new
 
 
 @triton.jit

@@ -59,8 +59,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gem_kernels._triton_jfa import (_LOG2E, _dot_prec, _kv_bounds, _last_dim_contiguous, _mma, _upcast, _visible,
-                                     jfa_forward)
+from gem_kernels._triton_jfa import (_LOG2E, _dot_prec, _kv_bounds, _last_dim_contiguous, _mma, _softmax_step,
+                                     _upcast, jfa_forward)
 
 # TMA box dimensions are at most 256 elements each.
 _TMA_MAX_BOX = 256
@@ -216,17 +216,8 @@ def _tma_tile(acc, l_i, m_i, q, k_desc, v_desc, kv_row, col, start_n, offs_m, of
     k = k_desc.load([(kv_row + start_n).to(tl.int32), col])  # TMA offsets must be int32
     qk = _mma(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_PREC, UPCAST) * scale_log2
     cols = start_n + offs_n
-    if MASKED:
-        qk = tl.where(_visible(offs_m, cols, shift, lk, WINDOW, CAUSAL, HAS_WINDOW), qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = m_new
-    p = tl.exp2(qk - m_safe[:, None])
-    alpha = tl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
+    p, acc, l_i, m_new = _softmax_step(qk, acc, l_i, m_i, offs_m, cols, shift, lk, WINDOW, CAUSAL, HAS_WINDOW,
+                                       MASKED)
     v = v_desc.load([(kv_row + start_n).to(tl.int32), col])
     if MASKED and ZERO_V:
         v = tl.where((cols < lk)[:, None], v, tl.zeros_like(v))

@@ -341,19 +341,28 @@ def test_gpu_real_size_one_pass(variant: str) -> None:
     q, k, v, dout = (torch.randn(sum(lengths), h, d, generator=g, device=DEVICE).to(torch.bfloat16)
                      for _ in range(4))
     got = _grads(one, q, k, v, dout, off, off, **vis)
+    _check_vs_two_pass_and_reference(got, one, two, (q, k, v, dout), off, lengths, vis, "one-pass")
+
+
+def _check_vs_two_pass_and_reference(got: list[torch.Tensor], one: JfaConfig, two: JfaConfig,
+                                     qkvd: tuple[torch.Tensor, ...], off: torch.Tensor, lengths: list[int],
+                                     vis: dict[str, Any], label: str) -> None:
+    """The GPU tests' checks: `got` (config `one`) within 1e-2 of the two-pass path and finite,
+    then `one` within 2e-2 of the fp32 reference on the first 8 samples (the padded reference
+    of all of them would be large)."""
+    q, k, v, dout = qkvd
     base = _grads(two, q, k, v, dout, off, off, **vis)
     torch.cuda.synchronize()
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, base):
         assert torch.isfinite(a).all(), name
-        assert _rel(a, b) <= 1e-2, f"{name}: one-pass vs two-pass {_rel(a, b):.3g}"
-    # fp32 reference on the first 8 samples (the padded reference of all 64 would be large).
+        assert _rel(a, b) <= 1e-2, f"{name}: {label} vs two-pass {_rel(a, b):.3g}"
     n = int(off[8])
     sub = _offsets(lengths[:8])
     q8, k8, v8, do8 = (x[:n] for x in (q, k, v, dout))
     got8 = _grads(one, q8, k8, v8, do8, sub, sub, **vis)
     ref8 = _grads(None, q8.float(), k8.float(), v8.float(), do8.float(), sub, sub, backend="reference", **vis)
     for name, a, r in zip(("out", "dq", "dk", "dv"), got8, ref8):
-        assert _rel(a, r) <= 2e-2, f"{name}: one-pass vs fp32 reference {_rel(a, r):.3g}"
+        assert _rel(a, r) <= 2e-2, f"{name}: {label} vs fp32 reference {_rel(a, r):.3g}"
 
 
 @pytest.mark.skipif(not HOPPER, reason="needs an SM90 (Hopper) GPU")
@@ -385,18 +394,7 @@ def test_gpu_tma_one_pass(variant: str, loads: bool, monkeypatch: pytest.MonkeyP
     assert not re.search(r"\b(red|atom)\.global", ptx)  # no element-wise dQ atomics left ("shared.global" is no atomic)
     if loads:
         assert "cp.async.bulk.tensor" in ptx
-    base = _grads(two, q, k, v, dout, off, off, **vis)
-    torch.cuda.synchronize()
-    for name, a, b in zip(("out", "dq", "dk", "dv"), got, base):
-        assert torch.isfinite(a).all(), name
-        assert _rel(a, b) <= 1e-2, f"{name}: one-pass tma vs two-pass {_rel(a, b):.3g}"
-    n = int(off[8])
-    sub = _offsets(lengths[:8])
-    q8, k8, v8, do8 = (x[:n] for x in (q, k, v, dout))
-    got8 = _grads(one, q8, k8, v8, do8, sub, sub, **vis)
-    ref8 = _grads(None, q8.float(), k8.float(), v8.float(), do8.float(), sub, sub, backend="reference", **vis)
-    for name, a, r in zip(("out", "dq", "dk", "dv"), got8, ref8):
-        assert _rel(a, r) <= 2e-2, f"{name}: one-pass tma vs fp32 reference {_rel(a, r):.3g}"
+    _check_vs_two_pass_and_reference(got, one, two, (q, k, v, dout), off, lengths, vis, "one-pass tma")
 
 
 def test_tma_env_switches(monkeypatch: pytest.MonkeyPatch) -> None:
