@@ -112,7 +112,7 @@ def test_bad_arguments() -> None:
         tfb.quantize_rows_cols_triton(torch.ones(128, 128, device=DEV), False, False)
     with pytest.raises(ValueError, match="bm and bk must be multiples of 128"):
         tfb.quantize_rows_cols_triton(torch.ones(128, 128, device=DEV), True, True, tile=tfb.QuantTile(bm=64))
-    with pytest.raises(ValueError, match="quant='cuda' must be 'torch' or 'triton'"):
+    with pytest.raises(ValueError, match="quant='cuda' must be 'auto', 'torch' or 'triton'"):
         FP8BlockLinear(128, 128, config=FP8BlockConfig(quant="cuda"))(torch.ones(2, 128))  # type: ignore[arg-type]
 
 
@@ -131,7 +131,7 @@ def test_linear_triton_quant_equals_torch(wgrad_bf16: bool) -> None:
     base = nn.Linear(256, 384)
     x = torch.randn(2, 100, 256)  # 200 tokens: padded to 256 inside
     dy = torch.randn(2, 100, 384, dtype=torch.bfloat16)
-    want = _run(FP8BlockLinear.from_linear(base, FP8BlockConfig(wgrad_bf16=wgrad_bf16)), x, dy)
+    want = _run(FP8BlockLinear.from_linear(base, FP8BlockConfig(wgrad_bf16=wgrad_bf16, quant="torch")), x, dy)
     lin = FP8BlockLinear.from_linear(base, FP8BlockConfig(wgrad_bf16=wgrad_bf16, quant="triton"))
     assert "quant=triton" in repr(lin)
     got = _run(lin, x, dy)
@@ -146,10 +146,20 @@ def test_cpu_without_interpreter_uses_torch(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     x = torch.ones(2, 128)
     assert fb._fused("triton", x) is False  # the same codes through the torch quantizers
+    assert fb._fused("auto", x) is False
     with pytest.raises(ValueError, match="needs a CUDA tensor or TRITON_INTERPRET=1"):
         tfb.quantize_rows_cols_triton(torch.ones(128, 128), True, True)
     y = FP8BlockLinear(128, 128, config=FP8BlockConfig(quant="triton"))(x)
     assert y.shape == (2, 128)
+
+
+def test_auto_quant_is_torch_on_cpu_even_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default quant="auto" fuses on CUDA only: CPU runs (the emulation) keep the torch
+    quantizers, also under TRITON_INTERPRET=1 (which every Bazel test sets)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert FP8BlockConfig().quant == "auto"
+    assert fb._fused("auto", torch.ones(2, 128)) is False
+    assert fb._fused("triton", torch.ones(2, 128)) is True
 
 
 def test_op_fake_shapes() -> None:
@@ -181,7 +191,8 @@ def test_gpu_linear_triton_equals_torch() -> None:
     base = nn.Linear(1024, 3072, device="cuda")
     x = torch.randn(8, 1000, 1024, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(8, 1000, 3072, device="cuda", dtype=torch.bfloat16)
-    want = _run(FP8BlockLinear.from_linear(base), x, dy)  # torch quantizers (compiled)
+    want = _run(FP8BlockLinear.from_linear(base, FP8BlockConfig(quant="torch")), x, dy)  # torch quantizers (compiled)
+    assert fb._fused(FP8BlockConfig().quant, x)  # the default ("auto") runs the fused quantizer on CUDA
     lin = FP8BlockLinear.from_linear(base, FP8BlockConfig(quant="triton"))
     for f, compiled in ((lin, False), (torch.compile(lin, fullgraph=True), True)):
         *got, db = _run(f, x, dy)

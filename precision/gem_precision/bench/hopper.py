@@ -5,8 +5,9 @@
 
 Per shape (tokens M, in K -> out N; the h200 preset's 262144 tokens through 1024 -> 4096,
 4096 -> 1024, 1024 -> 3072, and 8192^3): nn.Linear in bf16; FP8BlockLinear ("fp8_block":
-quantization included, FP8 wgrad; and "fp8_block_wgrad_bf16"), each also with the fused
-Triton quantizer (`*_triton`: FP8BlockConfig(quant="triton"), x and dY read once each);
+quantization included, FP8 wgrad; and "fp8_block_wgrad_bf16"), with the torch quantizers
+(quant="torch") and with the fused Triton quantizer (`*_triton`: quant="triton", what the
+default quant="auto" runs on CUDA; x and dY read once each);
 MXFP8Linear (mxfp8_rceil, the exact dequantize path). Also the forward GEMM alone: bf16
 torch.mm vs the blockwise FP8 scaled_mm (quantization excluded). Then the quantizer alone on
 every distinct [tokens, features] bf16 operand: GB/s of the fused Triton rows+cols pass (each
@@ -62,8 +63,8 @@ def row(M: int, N: int, K: int, mx: bool) -> dict[str, Any]:
     dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
     mods: dict[str, nn.Module] = {
         "bf16": lin,
-        "fp8_block": FP8BlockLinear.from_linear(lin),
-        "fp8_block_wgrad_bf16": FP8BlockLinear.from_linear(lin, FP8BlockConfig(wgrad_bf16=True)),
+        "fp8_block": FP8BlockLinear.from_linear(lin, FP8BlockConfig(quant="torch")),
+        "fp8_block_wgrad_bf16": FP8BlockLinear.from_linear(lin, FP8BlockConfig(wgrad_bf16=True, quant="torch")),
         "fp8_block_triton": FP8BlockLinear.from_linear(lin, FP8BlockConfig(quant="triton")),
         "fp8_block_wgrad_bf16_triton": FP8BlockLinear.from_linear(lin, FP8BlockConfig(wgrad_bf16=True, quant="triton")),
     }
