@@ -1,5 +1,6 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def,misc"
-"""fp8_block's activation / gradient quantization in one Triton pass (quant="triton", and quant="auto" on CUDA: the default).
+"""fp8_block's activation / gradient quantization in one Triton pass (quant="triton"; also
+quant="auto", the default, on CUDA).
 
 Why: on the H200 the blockwise FP8 GEMMs are ~1.5x bf16, but a linear's fwd+bwd ran at ~0.5x
 because the torch quantizers (`_fp8_block.quantize_rows` / `quantize_cols`, compiled) read x
