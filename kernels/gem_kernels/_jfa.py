@@ -8,7 +8,6 @@ differentiated by torch autograd.
 """
 
 import math
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -86,16 +85,9 @@ def jagged_flash_attention(
 def jfa_backward_rule() -> str:
     """How this process picks the Triton JFA backward, in words (the trainer's summary records
     it: the one-pass path's dQ atomics make the last bits of dQ order-dependent)."""
-    from gem_kernels import _triton_jfa as tj
+    from gem_kernels._triton_jfa import bwd_rule
 
-    value = os.environ.get(tj.BWD_ENV, "")
-    if value:
-        return f"{value} ({tj.BWD_ENV}, {'one_pass' if tj.bwd_one_pass_from_env() else 'two_pass'})"
-    if torch.are_deterministic_algorithms_enabled():
-        return "two_pass (deterministic algorithms on)"
-    if not tj.ONE_PASS_DEFAULT:
-        return "two_pass"
-    return f"one_pass from {tj.ONE_PASS_MIN_LEN} keys, two_pass below"
+    return bwd_rule()
 
 
 FWD_ENV = "GEM_JFA_FWD"
@@ -107,13 +99,10 @@ def _forward_impl() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     `GEM_JFA_FWD=tma`, `_triton_jfa_tma.jfa_forward_tma` (Hopper TMA descriptors; same
     contract, falls back to the pointer kernel where TMA cannot run). A per-process switch for
     GPU A/B runs of the whole trainer; read at each call, so it is not traced into graphs."""
-    value = os.environ.get(FWD_ENV, "")
-    if value in ("", "pointer"):
-        from gem_kernels._triton_jfa import jfa_forward
+    from gem_kernels._triton_jfa import env_choice, jfa_forward
 
+    if env_choice(FWD_ENV, _FWD_CHOICES) in (None, "pointer"):
         return jfa_forward
-    if value != "tma":
-        raise ValueError(f"{FWD_ENV}={value!r} must be one of {list(_FWD_CHOICES)} (or unset)")
     from gem_kernels._triton_jfa_tma import jfa_forward_tma
 
     return jfa_forward_tma

@@ -24,9 +24,10 @@ kernel accumulates dK/dV for a kv block iterating over the q blocks that see it,
 accumulates dQ for a q block iterating over its kv tiles. No atomics. Or, with
 `JfaConfig.one_pass` (`GEM_JFA_BWD=one_pass`), the dK/dV kernel alone also adds dQ into an
 fp32 workspace with atomics (as FlashAttention-2's CUDA backward does): S and P are computed
-once per tile pair instead of twice. Opt-in on Hopper (`JfaConfig.tma`, `JfaConfig.tma_loads`,
-not measured yet): dQ added by one TMA bulk reduce per tile pair instead of element-wise
-atomics, and q/dO tiles loaded through tensor descriptors (see `_tma_modes`).
+once per tile pair instead of twice. Opt-in on Hopper (`JfaConfig.tma`, `JfaConfig.tma_loads`;
+no faster on the H200, kernels/BENCHMARKS.md): dQ added by one TMA bulk reduce per tile pair
+instead of element-wise atomics, and q/dO tiles loaded through tensor descriptors (see
+`_tma_modes`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import dataclasses
 import functools
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 import triton
@@ -77,7 +78,8 @@ class JfaConfig:
     # instead of 7; `dq` tiles and `kv_split` then play no part in the backward). False = the
     # two-pass FlashAttention-2 backward (dK/dV kernel, then dQ kernel; no atomics).
     one_pass: bool = False
-    # One-pass backward only (ignored by the two-pass one), Hopper TMA, opt-in until measured:
+    # One-pass backward only (ignored by the two-pass one), Hopper TMA, opt-in (on the H200
+    # 0.98-1.02x the plain one-pass backward, kernels/BENCHMARKS.md):
     # `tma` adds each tile pair's [BLOCK_M, D] dQ through a tensor descriptor's `atomic_add`
     # (one TMA bulk reduce, `cp.reduce.async.bulk.tensor`, instead of BLOCK_M·D element-wise
     # atomics), on CUDA with compute capability >= 9 only; elsewhere, and always under
@@ -119,17 +121,46 @@ BWD_ENV = "GEM_JFA_BWD"
 _BWD_CHOICES = {"one_pass": True, "two_pass": False}
 
 
+def env_choice(name: str, choices: Sequence[str]) -> str | None:
+    """The value of the per-process switch `name` (None when unset or empty); anything not in
+    `choices` is a ValueError naming the variable and its values."""
+    value = os.environ.get(name, "")
+    if value == "":
+        return None
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} must be one of {sorted(choices)} (or unset)")
+    return value
+
+
+def _default_two_pass_reason() -> str | None:
+    """Why the default rule picks two-pass whatever the length (None: it goes by length)."""
+    if torch.are_deterministic_algorithms_enabled():
+        return "deterministic algorithms on"
+    return None if ONE_PASS_DEFAULT else "the default"
+
+
 def bwd_one_pass_from_env(max_kv_len: int | None = None) -> bool:
     """`GEM_JFA_BWD=one_pass|two_pass`; unset or empty: the default rule, `ONE_PASS_DEFAULT`
     and `max_kv_len >= ONE_PASS_MIN_LEN` (None: length not known, the rule's length test
     passes) and torch's deterministic algorithms off."""
-    value = os.environ.get(BWD_ENV, "")
-    if value == "":
-        long_enough = max_kv_len is None or max_kv_len >= ONE_PASS_MIN_LEN
-        return ONE_PASS_DEFAULT and long_enough and not torch.are_deterministic_algorithms_enabled()
-    if value not in _BWD_CHOICES:
-        raise ValueError(f"{BWD_ENV}={value!r} must be one of {sorted(_BWD_CHOICES)} (or unset)")
-    return _BWD_CHOICES[value]
+    value = env_choice(BWD_ENV, list(_BWD_CHOICES))
+    if value is not None:
+        return _BWD_CHOICES[value]
+    long_enough = max_kv_len is None or max_kv_len >= ONE_PASS_MIN_LEN
+    return long_enough and _default_two_pass_reason() is None
+
+
+def bwd_rule() -> str:
+    """`bwd_one_pass_from_env`'s choice in words (what `gem_kernels.jfa_backward_rule` returns)."""
+    value = env_choice(BWD_ENV, list(_BWD_CHOICES))
+    if value is not None:
+        return f"{value} ({BWD_ENV}, {value})"
+    why = _default_two_pass_reason()
+    if why == "the default":
+        return "two_pass"
+    if why is not None:
+        return f"two_pass ({why})"
+    return f"one_pass from {ONE_PASS_MIN_LEN} keys, two_pass below"
 
 
 TMA_ENV = "GEM_JFA_TMA"
@@ -138,13 +169,9 @@ _TMA_CHOICES = {"off": (False, False), "reduce": (True, False), "loads": (True, 
 
 def bwd_tma_from_env() -> tuple[bool, bool]:
     """`GEM_JFA_TMA=off|reduce|loads` -> the heuristic one-pass config's (`tma`, `tma_loads`):
-    a per-process switch for GPU A/B runs (unset or empty: off, the default until measured)."""
-    value = os.environ.get(TMA_ENV, "")
-    if value == "":
-        return _TMA_CHOICES["off"]
-    if value not in _TMA_CHOICES:
-        raise ValueError(f"{TMA_ENV}={value!r} must be one of {sorted(_TMA_CHOICES)} (or unset)")
-    return _TMA_CHOICES[value]
+    a per-process switch for GPU A/B runs (unset or empty: off, the default: no faster on the
+    H200)."""
+    return _TMA_CHOICES[env_choice(TMA_ENV, list(_TMA_CHOICES)) or "off"]
 
 
 def pick_config(max_q_len: int, max_kv_len: int, d: int, dtype: torch.dtype) -> JfaConfig:
@@ -698,16 +725,36 @@ def _jfa_bwd_delta_kernel(O, DO, DELTA, DQ, n_rows, H, stride_ot, stride_oh, str
                  mask=valid[:, None])
 
 
-def _tma_view_ok(t: torch.Tensor) -> bool:
-    """Whether `t` `[T, H, D]` seen as the 2-D `[T, H·D]` (strides `[t.stride(0), 1]`) meets
-    TMA's rules: heads adjacent (`stride(1) == D`, or H = 1), last stride 1, rows not
-    overlapping, row stride, head width and base 16-byte aligned. A strided view of a fused
-    projection (q = qkv[:, 0] of `[T, 3, H, D]`) passes; a head-strided or odd-offset one not."""
+def interpreting() -> bool:
+    """Whether Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def tma_view_problem(t: torch.Tensor, name: str) -> str | None:
+    """Why `t` `[T, H, D]` seen as the 2-D `[T, H·D]` (strides `[t.stride(0), 1]`) cannot be a
+    TMA descriptor (None: it can). TMA's rules: heads adjacent (`stride(1) == D`, or H = 1),
+    last stride 1, rows not overlapping, row stride, head width and base 16-byte aligned. A
+    strided view of a fused projection (q = qkv[:, 0] of `[T, 3, H, D]`) passes; a head-strided
+    or odd-offset one not. Shared by the backward's `_tma_modes` and the TMA forward."""
     tq, h, d = t.shape
     e = t.element_size()
-    return (tq > 0 and h > 0 and d > 0 and t.stride(2) == 1 and (h == 1 or t.stride(1) == d)
-            and t.stride(0) >= h * d and (t.stride(0) * e) % 16 == 0 and (d * e) % 16 == 0
-            and t.data_ptr() % 16 == 0)
+    if tq == 0 or h == 0 or d == 0:
+        return f"{name}.shape={tuple(t.shape)} is empty (a descriptor needs elements)"
+    if t.stride(2) != 1:
+        return f"{name}.stride(2)={t.stride(2)} must be 1 (TMA: last stride 1)"
+    if h > 1 and t.stride(1) != d:
+        return f"{name}.stride(1)={t.stride(1)} must equal D={d} (heads packed: [T, H*D] view)"
+    if t.stride(0) < h * d:
+        return f"{name}.stride(0)={t.stride(0)} must be >= H*D={h * d} (rows must not overlap)"
+    if (t.stride(0) * e) % 16 or (d * e) % 16:
+        return f"{name}.stride(0)={t.stride(0)} and D={d} elements must be multiples of 16 bytes (TMA)"
+    if t.data_ptr() % 16:
+        return f"{name}.data_ptr() must be 16-byte aligned (TMA base)"
+    return None
+
+
+def _tma_view_ok(t: torch.Tensor) -> bool:
+    return tma_view_problem(t, "t") is None
 
 
 def _tma_modes(
@@ -723,17 +770,18 @@ def _tma_modes(
     """
     if not cfg.one_pass or not (cfg.tma or cfg.tma_loads):
         return False, False
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    interpret = interpreting()
     hopper = q.device.type == "cuda" and not interpret and torch.cuda.get_device_capability(q.device)[0] >= 9
     reduce = cfg.tma and hopper and dq_acc.dtype == torch.float32 and dq_acc.is_contiguous() and _tma_view_ok(dq_acc)
     loads = cfg.tma_loads and (hopper or interpret) and _tma_view_ok(q) and _tma_view_ok(dout)
     return reduce, loads
 
 
-def _desc_2d(t: torch.Tensor, block_m: int) -> TensorDescriptor:
-    """A host TMA descriptor over `t` `[T, H, D]` as 2-D `[T, H·D]`, block `[block_m, D]`."""
+def desc_2d(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
+    """A host TMA descriptor over `t` `[T, H, D]` as 2-D `[T, H·D]` (real row stride), block
+    `[block_rows, D]` (the backward's q/dO/dQ tiles, the TMA forward's K/V tiles)."""
     tq, h, d = t.shape
-    return TensorDescriptor(t, [tq, h * d], [t.stride(0), 1], [block_m, d])
+    return TensorDescriptor(t, [tq, h * d], [t.stride(0), 1], [block_rows, d])
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -741,7 +789,7 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 def _upcast(t: torch.Tensor) -> bool:
-    return t.dtype == torch.bfloat16 and (t.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+    return t.dtype == torch.bfloat16 and (t.device.type != "cuda" or interpreting())
 
 
 def _dot_prec(dtype: torch.dtype) -> str:
@@ -884,8 +932,8 @@ def jfa_backward(
     bm = cfg.dkdv.block_m
     _jfa_bwd_dkdv_kernel[grid_kv](
         q, k, v, dout, lse, delta, dk, dv, dq_acc, q_offsets, kv_offsets,
-        _desc_2d(q, bm) if tma_loads else q, _desc_2d(dout, bm) if tma_loads else dout,
-        _desc_2d(dq_acc, bm) if dq_tma else dq_acc,
+        desc_2d(q, bm) if tma_loads else q, desc_2d(dout, bm) if tma_loads else dout,
+        desc_2d(dq_acc, bm) if dq_tma else dq_acc,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         dq_acc.stride(0), dq_acc.stride(1),

@@ -52,15 +52,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from gem_kernels._triton_jfa import (_LOG2E, _dot_prec, _kv_bounds, _last_dim_contiguous, _mma, _softmax_step,
-                                     _upcast, jfa_forward)
+from gem_kernels._triton_jfa import (_LOG2E, _dot_prec, _kv_bounds, _last_dim_contiguous, _mma, _pow2_clamp,
+                                     _softmax_step, _upcast, desc_2d, interpreting, jfa_forward, tma_view_problem)
 
 # TMA box dimensions are at most 256 elements each.
 _TMA_MAX_BOX = 256
@@ -121,10 +120,6 @@ TILES: dict[str, TmaTiles] = {t.name: t for t in (
 COMPILING_TILES: dict[str, TmaTiles] = {n: t for n, t in TILES.items() if not t.ws}
 
 
-def _pow2_clamp(n: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, triton.next_power_of_2(max(n, 1))))
-
-
 def pick_tiles(max_q_len: int, max_kv_len: int, d: int, dtype: torch.dtype) -> TmaTiles:
     """Heuristic tiles: 16-bit D <= 128 -> 128x128 w8 s3 (the pointer kernel's best, host
     descriptors, no warp specialization) shrunk to short sequences; D = 256 -> 128x64 w8 s2
@@ -163,30 +158,12 @@ def _resolve_tiles(tiles: TmaTiles | str | None, max_q_len: int, max_kv_len: int
     return tiles
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _tma_ok(t: torch.Tensor, name: str) -> str | None:
-    """Why `t` `[T, H, D]` cannot be a 2-D TMA descriptor `[T, H*D]` (None: it can)."""
-    es = t.element_size()
-    if t.stride(2) != 1:
-        return f"{name}.stride(2)={t.stride(2)} must be 1 (TMA: last stride 1)"
-    if t.shape[1] > 1 and t.stride(1) != t.shape[2]:
-        return f"{name}.stride(1)={t.stride(1)} must equal D={t.shape[2]} (heads packed: [T, H*D] view)"
-    if t.shape[0] > 1 and (t.stride(0) * es) % 16:
-        return f"{name}.stride(0)={t.stride(0)} elements must be a multiple of 16 bytes (TMA row stride)"
-    if t.data_ptr() % 16:
-        return f"{name}.data_ptr() must be 16-byte aligned (TMA base)"
-    return None
-
-
 def tma_fallback_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None,
                         tiles: TmaTiles | None = None) -> str | None:
     """Why `jfa_forward_tma` would fall back to `jfa_forward` for these tensors (None: it
     runs the TMA kernel). `out` (default: as `torch.empty_like(q)`) and q are checked only for
     device descriptors (host mode reads q and writes out by pointer)."""
-    if not _interpreting():
+    if not interpreting():
         if q.device.type != "cuda":
             return f"q is on {q.device.type}: the TMA kernel needs CUDA (or TRITON_INTERPRET=1)"
         cap = torch.cuda.get_device_capability(q.device)
@@ -196,7 +173,7 @@ def tma_fallback_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
     if tiles is not None and tiles.device_desc:
         checked += [(q, "q")] + ([(out, "out")] if out is not None else [])
     for t, name in checked:
-        why = _tma_ok(t, name)
+        why = tma_view_problem(t, name)
         if why is not None:
             return why
     return None
@@ -322,15 +299,6 @@ def last_compiled() -> Any:
     return _LAST_COMPILED[0]
 
 
-def _desc_2d(t: torch.Tensor, block_rows: int) -> Any:
-    """Host TMA descriptor over `t` `[T, H, D]` viewed `[T, H*D]` (real row stride), block
-    `[block_rows, D]`."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    tt, h, d = t.shape
-    return TensorDescriptor(t, shape=[tt, h * d], strides=[t.stride(0), 1], block_shape=[block_rows, d])
-
-
 def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     """Triton's allocator protocol: the device descriptors' global scratch (128 B each)."""
     return torch.empty(size, dtype=torch.int8, device="cuda")
@@ -397,20 +365,18 @@ def jfa_forward_tma(
     b = q_offsets.numel() - 1
     if tq == 0 or b == 0 or max_q_len == 0 or h == 0:
         return torch.zeros_like(q), torch.full((tq, h), math.inf, dtype=torch.float32, device=q.device)
-    out = torch.empty_like(q)
     _LAST_COMPILED[:] = [None]
+    if k.shape[0] == 0:
+        # No key anywhere: a descriptor needs a non-empty tensor; every row is empty.
+        return torch.zeros_like(q), torch.full((tq, h), math.inf, dtype=torch.float32, device=q.device)
+    out = torch.empty_like(q)
     if tma_fallback_reason(q, k, v, out, t) is not None:
         return jfa_forward(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
     lse = torch.empty((tq, h), dtype=torch.float32, device=q.device)
-    if k.shape[0] == 0:
-        # No key anywhere: a descriptor needs a non-empty tensor; every row is empty.
-        out.zero_()
-        lse.fill_(math.inf)
-        return out, lse
     if t.device_desc:
         kd, vd = k, v
     else:
-        kd, vd = _desc_2d(k, t.block_n), _desc_2d(v, t.block_n)
+        kd, vd = desc_2d(k, t.block_n), desc_2d(v, t.block_n)
     grid = (b * h, triton.cdiv(max_q_len, t.block_m))
 
     def launch() -> None:
@@ -424,7 +390,7 @@ def jfa_forward_tma(
             num_warps=t.num_warps, num_stages=t.num_stages,
         )]
 
-    if t.device_desc and not _interpreting():
+    if t.device_desc and not interpreting():
         _launch_with_allocator(launch)
     else:
         launch()

@@ -99,6 +99,11 @@ def attention_flops(pairs: int, heads: int, dim: int) -> tuple[float, float]:
     return fwd, fwd * 3.5
 
 
+def tflops(flops: float, ms: float | None) -> float | None:
+    """TFLOP/s of `flops` done in `ms` milliseconds (None when the timing is missing)."""
+    return None if ms is None else flops / (ms * 1e-3) / 1e12
+
+
 def bench_ms(fn: Callable[[], object], *, warmup: int = 3, iters: int = 10) -> float:
     """Median wall time of `fn` in ms (CUDA events on the GPU, perf_counter on the CPU)."""
     for _ in range(warmup):

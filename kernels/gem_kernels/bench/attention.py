@@ -37,6 +37,7 @@ from gem_kernels.bench._common import (
     offsets_from_lengths,
     print_table,
     random_jagged,
+    tflops,
     uniform_lengths,
     visible_pairs,
 )
@@ -98,9 +99,6 @@ def run_case(case: Case, *, device: str, dtype: torch.dtype, quick: bool, triton
     fwd_bytes = (2 * q.numel() + k.numel() + v.numel()) * q.element_size() + q.shape[0] * case.heads * 4
     iters = 2 if not cuda else (5 if quick else 15)
     rows: list[dict[str, object]] = []
-
-    def tflops(flops: float, ms: float | None) -> float | None:
-        return None if ms is None else flops / (ms * 1e-3) / 1e12
 
     def row(method: str, fwd_ms: float | None, all_ms: float | None, note: str = "", **extra: object) -> None:
         rows.append({

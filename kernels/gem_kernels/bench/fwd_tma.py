@@ -32,7 +32,7 @@ import torch
 from gem_kernels._triton_jfa import jfa_forward
 from gem_kernels._triton_jfa_tma import TILES, TmaTiles, jfa_forward_tma, last_compiled, pick_tiles, tma_fallback_reason
 from gem_kernels.bench._common import (attention_flops, bench_ms, emit_json, env_info, offsets_from_lengths,
-                                       print_table, visible_pairs)
+                                       print_table, tflops, visible_pairs)
 from gem_kernels.bench.table import issue_lengths, trainer_lengths
 
 D = 128
@@ -55,9 +55,6 @@ def _cases() -> list[Case]:
         Case("dense 8x4096 H=16 full", [4096] * 8, 16, False),
     ]
 
-
-def _tf(flops: float, ms: float | None) -> float | None:
-    return None if ms is None else flops / (ms * 1e-3) / 1e12
 
 
 def _compiled_info() -> dict[str, object]:
@@ -104,7 +101,7 @@ def run_case(case: Case, variants: list[tuple[str, TmaTiles | None]], iters: int
     rows: list[dict[str, object]] = []
 
     def add(path: str, ms: float | None, err: float | None, **extra: object) -> None:
-        rows.append({"case": case.name, "path": path, "ms": ms, "tflops": _tf(flops, ms), "err": err, **extra})
+        rows.append({"case": case.name, "path": path, "ms": ms, "tflops": tflops(flops, ms), "err": err, **extra})
         print(rows[-1], flush=True)
 
     with torch.no_grad():

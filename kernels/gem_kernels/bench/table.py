@@ -34,7 +34,7 @@ from gem_kernels._gdpa import GdpaTiles, force_tiles, gdpa_tiles
 from gem_kernels._triton_jfa import (JfaConfig, JfaTiles, _heuristic_config, _tma_modes, force_config, jfa_backward,
                                     jfa_forward)
 from gem_kernels.bench._common import (attention_flops, bench_ms, emit_json, env_info, offsets_from_lengths,
-                                       print_table, visible_pairs)
+                                       print_table, tflops, visible_pairs)
 
 H, D = 4, 128
 DT = torch.bfloat16
@@ -163,9 +163,6 @@ def _try_ms(fn: Callable[[], object], iters: int) -> float | None:
         return None
 
 
-def _tf(flops: float, ms: float | None) -> float | None:
-    return None if ms is None else flops / (ms * 1e-3) / 1e12
-
 
 def main_table(iters: int) -> list[dict[str, object]]:
     b = Batch(issue_lengths(), "cuda")
@@ -177,8 +174,8 @@ def main_table(iters: int) -> list[dict[str, object]]:
 
     def add(case: str, ours_ms: float | None, flops: float, peer: str, peer_ms: float | None, err: float | None,
             unit: str = "TFLOP/s") -> None:
-        rows.append({"case": case, "ours": _tf(flops, ours_ms), "ours_ms": ours_ms, "peer": peer,
-                     "peer_val": _tf(flops, peer_ms), "peer_ms": peer_ms, "unit": unit, "err": err})
+        rows.append({"case": case, "ours": tflops(flops, ours_ms), "ours_ms": ours_ms, "peer": peer,
+                     "peer_val": tflops(flops, peer_ms), "peer_ms": peer_ms, "unit": unit, "err": err})
         print(rows[-1], flush=True)
 
     for causal in (False, True):
@@ -261,15 +258,15 @@ def sweep(iters: int) -> list[dict[str, object]]:
         f_full = attention_flops(visible_pairs(b.lengths, b.lengths), H, D)[0]
         f_fwd, f_all = attention_flops(visible_pairs(b.lengths, b.lengths, causal=True), H, D)
         r: dict[str, object] = {"mean": round(sum(b.lengths) / n), "B": n, "max": b.max}
-        r["full_ours"] = _tf(f_full, bench_ms(_fwd(jfa(False), b), warmup=2, iters=iters))
-        r["full_nested"] = _tf(f_full, _try_ms(_fwd(nested_sdpa(False), b), iters))
-        r["full_cudnn"] = _tf(f_full, _padded_cudnn(b, False, iters, fwd_only=True)[0])
-        r["causal_ours"] = _tf(f_fwd, bench_ms(_fwd(jfa(True), b), warmup=2, iters=iters))
+        r["full_ours"] = tflops(f_full, bench_ms(_fwd(jfa(False), b), warmup=2, iters=iters))
+        r["full_nested"] = tflops(f_full, _try_ms(_fwd(nested_sdpa(False), b), iters))
+        r["full_cudnn"] = tflops(f_full, _padded_cudnn(b, False, iters, fwd_only=True)[0])
+        r["causal_ours"] = tflops(f_fwd, bench_ms(_fwd(jfa(True), b), warmup=2, iters=iters))
         pf, pa = _padded_cudnn(b, True, iters)
-        r["causal_cudnn"] = _tf(f_fwd, pf)
-        r["causal_fb_ours"] = _tf(f_all, bench_ms(_fwd_bwd(jfa(True), b), warmup=2, iters=iters))
-        r["causal_fb_cudnn"] = _tf(f_all, pa)
-        r["gdpa_fwd"] = _tf(f_fwd, bench_ms(_fwd(gdpa(), b), warmup=2, iters=iters))
+        r["causal_cudnn"] = tflops(f_fwd, pf)
+        r["causal_fb_ours"] = tflops(f_all, bench_ms(_fwd_bwd(jfa(True), b), warmup=2, iters=iters))
+        r["causal_fb_cudnn"] = tflops(f_all, pa)
+        r["gdpa_fwd"] = tflops(f_fwd, bench_ms(_fwd(gdpa(), b), warmup=2, iters=iters))
         for col in ("full", "causal", "causal_fb"):
             cands = {k: float(v) for k, v in r.items() if k.startswith(col + "_") and k.count("_") == col.count("_") + 1
                      and isinstance(v, float)}
@@ -295,7 +292,7 @@ def narrow_bwd(iters: int) -> list[dict[str, object]]:
             err = _check(gdpa(), gdpa("reference"), b.head(8))
             ms = bench_ms(_fwd_bwd(gdpa(), b), iters=iters)
             torch.cuda.synchronize()
-        rows.append({"bwd_tiles": name, "fwdbwd_ms": ms, "tflops": _tf(f_all, ms), "err": err})
+        rows.append({"bwd_tiles": name, "fwdbwd_ms": ms, "tflops": tflops(f_all, ms), "err": err})
         print(rows[-1], flush=True)
     return rows
 
@@ -422,8 +419,8 @@ def bwd_compare(iters: int, cases: list[BwdCase] | None = None, device: str = "c
                 err = f"{type(e).__name__}: {str(e)[:60]}"
             two_ms = ms if path == "two-pass" and ms is not None else two_ms
             rows.append({"case": name, "path": path, "tiles": tiles, "tma": _tma_label(cfg, b), "bwd_ms": ms,
-                         "bwd_tflops": _tf(f_all - f_fwd, ms), "bwd_x": None if ms is None else two_ms / ms,
-                         "fb_ms": fb_ms, "fb_tflops": _tf(f_all, fb_ms), "err": err})
+                         "bwd_tflops": tflops(f_all - f_fwd, ms), "bwd_x": None if ms is None else two_ms / ms,
+                         "fb_ms": fb_ms, "fb_tflops": tflops(f_all, fb_ms), "err": err})
             print(rows[-1], flush=True)
         del b, out, lse, base
         if device == "cuda":
