@@ -139,14 +139,15 @@ def _codes(bits3, x3, e3, INT_CVT: tl.constexpr):
     return code
 
 
-_INF: dict[str, int] = {}
+# torch's own E4M3 behaviour, probed once: "inf" (its code for +Inf), "nan_sign_<device type>".
+_TORCH_CODES: dict[str, int] = {}
 
 
 def _inf_code() -> int:
     """torch's E4M3 code for +Inf (0x7E: saturated, torch >= 2.13; 0x7F: NaN, before)."""
-    if "code" not in _INF:
-        _INF["code"] = int(torch.tensor(float("inf")).to(E4M3).view(torch.uint8))
-    return _INF["code"]
+    if "inf" not in _TORCH_CODES:
+        _TORCH_CODES["inf"] = int(torch.tensor(float("inf")).to(E4M3).view(torch.uint8))
+    return _TORCH_CODES["inf"]
 
 
 def _nan_keeps_sign(device: torch.device) -> bool:
@@ -154,10 +155,10 @@ def _nan_keeps_sign(device: torch.device) -> bool:
     (CUDA: the GPU's fp32 multiply returns the canonical, positive NaN), probed once per
     device type the way `quantize_rows` computes codes (x * 2^-e, then the E4M3 cast)."""
     key = "nan_sign_" + device.type
-    if key not in _INF:
+    if key not in _TORCH_CODES:
         x = torch.tensor([-float("nan")], device=device) * torch.tensor([2.0], device=device)
-        _INF[key] = int(x.to(E4M3).view(torch.uint8)[0]) >> 7
-    return bool(_INF[key])
+        _TORCH_CODES[key] = int(x.to(E4M3).view(torch.uint8)[0]) >> 7
+    return bool(_TORCH_CODES[key])
 
 
 def _fit(n: int, b: int) -> int:
