@@ -160,15 +160,20 @@ def test_rotated_q_walk_wraps_around(variant: str) -> None:
         _compare(lq, lq, one=one, h=1, seed=10 + bn, **vis)
 
 
+def _fused_qkv(seed: int) -> tuple[list[int], torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
+    """Lengths [17, 0, 33, 16], their offsets, q/k/v as views of one fused [T, 3, H=2, D=16]
+    projection (last dim contiguous) and dout, drawn from `seed`."""
+    lq = [17, 0, 33, 16]
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    qkv = torch.randn(sum(lq), 3, 2, 16, generator=g, device=DEVICE)
+    dout = torch.randn(sum(lq), 2, 16, generator=g, device=DEVICE)
+    return lq, _offsets(lq), qkv.unbind(1), dout
+
+
 @needs_triton
 def test_strided_qkv_views() -> None:
     # q, k, v as views of one fused [T, 3, H, D] projection (last dim contiguous).
-    lq = [17, 0, 33, 16]
-    qo = _offsets(lq)
-    g = torch.Generator(device=DEVICE).manual_seed(8)
-    qkv = torch.randn(sum(lq), 3, 2, 16, generator=g, device=DEVICE)
-    dout = torch.randn(sum(lq), 2, 16, generator=g, device=DEVICE)
-    q, k, v = qkv.unbind(1)
+    lq, qo, (q, k, v), dout = _fused_qkv(8)
     assert not q.is_contiguous() and q.stride(2) == 1
     strided = _grads(ONE, q, k, v, dout, qo, qo, causal=True)
     dense = _grads(ONE, q.contiguous(), k.contiguous(), v.contiguous(), dout, qo, qo, causal=True)
@@ -305,12 +310,7 @@ def test_tma_host_choice_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) 
 def test_tma_loads_strided_and_fallback_views() -> None:
     # q, k, v as views of one fused [T, 3, H, D] projection: q's descriptor has row stride 3·H·D;
     # and a q whose base is not 16-byte aligned takes the pointer loads: all equal the dense run.
-    lq = [17, 0, 33, 16]
-    qo = _offsets(lq)
-    g = torch.Generator(device=DEVICE).manual_seed(22)
-    qkv = torch.randn(sum(lq), 3, 2, 16, generator=g, device=DEVICE)
-    dout = torch.randn(sum(lq), 2, 16, generator=g, device=DEVICE)
-    q, k, v = qkv.unbind(1)
+    lq, qo, (q, k, v), dout = _fused_qkv(22)
     odd = torch.empty(sum(lq) * 2 * 16 + 1, device=DEVICE)[1:].view(sum(lq), 2, 16)  # base 4 bytes off
     odd.copy_(q)
     assert _triton_jfa._tma_modes(TMA_LOADS, q, dout, dout)[1] == (INTERPRET or HOPPER)
