@@ -447,15 +447,22 @@ def _jfa_fwd_kernel(
                                   stride_kt, stride_vt, shift, lk, scale_log2, WINDOW,
                                   CAUSAL, HAS_WINDOW, True, BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
 
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    lse2 = tl.where(empty, float("inf"), m_i + tl.log2(l_safe))
+    out, lse2 = _softmax_finish(acc, l_i, m_i)
     O += tl.program_id(2) * stride_os
     LSE += tl.program_id(2) * stride_ls
     tl.store(O + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
              out.to(O.dtype.element_ty), mask=m_valid[:, None])
     tl.store(LSE + (q_start + offs_m) * H + h, lse2, mask=m_valid)
+
+
+@triton.jit
+def _softmax_finish(acc, l_i, m_i):
+    """The forward's epilogue (shared by the pointer and the TMA kernel): out = acc / l and the
+    log2-domain lse2 = m + log2 l; a row that saw no key gets out 0 and lse2 = +inf, so the
+    backward's recomputed probabilities are exactly 0 there."""
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    return acc / l_safe[:, None], tl.where(empty, float("inf"), m_i + tl.log2(l_safe))
 
 
 @triton.jit

@@ -59,7 +59,8 @@ import triton
 import triton.language as tl
 
 from gem_kernels._triton_jfa import (_LOG2E, _dot_prec, _kv_bounds, _last_dim_contiguous, _mma, _pow2_clamp,
-                                     _softmax_step, _upcast, desc_2d, interpreting, jfa_forward, tma_view_problem)
+                                     _softmax_finish, _softmax_step, _upcast, desc_2d, interpreting, jfa_forward,
+                                     tma_view_problem)
 
 # TMA box dimensions are at most 256 elements each.
 _TMA_MAX_BOX = 256
@@ -276,10 +277,7 @@ def _jfa_tma_fwd_kernel(
                                       shift, lk, scale_log2, WINDOW, CAUSAL, HAS_WINDOW, True, ZERO_V,
                                       BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
 
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    lse2 = tl.where(empty, float("inf"), m_i + tl.log2(l_safe))
+    out, lse2 = _softmax_finish(acc, l_i, m_i)
     if DEVICE_DESC:
         o_desc.store([(q_row + m_start).to(tl.int32), col], out.to(O.dtype.element_ty))
     else:
