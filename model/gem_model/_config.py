@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 _BACKENDS = ("auto", "triton", "reference")
+_STREAM_DTYPES = ("compute", "float32")
 _ACTIVATIONS = ("softmax", "silu", "gelu", "relu", "relu2", "sigmoid", "identity")
 
 
@@ -59,6 +60,12 @@ class GEMConfig:
         attention_backend: gem_kernels backend ("auto": Triton on CUDA, reference on CPU).
         use_torchrec: sparse front end through torchrec's EmbeddingBagCollection; None = when
             importable.
+        stream_dtype: dtype of the jagged token stream that every layer reads and adds into
+            (the residual stream, `[T + B*num_cls, d_model]`, the largest activation):
+            "compute" = the compute dtype (bf16 under CUDA autocast, the parameters' dtype
+            otherwise); "float32" = float32 under autocast too (twice the memory traffic of
+            every norm, residual add and their backward). Without autocast both are the
+            same.
 
     Precision (MXFP8), activation checkpointing, compile and sharding are not model config:
     `gem_parallel.parallelize(model, ..., precision="mxfp8_rceil")` applies them from outside.
@@ -97,6 +104,7 @@ class GEMConfig:
 
     attention_backend: str = "auto"
     use_torchrec: bool | None = None
+    stream_dtype: str = "compute"
 
     def __post_init__(self) -> None:
         positive = (
@@ -152,6 +160,8 @@ class GEMConfig:
                     f"GEMConfig.event_widths={self.event_widths} must lie in [1, event_emb_dim="
                     f"{self.event_emb_dim}]"
                 )
+        if self.stream_dtype not in _STREAM_DTYPES:
+            raise ValueError(f"GEMConfig.stream_dtype={self.stream_dtype!r} must be one of {_STREAM_DTYPES}")
         if self.attention_backend not in _BACKENDS:
             raise ValueError(f"GEMConfig.attention_backend={self.attention_backend!r} must be one of {_BACKENDS}")
 

@@ -261,6 +261,53 @@ def test_gpu_bf16_autocast_matches_reference_backend() -> None:
     assert all(p.grad is not None for p in fast.parameters())
 
 
+def _stream_dtypes(model: GEMModel) -> list[torch.dtype]:
+    """Registers a hook recording the dtype of the token stream each layer receives."""
+    seen: list[torch.dtype] = []
+    for layer in model.layers:
+        layer.register_forward_pre_hook(lambda _m, args: seen.append(args[1].dtype))
+    return seen
+
+
+def test_stream_dtype_is_validated_and_a_no_op_without_autocast() -> None:
+    with pytest.raises(ValueError, match="stream_dtype='bf16' must be one of"):
+        tiny_config(stream_dtype="bf16")
+    torch.manual_seed(3)
+    a = GEMModel(tiny_config(gdpa_ffn=True))
+    b = GEMModel(tiny_config(gdpa_ffn=True, stream_dtype="float32"))
+    b.load_state_dict(a.state_dict())
+    seen = _stream_dtypes(a)
+    batch = make_batch(5, lengths=[0, 4, 11, 1, 6], seed=4)
+    torch.testing.assert_close(a(batch), b(batch), rtol=0, atol=0)
+    assert seen and set(seen) == {torch.float32}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_compute_stream_is_bf16_and_matches_float32_stream() -> None:
+    torch.manual_seed(0)
+    cfg = presets.h200(**FEATURES, num_layers=2, d_model=256, num_heads=2)
+    fast = GEMModel(cfg).cuda()
+    wide = GEMModel(dataclasses.replace(cfg, stream_dtype="float32")).cuda()
+    wide.load_state_dict(fast.state_dict())
+    seen_fast, seen_wide = _stream_dtypes(fast), _stream_dtypes(wide)
+    batch = make_batch(16, max_len=700, seed=11)
+    batch = dataclasses.replace(
+        batch, **{f: getattr(batch, f).cuda() for f in ("event_ids", "event_types", "timestamps", "seq_offsets", "dense", "domain", "labels")}
+    )
+    batch.sparse = type(batch.sparse)({k: (j.values().cuda(), j.lengths().cuda()) for k, j in batch.sparse.to_dict().items()})
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        a, b = fast(batch), wide(batch)
+    assert set(seen_fast) == {torch.bfloat16} and set(seen_wide) == {torch.float32}
+    torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
+    a.sum().backward()
+    b.sum().backward()
+    for (name, p), q in zip(fast.named_parameters(), wide.parameters()):
+        if p.grad is None or q.grad is None or "layers" not in name:
+            continue
+        err = (p.grad.float() - q.grad.float()).norm() / q.grad.float().norm().clamp(min=1e-12)
+        assert err < 5e-2, (name, float(err))
+
+
 def test_mxfp8_recipe_converts_linears_and_trains() -> None:
     torch.manual_seed(0)
     # The model never imports precision code; the conversion is applied from outside
