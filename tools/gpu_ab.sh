@@ -3,8 +3,9 @@
 #   bash A/tools/gpu_ab.sh A B
 #   GPU 0: the quality bench's GEM row at 1,000 steps with tree B (the change), to compare
 #          with tree A's figures (the data are deterministic: the same samples, same held-out set).
-#   GPU 1: the h200 trainer, 60 steps, A then B then B with GEM_JFA_BWD=one_pass, one after
-#          the other on the same GPU; B's model GPU tests; B's compiled step under the profiler.
+#   GPU 1: the h200 trainer, 60 steps, A then B, one after the other on the same GPU; with
+#          ONEPASS=1 B again with GEM_JFA_BWD=one_pass, with LONG=1 B at the issue's --steps 300;
+#          B's model GPU tests; B's compiled step under the profiler.
 A=$1; B=$2; OUT=${OUT:-/tmp/out}; TOP=$OUT; OUT=$TOP/r/a/b; mkdir -p "$OUT"; ROOT=$PWD
 pp() { (cd "$ROOT/$1" && ls -d */gem_* | xargs -n1 dirname | sed "s|^|$ROOT/$1/|" | paste -sd:); }
 PA=$(pp "$A"):$ROOT/$A/tests; PB=$(pp "$B"):$ROOT/$B/tests; export PYTHONUNBUFFERED=1
@@ -13,7 +14,7 @@ TR="python3 -m gem_trainer --preset h200 --steps 60 --eval-batches 0 --no-progre
 finish() {
   { echo "=== stages"; cat "$OUT/rcs.txt"
   echo "=== quality ($B)"; grep -E " lr=[0-9.e+-]+: mean AUC|Error|^ *[a-z_]+ \||Bayes" "$OUT/quality.log" | cut -c1-220
-  for r in tr_a tr_b tr_b_one_pass; do echo "=== $r"; [ -f "$OUT/$r.log" ] && (cd "$ROOT/$A" && python3 tools/trainer_summary.py "$OUT/$r.log" | head -1); done
+  for r in tr_a tr_b tr_b_one_pass tr_b_300; do echo "=== $r"; [ -f "$OUT/$r.log" ] && (cd "$ROOT/$A" && python3 tools/trainer_summary.py "$OUT/$r.log" | head -1); done
   echo "=== model gpu tests"; tail -n 2 "$OUT/model_tests.log" | cut -c1-300
   echo "=== profile"; tail -n 1 "$OUT/profile.log" | cut -c1-300
   } > "$TOP/summary.txt" 2>&1
@@ -26,7 +27,8 @@ finish() {
   (cd "$ROOT/$A"; PYTHONPATH=$PA st tr_a 170 $TR)
   cd "$ROOT/$B"; export PYTHONPATH=$PB
   st tr_b 150 $TR
-  GEM_JFA_BWD=one_pass st tr_b_one_pass 90 $TR
+  [ "${ONEPASS:-0}" = 1 ] && GEM_JFA_BWD=one_pass st tr_b_one_pass 90 $TR
+  [ "${LONG:-0}" = 1 ] && st tr_b_300 150 ${TR/--steps 60/--steps 300}
   st model_tests 60 python3 -m pytest -q -p no:cacheprovider model/tests/test_model.py -k gpu
   st profile 120 python3 tools/profile_trainer.py --preset h200 --steps 18 --skip 8 --rows 70 \
      --trace "$OUT/trace.json"

@@ -9,7 +9,7 @@ from gem_kernels._jfa import jagged_flash_attention, jfa_backward_rule
 from gem_kernels._gdpa import generalized_dot_product_attention
 from gem_kernels._block import block_attention
 
-__version__ = "0.1.3"
+__version__ = "0.1.4"
 
 # One import line and one entry per op, so op files merge without conflicts.
 __all__ = [

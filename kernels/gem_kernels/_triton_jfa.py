@@ -112,11 +112,15 @@ def _pow2_clamp(n: int, lo: int, hi: int) -> int:
 # The backward the heuristic picks; `GEM_JFA_BWD` overrides it per process (GPU benches,
 # trainer A/B runs). One-pass from ONE_PASS_MIN_LEN keys on (the longest sequence of the
 # batch): on the H200 (kernels/BENCHMARKS.md, 2026-11-30) one-pass is 0.95-0.96x two-pass on
-# the issue batch (max 4,787), 1.10x on the trainer's batch (max 13,613; the compiled h200
-# step 0.2755 s vs 0.2946 s) and 1.12x on a long mix (max 16,384). Never while torch's
-# deterministic algorithms are on: its dQ atomics make dQ's last bits order-dependent.
+# the issue batch (64 sequences, max 4,787, 4 heads), 1.10x on the trainer's batch (max
+# 13,613; the compiled h200 step 0.2755 s vs 0.2946 s) and 1.12x on a long mix (max 16,384).
+# The h200 trainer's own batches (~270 sequences, max 5,000-8,192, 8 heads) run 1.7 % faster
+# per step with one-pass on all of them than with the earlier 8,192 threshold (0.2745 s vs
+# 0.2793 s, trainer/BENCHMARKS.md), hence 4,096: the issue batch's backward pays ~4 % for it.
+# Never while torch's deterministic algorithms are on: its dQ atomics make dQ's last bits
+# order-dependent.
 ONE_PASS_DEFAULT = True
-ONE_PASS_MIN_LEN = 8192
+ONE_PASS_MIN_LEN = 4096
 BWD_ENV = "GEM_JFA_BWD"
 _BWD_CHOICES = {"one_pass": True, "two_pass": False}
 

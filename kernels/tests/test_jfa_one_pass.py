@@ -200,8 +200,8 @@ def test_config_and_env_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert bwd_one_pass_from_env() is ONE_PASS_DEFAULT
     # the default rule: one-pass from ONE_PASS_MIN_LEN keys on, two-pass below it and whenever
     # torch's deterministic algorithms are on (one-pass's dQ atomics are order-dependent)
-    assert ONE_PASS_DEFAULT and ONE_PASS_MIN_LEN > 4500
-    assert not pick_config(4500, 4500, 128, torch.bfloat16).one_pass
+    assert ONE_PASS_DEFAULT and ONE_PASS_MIN_LEN > 2048
+    assert not pick_config(2048, 2048, 128, torch.bfloat16).one_pass
     assert pick_config(ONE_PASS_MIN_LEN, ONE_PASS_MIN_LEN, 128, torch.bfloat16).one_pass
     assert not pick_config(ONE_PASS_MIN_LEN - 1, ONE_PASS_MIN_LEN - 1, 128, torch.bfloat16).one_pass
     was = torch.are_deterministic_algorithms_enabled()
@@ -215,17 +215,17 @@ def test_config_and_env_choice(monkeypatch: pytest.MonkeyPatch) -> None:
         torch.use_deterministic_algorithms(was)
     assert pick_config(13613, 13613, 128, torch.bfloat16).one_pass
     monkeypatch.setenv(BWD_ENV, "one_pass")
-    cfg = pick_config(4500, 4500, 128, torch.bfloat16)
+    cfg = pick_config(2048, 2048, 128, torch.bfloat16)
     assert cfg.one_pass and (cfg.dkdv.block_m, cfg.dkdv.block_n, cfg.dkdv.num_warps) == (32, 128, 8)
     with force_config(TWO):  # a forced config is used as is, whatever the environment says
-        assert not pick_config(4500, 4500, 128, torch.bfloat16).one_pass
+        assert not pick_config(2048, 2048, 128, torch.bfloat16).one_pass
     monkeypatch.setenv(BWD_ENV, "two_pass")
-    assert not pick_config(4500, 4500, 128, torch.bfloat16).one_pass
+    assert not pick_config(2048, 2048, 128, torch.bfloat16).one_pass
     with force_config(ONE):
-        assert pick_config(4500, 4500, 128, torch.bfloat16).one_pass
+        assert pick_config(2048, 2048, 128, torch.bfloat16).one_pass
     monkeypatch.setenv(BWD_ENV, "fused")
     with pytest.raises(ValueError, match="GEM_JFA_BWD='fused' must be one of"):
-        pick_config(4500, 4500, 128, torch.bfloat16)
+        pick_config(2048, 2048, 128, torch.bfloat16)
 
 
 class _Forbidden:

@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from gem_model import _flops, _jagged
@@ -156,6 +157,7 @@ class EventArch(nn.Module):
             if emb is not None:
                 nn.init.normal_(emb.weight, std=0.02)
         self.proj = nn.Linear(cfg.event_emb_dim, cfg.d_model)
+        self.compute_stream = cfg.stream_dtype == "compute"
         self.width_mask: torch.Tensor | None
         if cfg.event_widths is not None:
             cols = torch.arange(cfg.event_emb_dim)
@@ -175,9 +177,22 @@ class EventArch(nn.Module):
         last = timestamps[(offsets[1:] - 1).clamp(min=0)] if timestamps.numel() else timestamps
         age = (last[sample] - timestamps).clamp(min=0).to(torch.float32)
         bucket = torch.log2(age + 1.0).long().clamp(max=self.num_time_buckets - 1)
-        out: torch.Tensor = self.proj(x) + self.type_emb(types) + self.age(bucket)
+        # The small tables (type, age, rank; the projection's bias folded into the type rows)
+        # are summed per token by one embedding_bag over their concatenation: one gather of
+        # three rows per token instead of three [T, d] lookups and adds (and one backward).
+        tables = [self.type_emb.weight + self.proj.bias, self.age.weight]
+        cols = [types, bucket + self.type_emb.num_embeddings]
         if self.rank is not None:
-            out = out + self.rank(rank_bucket(offsets, sample, self.rank.num_embeddings))
+            tables.append(self.rank.weight)
+            cols.append(rank_bucket(offsets, sample, self.rank.num_embeddings)
+                        + self.type_emb.num_embeddings + self.num_time_buckets)
+        table = torch.cat(tables)
+        dt = _jagged.kernel_dtype(table) if self.compute_stream else table.dtype
+        small = F.embedding_bag(torch.stack(cols, dim=1), table.to(dt), mode="sum")
+        if self.compute_stream:
+            # x @ projᵀ + small in one GEMM (the sum in its epilogue; bf16 out under autocast).
+            return torch.addmm(small, x.to(dt), self.proj.weight.t().to(dt))
+        out: torch.Tensor = F.linear(x, self.proj.weight) + small  # float32 stream
         return out
 
     def flops(self, shapes: _flops.Shapes) -> float:

@@ -331,7 +331,7 @@ class InterFormerLayer(nn.Module):
             # In place on the FFN's fresh output (its add saves nothing for backward).
             comb = comb.index_copy_(0, lay.cls_rows, x_sum.reshape(-1, x_sum.shape[2]).to(comb.dtype))
             comb = self.seq_attention(comb, lay)
-            cls_out = comb.index_select(0, lay.cls_rows).reshape(x_sum.shape)
+            cls_out = _jagged.unique_rows(comb, lay.cls_rows).reshape(x_sum.shape)
         if self.pooling is not None:
             pooled = self.pooling(_jagged.events_of(comb, lay), lay.seq_offsets, lay.seq_max_len)
         if pooled is None:

@@ -121,7 +121,9 @@ def test_layout_matches_per_layer_prefix_copies(name: str, seed: int) -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert got_g.keys() == want_g.keys()
     for n in want_g:
-        torch.testing.assert_close(got_g[n], want_g[n], rtol=1e-4, atol=1e-6, msg=n)
+        # float32 rounding of a sum scales with its largest terms, not with each element
+        scale = float(want_g[n].abs().max())
+        torch.testing.assert_close(got_g[n], want_g[n], rtol=1e-4, atol=1e-6 + 1e-4 * scale, msg=n)
 
 
 def test_cls_rows_are_not_events() -> None:
@@ -160,3 +162,32 @@ def test_rope_matches_the_rotate_half_formula(dtype: torch.dtype) -> None:
     if dtype == torch.float32:
         y = _jagged.rope(x, cos, sin)
         torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_unique_rows_matches_index_select_forward_and_backward(dtype: torch.dtype, compiled: bool) -> None:
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(37, 3, 5, generator=g).to(dtype).requires_grad_()
+    rows = torch.randperm(37, generator=g)[:23]
+    up = torch.randn(23, 3, 5, generator=g).to(dtype)
+
+    def loss(fn: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        x.grad = None
+        y = fn(x, rows)
+        (y * up).sum().backward()
+        assert x.grad is not None
+        return y.detach(), x.grad
+
+    fn: Any = _jagged.unique_rows
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(_jagged.unique_rows, fullgraph=True, dynamic=True)
+    y, gx = loss(fn)
+    y_ref, gx_ref = loss(lambda a, r: a.index_select(0, r))
+    # One contribution per row: the scatter and index_add's accumulation agree exactly.
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=0)
+    torch.testing.assert_close(gx, gx_ref, rtol=0, atol=0)
+    untouched = torch.ones(37, dtype=torch.bool)
+    untouched[rows] = False
+    assert not gx[untouched].any()
