@@ -242,6 +242,14 @@ def test_bad_batch_raises() -> None:
     assert model(batch).shape == (3, 2)
 
 
+def _on(batch: Any, device: str) -> Any:
+    """The test batch with every tensor (the sparse features too) on `device`."""
+    fields = ("event_ids", "event_types", "timestamps", "seq_offsets", "dense", "domain", "labels")
+    out = dataclasses.replace(batch, **{f: getattr(batch, f).to(device) for f in fields})
+    out.sparse = type(batch.sparse)({k: (j.values().to(device), j.lengths().to(device)) for k, j in batch.sparse.to_dict().items()})
+    return out
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_gpu_bf16_autocast_matches_reference_backend() -> None:
     torch.manual_seed(0)
@@ -249,11 +257,7 @@ def test_gpu_bf16_autocast_matches_reference_backend() -> None:
     fast = GEMModel(cfg).cuda()
     ref = GEMModel(dataclasses.replace(cfg, attention_backend="reference")).cuda()
     ref.load_state_dict(fast.state_dict())
-    batch = make_batch(16, max_len=700, seed=8)
-    batch = dataclasses.replace(
-        batch, **{f: getattr(batch, f).cuda() for f in ("event_ids", "event_types", "timestamps", "seq_offsets", "dense", "domain", "labels")}
-    )
-    batch.sparse = type(batch.sparse)({k: (j.values().cuda(), j.lengths().cuda()) for k, j in batch.sparse.to_dict().items()})
+    batch = _on(make_batch(16, max_len=700, seed=8), "cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
         a, b = fast(batch), ref(batch)
     torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
@@ -295,11 +299,7 @@ def test_gpu_compute_stream_is_bf16_and_as_accurate_as_float32_stream() -> None:
     wide.load_state_dict(fast.state_dict())
     exact.load_state_dict(fast.state_dict())
     seen_fast, seen_wide = _stream_dtypes(fast), _stream_dtypes(wide)
-    batch = make_batch(16, max_len=700, seed=11)
-    batch = dataclasses.replace(
-        batch, **{f: getattr(batch, f).cuda() for f in ("event_ids", "event_types", "timestamps", "seq_offsets", "dense", "domain", "labels")}
-    )
-    batch.sparse = type(batch.sparse)({k: (j.values().cuda(), j.lengths().cuda()) for k, j in batch.sparse.to_dict().items()})
+    batch = _on(make_batch(16, max_len=700, seed=11), "cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
         a, b = fast(batch), wide(batch)
     ref = exact(batch)
