@@ -6,20 +6,18 @@
 #   GPU 1: the h200 trainer, 60 steps, A then B, one after the other on the same GPU; with
 #          ONEPASS=1 B again with GEM_JFA_BWD=one_pass, with LONG=1 B at the issue's --steps 300;
 #          B's model GPU tests; B's compiled step under the profiler.
-A=$1; B=$2; OUT=${OUT:-/tmp/out}; TOP=$OUT; OUT=$TOP/r/a/b; mkdir -p "$OUT"; ROOT=$PWD
+A=$1; B=$2; ROOT=$PWD
 pp() { (cd "$ROOT/$1" && ls -d */gem_* | xargs -n1 dirname | sed "s|^|$ROOT/$1/|" | paste -sd:); }
 PA=$(pp "$A"):$ROOT/$A/tests; PB=$(pp "$B"):$ROOT/$B/tests; export PYTHONUNBUFFERED=1
-. "$ROOT/$A/tools/stage.sh"; export OUT
+. "$(dirname "$0")/stage.sh"  # this script's own tree: A may predate gpu_begin
 TR="python3 -m gem_trainer --preset h200 --steps 60 --eval-batches 0 --no-progress"
-finish() {
-  { echo "=== stages"; cat "$OUT/rcs.txt"
+summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   echo "=== quality ($B)"; grep -E " lr=[0-9.e+-]+: mean AUC|Error|^ *[a-z_]+ \||Bayes" "$OUT/quality.log" | cut -c1-220
   for r in tr_a tr_b tr_b_one_pass tr_b_300; do echo "=== $r"; [ -f "$OUT/$r.log" ] && (cd "$ROOT/$A" && python3 tools/trainer_summary.py "$OUT/$r.log" | head -1); done
   echo "=== model gpu tests"; tail -n 2 "$OUT/model_tests.log" | cut -c1-300
   echo "=== profile"; tail -n 1 "$OUT/profile.log" | cut -c1-300
-  } > "$TOP/summary.txt" 2>&1
-  tar -czf "$TOP/all.tgz" -C "$OUT" . 2>/dev/null; }
-( sleep "${WATCH:-560}"; finish ) & WATCHDOG=$!
+}
+gpu_begin "${WATCH:-560}"
 ( export CUDA_VISIBLE_DEVICES=0; cd "$ROOT/$B"; export PYTHONPATH=$PB
   st quality 540 python3 -m gem_trainer.bench.quality --preset h200 --steps 1000 --models gem \
      --eval-at 100,250,500,750,1000 --out "$OUT/quality" ) & P0=$!
@@ -34,5 +32,4 @@ finish() {
      --trace "$OUT/trace.json"
   [ -f "$OUT/trace.json" ] && gzip -9 "$OUT/trace.json" ) & P1=$!
 wait "$P0" "$P1"
-kill "$WATCHDOG" 2>/dev/null
-finish; cat "$TOP/summary.txt"
+gpu_end

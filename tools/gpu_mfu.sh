@@ -7,13 +7,11 @@
 # Every stage runs under `timeout -k` (tools/stage.sh); a watchdog writes the summary and the
 # archive at WATCH seconds (default 560) even if a stage overruns, so a call cut at the device
 # limit still returns its logs.
-OUT=${OUT:-/tmp/out}; TOP=$OUT; OUT=$TOP/r/a/b; mkdir -p "$OUT"
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
-. tools/stage.sh; export OUT
+. tools/stage.sh
 STEPS=${STEPS:-60}
 TR="python3 -m gem_trainer --preset h200 --steps $STEPS --eval-batches 0 --no-progress"
-finish() {
-  { echo "=== stages"; cat "$OUT/rcs.txt"
+summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   echo "=== kernels bwd"; grep -A40 "^case" "$OUT/kernels_bwd.log" | cut -c1-160; grep -A4 "^fastest" "$OUT/kernels_bwd.log"
   echo "=== precision bench"; grep -v '^{' "$OUT/precision_bench.log" | tail -n 30 | cut -c1-240
   echo "=== gpu tests"; tail -n 8 "$OUT/gpu_tests.log" | cut -c1-300
@@ -21,9 +19,8 @@ finish() {
     [ -f "$OUT/$r.log" ] && python3 tools/trainer_summary.py "$OUT/$r.log" | head -1; done
   echo "=== local mfu (trainer batch)"; grep -A16 "GEM local MFU" "$OUT/local_mfu.log" | cut -c1-200
   [ -f "$OUT/transfer_gem_sweep.log" ] && { echo "=== transfer"; grep -v '^{' "$OUT/transfer_gem_sweep.log" | tail -n 45 | cut -c1-220; }
-  } > "$TOP/summary.txt" 2>&1
-  tar -czf "$TOP/all.tgz" -C "$OUT" . 2>/dev/null; }
-( sleep "${WATCH:-560}"; finish ) & WATCHDOG=$!
+}
+gpu_begin "${WATCH:-560}"
 precision() {
   st precision_bench 100 python3 -m gem_precision.bench.hopper
   st gpu_tests 120 python3 -m pytest -q -p no:cacheprovider precision/tests/test_fp8_block.py \
@@ -44,5 +41,4 @@ if [ "${DUAL:-0}" = 1 ]; then
 else
   main
 fi
-kill "$WATCHDOG" 2>/dev/null
-finish; cat "$TOP/summary.txt"
+gpu_end

@@ -7,17 +7,14 @@
 #   GPU 1: the fp8 GPU tests (the quant="auto" default fuses on CUDA), then the h200 trainer
 #          with --precision fp8_block (its compile ran past 150 s last time: 330 s here).
 # A watchdog writes the summary and the archive at WATCH seconds (default 560).
-OUT=${OUT:-/tmp/out}; TOP=$OUT; OUT=$TOP/r/a/b; mkdir -p "$OUT"
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
-. tools/stage.sh; export OUT
-finish() {
-  { echo "=== stages"; cat "$OUT/rcs.txt"
+. tools/stage.sh
+summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   echo "=== quality (one-pass default)"; grep -E " lr=[0-9.e+-]+: mean AUC|Error|^ *[a-z_]+ \||Bayes" "$OUT/quality.log" | cut -c1-220
   echo "=== fp8 gpu tests"; tail -n 4 "$OUT/fp8_tests.log" | cut -c1-260
   echo "=== fp8_block trainer"; [ -f "$OUT/tr_fp8.log" ] && python3 tools/trainer_summary.py "$OUT/tr_fp8.log" | head -1
-  } > "$TOP/summary.txt" 2>&1
-  tar -czf "$TOP/all.tgz" -C "$OUT" . 2>/dev/null; }
-( sleep "${WATCH:-560}"; finish ) & WATCHDOG=$!
+}
+gpu_begin "${WATCH:-560}"
 ( export CUDA_VISIBLE_DEVICES=0
   st quality 540 python3 -m gem_trainer.bench.quality --preset h200 --steps 1000 --models gem \
      --eval-at 100,250,500,750,1000 --out "$OUT/quality" ) & P0=$!
@@ -27,5 +24,4 @@ finish() {
   st tr_fp8 330 python3 -m gem_trainer --preset h200 --steps 120 --eval-batches 0 --no-progress \
      --precision fp8_block ) & P1=$!
 wait "$P0" "$P1"
-kill "$WATCHDOG" 2>/dev/null
-finish; cat "$TOP/summary.txt"
+gpu_end

@@ -5,18 +5,15 @@
 #          two-pass figures in model/BENCHMARKS.md (AUC 0.7537 / 0.7642 / 0.7820, +-0.01).
 #   GPU 1: the JFA GPU tests (after the review refactor), the fp8 GPU tests (quant="auto"),
 #          then the compiled h200 step under the profiler (8 steps after the warm-up).
-OUT=${OUT:-/tmp/out}; TOP=$OUT; OUT=$TOP/r/a/b; mkdir -p "$OUT"
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
-. tools/stage.sh; export OUT
-finish() {
-  { echo "=== stages"; cat "$OUT/rcs.txt"
+. tools/stage.sh
+summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   echo "=== quality (one-pass default)"; grep -E " lr=[0-9.e+-]+: mean AUC|Error|^ *[a-z_]+ \||Bayes" "$OUT/quality.log" | cut -c1-220
   echo "=== jfa gpu tests"; tail -n 3 "$OUT/jfa_tests.log" | cut -c1-300
   echo "=== fp8 gpu tests"; tail -n 3 "$OUT/fp8_tests.log" | cut -c1-300
   echo "=== profile"; grep -E "^-|Name|kernel_s_total" "$OUT/profile.log" | head -3
-  } > "$TOP/summary.txt" 2>&1
-  tar -czf "$TOP/all.tgz" -C "$OUT" . 2>/dev/null; }
-( sleep "${WATCH:-560}"; finish ) & WATCHDOG=$!
+}
+gpu_begin "${WATCH:-560}"
 ( export CUDA_VISIBLE_DEVICES=0
   st quality 540 python3 -m gem_trainer.bench.quality --preset h200 --steps 1000 --models gem \
      --eval-at 100,250,500,750,1000 --out "$OUT/quality" ) & P0=$!
@@ -29,5 +26,4 @@ finish() {
      --trace "$OUT/trace.json"
   [ -f "$OUT/trace.json" ] && gzip -9 "$OUT/trace.json" ) & P1=$!
 wait "$P0" "$P1"
-kill "$WATCHDOG" 2>/dev/null
-finish; cat "$TOP/summary.txt"
+gpu_end

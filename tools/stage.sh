@@ -1,7 +1,19 @@
-# Sourced by the batched GPU scripts (gpu_system.sh, gpu_recheck.sh).
+# Sourced by the batched GPU scripts (gpu_system.sh, gpu_recheck.sh, gpu_mfu.sh, gpu_ab.sh, ...).
 # st NAME LIMIT CMD...: runs CMD under `timeout LIMIT`, its output in $OUT/NAME.log, and a line
 # "NAME rc=<exit> wall=<s>s" in $OUT/rcs.txt (rc 124: cut by the limit; SIGKILL 15 s later if the
 # stage ignores SIGTERM: one 2-GPU call ran past the device limit and returned nothing).
 st() { local name=$1 lim=$2; shift 2; local t=$(date +%s)
   timeout -k 15 "$lim" "$@" > "$OUT/$name.log" 2>&1; echo "$name rc=$? wall=$(( $(date +%s) - t ))s" >> "$OUT/rcs.txt"; }
 export -f st
+
+# The frame of a script whose call must return its logs even when a stage overruns:
+#   define `summary` (prints the compact figures from the logs in $OUT), then
+#   gpu_begin SECONDS   the logs go to $OUT=$TOP/r/a/b, below what the device sends back
+#                       ($TOP = the caller's $OUT: only the summary and the archive return),
+#                       and a watchdog writes both at SECONDS;
+#   ... the stages (st) ...
+#   gpu_end             stops the watchdog, writes both, prints the summary.
+gpu_begin() { TOP=${OUT:-/tmp/out}; OUT=$TOP/r/a/b; mkdir -p "$OUT"; export OUT TOP
+  ( sleep "$1"; _gpu_write ) & WATCHDOG=$!; }
+_gpu_write() { summary > "$TOP/summary.txt" 2>&1; tar -czf "$TOP/all.tgz" -C "$OUT" . 2>/dev/null; }
+gpu_end() { kill "$WATCHDOG" 2>/dev/null; _gpu_write; cat "$TOP/summary.txt"; }
