@@ -191,6 +191,8 @@ class EventArch(nn.Module):
         table = torch.cat(tables)  # [rows, d]
         idx = torch.stack(cols, dim=1)  # [T, k], k distinct columns per token
         if self.compute_stream:
+            # The stream starts here in the compute dtype (bf16 under autocast), and every
+            # layer's residual adds, norms and their backward stay in it.
             dt = _jagged.kernel_dtype(table)
             hot = torch.zeros(idx.shape[0], table.shape[0], dtype=dt, device=idx.device).scatter_(1, idx, 1.0)
             w = torch.cat([self.proj.weight, table.t()], dim=1).to(dt)

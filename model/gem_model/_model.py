@@ -70,10 +70,6 @@ class GEMModel(nn.Module):
         sample = _jagged.token_sample(offsets, total)
         x = torch.cat([self.sparse(batch.sparse), self.dense(batch.dense, batch.domain)], dim=1)
         seq = self.events(batch.event_ids, batch.event_types, batch.timestamps, offsets, sample)
-        if self.cfg.stream_dtype == "compute":
-            # The stream in the compute dtype: under autocast every layer's linears already
-            # return bf16, so the residual adds, norms and their backward stay bf16.
-            seq = seq.to(_jagged.kernel_dtype(seq))
         # The CLS rows are inserted once here and the stream stays in that layout through
         # every layer (each layer overwrites them); the final stream is not read (the heads
         # take x and the last summary), so nothing is stripped.
