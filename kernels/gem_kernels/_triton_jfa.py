@@ -123,6 +123,13 @@ ONE_PASS_DEFAULT = True
 ONE_PASS_MIN_LEN = 4096
 BWD_ENV = "GEM_JFA_BWD"
 _BWD_CHOICES = {"one_pass": True, "two_pass": False}
+# Where it runs (`_flash_bwd.unavailable_reason`), the backward is torch's FlashAttention-2
+# varlen kernel fed with our forward's output and lse: faster than both of ours on every
+# length mix measured on the H200 (kernels/BENCHMARKS.md, 2026-12-01). `GEM_JFA_BWD=flash`
+# asks for it whatever FLASH_DEFAULT says; one_pass / two_pass ask for ours.
+FLASH_DEFAULT = True
+BWD_FLASH = "flash"
+_ENV_VALUES = (*_BWD_CHOICES, BWD_FLASH)
 
 
 def env_choice(name: str, choices: Sequence[str]) -> str | None:
@@ -144,27 +151,46 @@ def _default_two_pass_reason() -> str | None:
 
 
 def bwd_one_pass_from_env(max_kv_len: int | None = None) -> bool:
-    """`GEM_JFA_BWD=one_pass|two_pass`; unset or empty: the default rule, `ONE_PASS_DEFAULT`
-    and `max_kv_len >= ONE_PASS_MIN_LEN` (None: length not known, the rule's length test
-    passes) and torch's deterministic algorithms off."""
-    value = env_choice(BWD_ENV, list(_BWD_CHOICES))
-    if value is not None:
+    """Which of *our* backwards runs: `GEM_JFA_BWD=one_pass|two_pass`; unset, empty or `flash`
+    (where flash cannot run): the default rule, `ONE_PASS_DEFAULT` and `max_kv_len >=
+    ONE_PASS_MIN_LEN` (None: length not known, the rule's length test passes) and torch's
+    deterministic algorithms off."""
+    value = env_choice(BWD_ENV, _ENV_VALUES)
+    if value in _BWD_CHOICES:
         return _BWD_CHOICES[value]
     long_enough = max_kv_len is None or max_kv_len >= ONE_PASS_MIN_LEN
     return long_enough and _default_two_pass_reason() is None
 
 
+def bwd_uses_flash(q: torch.Tensor, window: int | None) -> bool:
+    """Whether `jfa_backward` hands this call to torch's FlashAttention-2 backward: not under
+    `force_config`, not when `GEM_JFA_BWD` names one of ours, and only where it runs."""
+    if _FORCED:
+        return False
+    value = env_choice(BWD_ENV, _ENV_VALUES)
+    if value in _BWD_CHOICES or (value is None and not FLASH_DEFAULT):
+        return False
+    from gem_kernels._flash_bwd import unavailable_reason
+
+    return unavailable_reason(q, window) is None
+
+
 def bwd_rule() -> str:
-    """`bwd_one_pass_from_env`'s choice in words (what `gem_kernels.jfa_backward_rule` returns)."""
-    value = env_choice(BWD_ENV, list(_BWD_CHOICES))
-    if value is not None:
+    """`jfa_backward`'s choice in words (what `gem_kernels.jfa_backward_rule` returns)."""
+    value = env_choice(BWD_ENV, _ENV_VALUES)
+    if value in _BWD_CHOICES:
         return f"{value} ({BWD_ENV}, {value})"
     why = _default_two_pass_reason()
+    ours = f"one_pass from {ONE_PASS_MIN_LEN} keys, two_pass below"
     if why == "the default":
-        return "two_pass"
-    if why is not None:
+        ours = "two_pass"
+    elif why is not None:
+        # torch's FlashAttention-2 backward is not used either (unavailable_reason).
         return f"two_pass ({why})"
-    return f"one_pass from {ONE_PASS_MIN_LEN} keys, two_pass below"
+    if value == BWD_FLASH or FLASH_DEFAULT:
+        src = f" ({BWD_ENV}, flash)" if value == BWD_FLASH else ""
+        return f"flash{src} (torch's FlashAttention-2 backward) on CUDA fp16/bf16 without a window; else {ours}"
+    return ours
 
 
 TMA_ENV = "GEM_JFA_TMA"
@@ -921,6 +947,10 @@ def jfa_backward(
     b = q_offsets.numel() - 1
     if tq == 0 or k.shape[0] == 0 or b == 0 or h == 0 or max_q_len == 0 or max_kv_len == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    if bwd_uses_flash(q, window):
+        from gem_kernels._flash_bwd import flash_backward
+
+        return flash_backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, scale)
     cfg = pick_config(max_q_len, max_kv_len, d, q.dtype)
     # The kernels write every row of dk/dv (offsets contract): no memset.
     dk = torch.empty_like(k)

@@ -182,7 +182,7 @@ def test_gpu_issue_batch_matches_jfa_forward(name: str | None, causal: bool) -> 
     """The issue batch (seed 62, 64 LogNormal(6.5, 1) lengths in 64..16384, H=4, D=128, bf16),
     heuristic tiles (None) and every bench config that compiles on triton 3.6 (warp-specialized
     ones do not: `COMPILING_TILES`; the interpreter tests still run their code)."""
-    from gem_kernels.bench.table import issue_lengths
+    from gem_kernels.bench._common import issue_lengths
 
     lengths = issue_lengths()
     h, d = 4, 128

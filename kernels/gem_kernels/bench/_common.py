@@ -29,6 +29,26 @@ def lognormal_lengths(
     return [int(min(cap, max(min_len, round(math.exp(float(v)))))) for v in x]
 
 
+def issue_lengths(n: int = 64, *, mu: float = 6.5, seed: int = 62) -> list[int]:
+    """The issue's batch: `torch.manual_seed(seed)`; LogNormal(mu, 1.0) clamped to 64..16384."""
+    torch.manual_seed(seed)
+    x = torch.distributions.LogNormal(mu, 1.0).sample((n,))  # type: ignore[no-untyped-call]
+    return [int(v) for v in x.clamp(64, 16384).long().tolist()]
+
+
+def trainer_lengths(tokens: int = 262144, seed: int = 0) -> list[int]:
+    """The h200 trainer's batches: lengths as gem_data's GEM preset draws them (log-normal,
+    mean 1,000, sigma 1.0, clamped to 16..16384), sequences added until `tokens` is reached
+    (the trainer's `batch_tokens`; ~260 sequences)."""
+    g = torch.Generator().manual_seed(seed)
+    mu, sigma = math.log(1000.0) - 0.5, 1.0
+    out: list[int] = []
+    while sum(out) < tokens:
+        n = float(torch.exp(mu + sigma * torch.randn((), generator=g)))
+        out.append(min(16384, max(16, round(n))))
+    return out
+
+
 def uniform_lengths(n: int, lo: int, hi: int, *, seed: int = 0) -> list[int]:
     """`n` lengths uniform in [lo, hi], fixed seed."""
     g = torch.Generator().manual_seed(seed)

@@ -33,7 +33,7 @@ from gem_kernels._triton_jfa import jfa_forward
 from gem_kernels._triton_jfa_tma import TILES, TmaTiles, jfa_forward_tma, last_compiled, pick_tiles, tma_fallback_reason
 from gem_kernels.bench._common import (attention_flops, bench_ms, emit_json, env_info, offsets_from_lengths,
                                        print_table, tflops, visible_pairs)
-from gem_kernels.bench.table import issue_lengths, trainer_lengths
+from gem_kernels.bench._common import issue_lengths, trainer_lengths
 
 D = 128
 DT = torch.bfloat16

@@ -33,18 +33,11 @@ from gem_kernels import block_attention, generalized_dot_product_attention, jagg
 from gem_kernels._gdpa import GdpaTiles, force_tiles, gdpa_tiles
 from gem_kernels._triton_jfa import (JfaConfig, JfaTiles, _heuristic_config, _tma_modes, force_config, jfa_backward,
                                     jfa_forward)
-from gem_kernels.bench._common import (attention_flops, bench_ms, emit_json, env_info, offsets_from_lengths,
-                                       print_table, tflops, visible_pairs)
+from gem_kernels.bench._common import (attention_flops, bench_ms, emit_json, env_info, issue_lengths,
+                                       offsets_from_lengths, print_table, tflops, trainer_lengths, visible_pairs)
 
 H, D = 4, 128
 DT = torch.bfloat16
-
-
-def issue_lengths(n: int = 64, *, mu: float = 6.5, seed: int = 62) -> list[int]:
-    """The issue's batch: `torch.manual_seed(seed)`; LogNormal(mu, 1.0) clamped to 64..16384."""
-    torch.manual_seed(seed)
-    x = torch.distributions.LogNormal(mu, 1.0).sample((n,))  # type: ignore[no-untyped-call]
-    return [int(v) for v in x.clamp(64, 16384).long().tolist()]
 
 
 def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -320,19 +313,6 @@ def long_lengths() -> list[int]:
     lengths = issue_lengths()
     f = 262144 / sum(lengths)
     return [min(16384, max(64, round(n * f))) for n in lengths]
-
-
-def trainer_lengths(tokens: int = 262144, seed: int = 0) -> list[int]:
-    """The h200 trainer's batches: lengths as gem_data's GEM preset draws them (log-normal,
-    mean 1,000, sigma 1.0, clamped to 16..16384), sequences added until `tokens` is reached
-    (the trainer's `batch_tokens`; ~260 sequences)."""
-    g = torch.Generator().manual_seed(seed)
-    mu, sigma = math.log(1000.0) - 0.5, 1.0
-    out: list[int] = []
-    while sum(out) < tokens:
-        n = float(torch.exp(mu + sigma * torch.randn((), generator=g)))
-        out.append(min(16384, max(16, round(n))))
-    return out
 
 
 def _tiles(t: JfaTiles) -> str:

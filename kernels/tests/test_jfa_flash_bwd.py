@@ -1,0 +1,251 @@
+"""The JFA backward through torch's FlashAttention-2 varlen kernel (`gem_kernels._flash_bwd`).
+
+Our Triton forward's output and log2-domain lse `[Tq, H]` go to `aten._flash_attention_backward`,
+which wants int32 cu_seqlens and a natural-log lse `[H, Tq]`. CPU (Triton's interpreter for our
+forward): a plain-PyTorch stand-in written to FlashAttention-2's varlen contract (it asserts the
+dtypes and shapes, recomputes P from the lse it is given) replaces torch's op, so a wrong
+conversion (log base, layout, offsets, the causal flag, the scale) gives wrong gradients against
+the fp32 reference. The rule (when flash runs, when ours does) is checked without a GPU. GPU
+(skipped without CUDA): torch's real kernel at the trainer's sizes, strided q/k/v, cross
+attention with empty sequences and rows that see no key, and the compiled path.
+"""
+
+import os
+from typing import Any
+
+import pytest
+import torch
+
+from gem_kernels import _flash_bwd, _triton_jfa, jagged_flash_attention
+from gem_kernels._triton_jfa import BWD_ENV, JfaConfig, JfaTiles, force_config
+
+CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+needs_triton = pytest.mark.skipif(
+    not (CUDA or INTERPRET), reason="Triton needs CUDA or TRITON_INTERPRET=1 (set by Bazel)"
+)
+DEVICE = "cuda" if CUDA else "cpu"
+_T16 = JfaTiles(block_m=16, block_n=16)
+TWO = JfaConfig(fwd=_T16, dkdv=_T16, dq=_T16)
+
+
+def _offsets(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64, device=DEVICE)
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    if want.numel() == 0:
+        return 0.0
+    return float((got.float() - want.float()).abs().max()) / max(1.0, float(want.float().abs().max()))
+
+
+def _fa2_stand_in(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                  lse: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int,
+                  dropout_p: float, causal: bool, seed: torch.Tensor, offset: torch.Tensor, *,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashAttention-2's varlen backward in plain PyTorch, to its contract: int32 cu_seqlens,
+    natural-log lse [H, Tq], causal bottom-right aligned, P recomputed from the given lse."""
+    assert cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32
+    assert lse.shape == (q.shape[1], q.shape[0]) and lse.dtype == torch.float32 and lse.is_contiguous()
+    assert dropout_p == 0.0 and seed.dtype == torch.uint64 and offset.dtype == torch.uint64
+    assert all(t.stride(-1) == 1 for t in (dout, q, k, v, out))
+    dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in (q, k, v))
+    for b in range(cu_q.numel() - 1):
+        qs, qe, ks, ke = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
+        assert qe - qs <= max_q and ke - ks <= max_k
+        if qe == qs or ke == ks:
+            continue
+        qb, kb, vb, ob, dob = (x.float().transpose(0, 1) for x in (q[qs:qe], k[ks:ke], v[ks:ke], out[qs:qe],
+                                                                    dout[qs:qe]))
+        s = qb @ kb.transpose(1, 2) * scale  # [H, lq, lk]
+        if causal:
+            i = torch.arange(qe - qs, device=q.device)[:, None] + (ke - ks) - (qe - qs)
+            s = s.masked_fill(torch.arange(ke - ks, device=q.device)[None, :] > i, float("-inf"))
+        p = torch.exp(s - lse[:, qs:qe, None])
+        dp = dob @ vb.transpose(1, 2)
+        ds = p * (dp - (dob * ob).sum(-1, keepdim=True))
+        dq[qs:qe] = (ds @ kb * scale).transpose(0, 1)
+        dk[ks:ke] = (ds.transpose(1, 2) @ qb * scale).transpose(0, 1)
+        dv[ks:ke] = (p.transpose(1, 2) @ dob).transpose(0, 1)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _case(lq: list[int], lk: list[int], *, h: int = 2, d: int = 16, dtype: torch.dtype = torch.float32,
+          seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    q, k, v = (torch.randn(sum(n), h, d, generator=g, device=DEVICE).to(dtype) for n in (lq, lk, lk))
+    dout = torch.randn(sum(lq), h, d, generator=g, device=DEVICE).to(dtype)
+    return q, k, v, dout, _offsets(lq), _offsets(lk)
+
+
+def _grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, qo: torch.Tensor,
+           ko: torch.Tensor, causal: bool, backend: str = "triton") -> list[torch.Tensor]:
+    mq, mk = int((qo[1:] - qo[:-1]).max()), int((ko[1:] - ko[:-1]).max())
+    xq, xk, xv = (x.detach().requires_grad_() for x in (q, k, v))
+    out = jagged_flash_attention(xq, xk, xv, qo, ko, mq, mk, causal=causal, backend=backend)
+    return [out.detach(), *torch.autograd.grad(out, (xq, xk, xv), dout)]
+
+
+@needs_triton
+@pytest.mark.parametrize("causal", [False, True])
+def test_conversions_against_fa2_contract(monkeypatch: pytest.MonkeyPatch, causal: bool) -> None:
+    """Our forward + flash_backward (torch's op replaced by the contract stand-in) vs the fp32
+    reference, through jagged_flash_attention's own autograd: lengths on the tile edges, cross
+    attention, empty sequences on either side, and (causal, lq > lk) rows that see no key."""
+    monkeypatch.setattr(_flash_bwd, "_fa2_backward", _fa2_stand_in)
+    monkeypatch.setattr(_flash_bwd, "unavailable_reason", lambda q, window: None)
+    monkeypatch.delenv(BWD_ENV, raising=False)
+    calls: list[int] = []
+    real = _flash_bwd.flash_backward
+
+    def counted(*a: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(_flash_bwd, "flash_backward", counted)
+    lq, lk = [17, 0, 1, 16, 15, 33], [33, 15, 16, 0, 3, 17]
+    q, k, v, dout, qo, ko = _case(lq, lk, seed=int(torch.randint(0, 10**6, ())))
+    got = _grads(q, k, v, dout, qo, ko, causal)
+    assert calls, "jfa_backward did not hand the call to flash_backward"
+    want = _grads(q, k, v, dout, qo, ko, causal, backend="reference")
+    for name, a, r in zip(("out", "dq", "dk", "dv"), got, want):
+        assert torch.isfinite(a).all(), name
+        assert _rel(a, r) <= 5e-5, f"{name}: {_rel(a, r):.3g}"
+    if causal:  # sample 4: 15 queries, 3 keys, bottom-right aligned: the first 12 see none
+        s = int(qo[4])
+        assert torch.count_nonzero(got[1][s:s + 12]) == 0
+
+
+def test_unavailable_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
+    q = torch.zeros(4, 2, 16, dtype=torch.bfloat16)
+    assert "CUDA" in (_flash_bwd.unavailable_reason(q, None) or "")
+    if CUDA:
+        qc = q.cuda()
+        assert "dtype" in (_flash_bwd.unavailable_reason(qc.float(), None) or "")
+        assert "head dim" in (_flash_bwd.unavailable_reason(torch.zeros(4, 2, 12, device="cuda",
+                                                                         dtype=torch.bfloat16), None) or "")
+        assert _flash_bwd.unavailable_reason(qc, 8) == "a sliding window"
+        was = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+        try:
+            assert _flash_bwd.unavailable_reason(qc, None) == "deterministic algorithms on"
+        finally:
+            torch.use_deterministic_algorithms(was)
+
+
+def test_when_flash_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flash where it can run, unless GEM_JFA_BWD names one of ours or a config is forced."""
+    q = torch.zeros(4, 2, 16)
+    monkeypatch.delenv(BWD_ENV, raising=False)
+    assert not _triton_jfa.bwd_uses_flash(q, None)  # CPU: cannot run
+    monkeypatch.setattr(_flash_bwd, "unavailable_reason", lambda q, window: None)
+    assert _triton_jfa.FLASH_DEFAULT and _triton_jfa.bwd_uses_flash(q, None)
+    with force_config(TWO):
+        assert not _triton_jfa.bwd_uses_flash(q, None)
+    for ours in ("one_pass", "two_pass"):
+        monkeypatch.setenv(BWD_ENV, ours)
+        assert not _triton_jfa.bwd_uses_flash(q, None)
+    monkeypatch.setenv(BWD_ENV, "flash")
+    monkeypatch.setattr(_triton_jfa, "FLASH_DEFAULT", False)
+    assert _triton_jfa.bwd_uses_flash(q, None)
+    monkeypatch.delenv(BWD_ENV)
+    assert not _triton_jfa.bwd_uses_flash(q, None)
+    # flash in the environment where it cannot run: our rule's pick (by length)
+    monkeypatch.setenv(BWD_ENV, "flash")
+    assert _triton_jfa.bwd_one_pass_from_env(_triton_jfa.ONE_PASS_MIN_LEN)
+    assert not _triton_jfa.bwd_one_pass_from_env(_triton_jfa.ONE_PASS_MIN_LEN - 1)
+
+
+# --- GPU: torch's real kernel ---------------------------------------------------------------------
+
+
+def _lognormal(n: int = 64, cap: int = 4096, seed: int = 62) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.exp(torch.randn(n, generator=g, dtype=torch.float64) + 6.5)
+    return [int(t) for t in x.clamp(64, cap).long().tolist()]
+
+
+def _ours(monkeypatch: pytest.MonkeyPatch, *args: Any) -> list[torch.Tensor]:
+    monkeypatch.setenv(BWD_ENV, "two_pass")
+    try:
+        return _grads(*args)
+    finally:
+        monkeypatch.delenv(BWD_ENV)
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU test")
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_real_size_default_is_flash(monkeypatch: pytest.MonkeyPatch, causal: bool) -> None:
+    """64 log-normal lengths up to 4,096, H=8, D=128, bf16: the default backward is flash, within
+    1e-2 of our two-pass backward and 2e-2 of the fp32 reference on the first 8 samples."""
+    monkeypatch.delenv(BWD_ENV, raising=False)
+    lengths = _lognormal()
+    q, k, v, dout, off, _ = _case(lengths, lengths, h=8, d=128, dtype=torch.bfloat16, seed=3)
+    assert _triton_jfa.bwd_uses_flash(q, None)
+    got = _grads(q, k, v, dout, off, off, causal)
+    base = _ours(monkeypatch, q, k, v, dout, off, off, causal)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, base):
+        assert torch.isfinite(a).all(), name
+        assert _rel(a, b) <= 1e-2, f"{name}: flash vs two-pass {_rel(a, b):.3g}"
+    n, sub = int(off[8]), _offsets(lengths[:8])
+    q8, k8, v8, do8 = (x[:n] for x in (q, k, v, dout))
+    got8 = _grads(q8, k8, v8, do8, sub, sub, causal)
+    ref8 = _grads(q8.float(), k8.float(), v8.float(), do8.float(), sub, sub, causal, "reference")
+    for name, a, r in zip(("out", "dq", "dk", "dv"), got8, ref8):
+        assert _rel(a, r) <= 2e-2, f"{name}: flash vs fp32 reference {_rel(a, r):.3g}"
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU test")
+def test_gpu_strided_cross_and_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    """q/k/v as views of one fused [T, 3, H, D] projection (the model's layout), and cross
+    attention with empty sequences and (causal) rows that see no key: flash vs two-pass."""
+    monkeypatch.delenv(BWD_ENV, raising=False)
+    lengths = _lognormal(16, 2048, seed=5)
+    off = _offsets(lengths)
+    g = torch.Generator(device=DEVICE).manual_seed(int(torch.randint(0, 10**6, ())))
+    qkv = torch.randn(sum(lengths), 3, 8, 128, generator=g, device=DEVICE).to(torch.bfloat16)
+    dout = torch.randn(sum(lengths), 8, 128, generator=g, device=DEVICE).to(torch.bfloat16)
+    q, k, v = qkv.unbind(1)
+    assert not q.is_contiguous() and q.stride(2) == 1
+    got = _grads(q, k, v, dout, off, off, True)
+    base = _ours(monkeypatch, q, k, v, dout, off, off, True)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, base):
+        assert _rel(a, b) <= 1e-2, f"strided {name}: {_rel(a, b):.3g}"
+    lq, lk = [300, 0, 129, 64, 1000], [200, 50, 0, 64, 1500]
+    q, k, v, dout, qo, ko = _case(lq, lk, h=8, d=128, dtype=torch.bfloat16, seed=7)
+    for causal in (False, True):
+        got = _grads(q, k, v, dout, qo, ko, causal)
+        base = _ours(monkeypatch, q, k, v, dout, qo, ko, causal)
+        for name, a, b in zip(("out", "dq", "dk", "dv"), got, base):
+            assert torch.isfinite(a).all() and _rel(a, b) <= 1e-2, f"cross causal={causal} {name}: {_rel(a, b):.3g}"
+        assert torch.count_nonzero(got[1][300:429]) == 0  # sample 2: no keys
+    # causal, 300 queries on 200 keys (bottom-right aligned): the first 100 see no key
+    assert torch.count_nonzero(got[1][:100]) == 0
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU test")
+def test_gpu_compiled_step_uses_flash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile (the custom op path) takes the same backward, with the same gradients."""
+    monkeypatch.delenv(BWD_ENV, raising=False)
+    calls: list[int] = []
+    real = _flash_bwd.flash_backward
+
+    def counted(*a: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(_flash_bwd, "flash_backward", counted)
+    lengths = _lognormal(8, 1024, seed=11)
+    q, k, v, dout, off, _ = _case(lengths, lengths, h=8, d=128, dtype=torch.bfloat16, seed=2)
+    mx = max(lengths)
+
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return jagged_flash_attention(q, k, v, off, off, mx, mx)
+
+    xs = [x.detach().requires_grad_() for x in (q, k, v)]
+    out = torch.compile(f, fullgraph=True)(*xs)
+    got = torch.autograd.grad(out, xs, dout)
+    assert calls
+    want = _grads(q, k, v, dout, off, off, False)[1:]
+    for a, b in zip(got, want):  # dQ is summed with atomics: equal up to the order of the sums
+        assert _rel(a, b) <= 1e-2
