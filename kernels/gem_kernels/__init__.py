@@ -1,15 +1,18 @@
-"""gem_kernels: jagged attention kernels (Triton) with plain-PyTorch references.
+"""gem_kernels: jagged attention kernels (Triton) with plain-PyTorch references, and the
+embedding tables' row-wise Adagrad update in one pass.
 
-Every op takes jagged values `[T, H, D]` + int64 offsets `[B+1]` + host-int max lengths and
-offers `backend="auto" | "triton" | "reference"`. Ops are registered with `torch.library`.
+Every attention op takes jagged values `[T, H, D]` + int64 offsets `[B+1]` + host-int max
+lengths; every op offers `backend="auto" | "triton" | "reference"`. The attention ops are
+registered with `torch.library`.
 """
 
 from gem_kernels._jagged import pad_jagged, unpad_jagged
 from gem_kernels._jfa import jagged_flash_attention, jfa_backward_rule
 from gem_kernels._gdpa import generalized_dot_product_attention
 from gem_kernels._block import block_attention
+from gem_kernels._rowwise_adagrad import rowwise_adagrad_, rowwise_adagrad_reference_
 
-__version__ = "0.1.4"
+__version__ = "0.2.0"
 
 # One import line and one entry per op, so op files merge without conflicts.
 __all__ = [
@@ -19,5 +22,7 @@ __all__ = [
     "jagged_flash_attention",
     "jfa_backward_rule",
     "pad_jagged",
+    "rowwise_adagrad_",
+    "rowwise_adagrad_reference_",
     "unpad_jagged",
 ]

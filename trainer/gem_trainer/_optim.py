@@ -6,8 +6,9 @@ moves such a row by ~1e-3 per occurrence, so the tail never learns (measured: GE
 pooled MLP by up to 0.10 AUC, model/BENCHMARKS.md). Recommendation practice (DLRM, torchrec,
 fbgemm's `EXACT_ROWWISE_ADAGRAD`) trains tables with row-wise Adagrad at a large step: one
 accumulator per row (the mean squared gradient over the row's columns), so a rare row takes
-a large first step and a frequent one anneals. This file is that optimizer in plain torch
-(the GPU box has no fbgemm), with the same update as fbgemm's exact row-wise Adagrad:
+a large first step and a frequent one anneals. This file is that optimizer (the GPU box has no
+fbgemm; the update is `gem_kernels.rowwise_adagrad_`, one Triton pass on CUDA), with the same
+update as fbgemm's exact row-wise Adagrad:
 
     state[r] += mean_j g[r, j]^2 ;  w[r] -= lr * g[r] / (sqrt(state[r]) + eps)
 
@@ -16,8 +17,8 @@ Rows whose gradient is zero in a step (absent ids) are left untouched.
 A step can be skipped on the device (`skip`, a bool device scalar: the trainer's
 "this step's loss is not finite"): the dense AdamW is torch's fused kernel, which reads
 `found_inf` on the device (the flag torch's GradScaler sets) and leaves parameters, moments
-and step count untouched when it is 1; the tables' update zeroes its gradients first. No
-host sync either way (issue #16 item 3).
+and step count untouched when it is 1; the tables' update reads the flag on the device and
+changes nothing. No host sync either way (issue #16 item 3).
 
 The dense learning rate follows a linear warm-up and a cosine decay to `final_frac` of the
 peak, computed from the step number alone, so a resumed run needs no scheduler state.
@@ -28,6 +29,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+import gem_kernels
 import torch
 from torch import nn
 
@@ -39,12 +41,16 @@ class RowWiseAdagrad(torch.optim.Optimizer):
         params: 2-D tables (dense gradients; rows with an all-zero gradient are skipped).
         lr: step size (recsys practice: 0.01-0.1).
         eps: added to the root of the accumulator.
+        backend: `gem_kernels.rowwise_adagrad_`'s: "auto" (its one-pass Triton kernel on CUDA,
+            plain PyTorch elsewhere), "triton" or "reference".
     """
 
-    def __init__(self, params: Iterable[torch.Tensor], lr: float = 0.05, eps: float = 1e-8) -> None:
+    def __init__(self, params: Iterable[torch.Tensor], lr: float = 0.05, eps: float = 1e-8,
+                 *, backend: str = "auto") -> None:
         if not lr > 0:
             raise ValueError(f"RowWiseAdagrad lr={lr} must be > 0")
         super().__init__(params, {"lr": lr, "eps": eps})
+        self.backend = backend
         for group in self.param_groups:
             for p in group["params"]:
                 if p.dim() != 2:
@@ -54,8 +60,8 @@ class RowWiseAdagrad(torch.optim.Optimizer):
     def step(self, closure: Any = None, *,  # type: ignore[override]
              skip: torch.Tensor | None = None) -> None:
         """One update; with `skip` (a bool scalar on the tables' device) set, a no-op decided on
-        the device: the gradients are zeroed in place first, so accumulators and weights are
-        unchanged bit for bit (w + -0.0 == w), whatever the gradients held (NaN included)."""
+        the device: accumulators and weights are unchanged bit for bit, whatever the gradients
+        held (NaN included)."""
         for group in self.param_groups:
             lr, eps = group["lr"], group["eps"]
             for p in group["params"]:
@@ -65,17 +71,14 @@ class RowWiseAdagrad(torch.optim.Optimizer):
                 # local rows, so a DTensor is updated through its local shard.
                 w = p.to_local() if hasattr(p, "to_local") else p
                 grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-                g = grad.float()
-                if skip is not None:
-                    g.masked_fill_(skip, 0.0)
                 state = self.state[p]
                 if "sum" not in state:
                     state["sum"] = _accumulator(p, w)
                 acc = state["sum"]
                 acc = acc.to_local() if hasattr(acc, "to_local") else acc
-                acc.add_(g.square().mean(dim=1))
-                # A zero-gradient row gets a zero update: g is 0 there, whatever acc is.
-                w.add_((g / (acc.sqrt() + eps)[:, None]).to(w.dtype), alpha=-lr)
+                # One pass on CUDA (gem_kernels' Triton kernel: rows absent from the step are
+                # not even read), the plain-PyTorch rule elsewhere.
+                gem_kernels.rowwise_adagrad_(w, acc, grad, lr=lr, eps=eps, skip=skip, backend=self.backend)
 
 
 def _accumulator(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
