@@ -18,7 +18,7 @@ gpu_begin "${WATCH:-565}"
   st quality 545 python3 -m gem_trainer.bench.quality --preset h200 --steps 1000 --models gem \
      --eval-at 100,250,500,750,1000 --out "$OUT/quality" ) & P0=$!
 ( export CUDA_VISIBLE_DEVICES=1
-  st kernel_tests 130 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa_flash_bwd.py \
+  st kernel_tests 130 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa_flash2.py \
      kernels/tests/test_jfa_one_pass.py kernels/tests/test_jfa.py -k "gpu or real or flash or rule"
   st bwd 100 python3 -m gem_kernels.bench.bwd --iters 5 --out "$OUT"
   GEM_JFA_BWD=one_pass st tr_one_pass 170 $TR

@@ -79,7 +79,7 @@ def jagged_flash_attention(
     # Eager: the same kernels without the custom-op dispatch (tens of µs per call).
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _JfaFunction.apply(*args)  # type: ignore[no-untyped-call,no-any-return]
-    return _forward_impl()(*args)[0]
+    return _run_forward(*args)[0]
 
 
 def jfa_backward_rule() -> str:
@@ -91,7 +91,31 @@ def jfa_backward_rule() -> str:
 
 
 FWD_ENV = "GEM_JFA_FWD"
-_FWD_CHOICES = ("pointer", "tma")
+_FWD_CHOICES = ("pointer", "tma", "flash")
+# Short mixes run torch's FlashAttention-2 forward (gem_kernels._flash2), long ones ours: on the
+# H200 (kernels/BENCHMARKS.md, 2026-12-01, 8 heads, D=128, ~262k tokens) FlashAttention-2's
+# forward is 1.94x ours at mean length 112 and 1.26x at 297, ours 1.12x it at 935 and 1.05x
+# on the issue batch (mean 863, 4 heads). Both the mean query and the mean key length
+# (tokens / sequences, host ints: no sync) must be below FLASH_FWD_MAX_MEAN.
+FLASH_FWD_DEFAULT = True
+FLASH_FWD_MAX_MEAN = 512
+
+
+def fwd_uses_flash(q: torch.Tensor, k: torch.Tensor, q_offsets: torch.Tensor, window: int | None) -> bool:
+    """Whether the forward is torch's FlashAttention-2 kernel: `GEM_JFA_FWD=flash`, or unset
+    with short sequences (`FLASH_FWD_MAX_MEAN`); never under `force_config` or where it
+    cannot run (`_flash2.unavailable_reason`)."""
+    from gem_kernels import _flash2
+    from gem_kernels._triton_jfa import _FORCED, env_choice
+
+    value = env_choice(FWD_ENV, _FWD_CHOICES)
+    if _FORCED or value in ("pointer", "tma") or (value is None and not FLASH_FWD_DEFAULT):
+        return False
+    if value is None:
+        b = max(q_offsets.numel() - 1, 1)
+        if max(q.shape[0], k.shape[0]) >= FLASH_FWD_MAX_MEAN * b:
+            return False
+    return _flash2.unavailable_reason(q, window, backward=False, k=k) is None
 
 
 def _forward_impl() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
@@ -101,11 +125,24 @@ def _forward_impl() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     GPU A/B runs of the whole trainer; read at each call, so it is not traced into graphs."""
     from gem_kernels._triton_jfa import env_choice, jfa_forward
 
-    if env_choice(FWD_ENV, _FWD_CHOICES) in (None, "pointer"):
+    if env_choice(FWD_ENV, _FWD_CHOICES) != "tma":
         return jfa_forward
     from gem_kernels._triton_jfa_tma import jfa_forward_tma
 
     return jfa_forward_tma
+
+
+def _run_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
+    max_q_len: int, max_kv_len: int, causal: bool, window: int | None, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, log2 lse `[Tq, H]`): torch's FlashAttention-2 forward where `fwd_uses_flash`, else
+    the Triton forward `_forward_impl` picks. Both give the backward the same contract."""
+    if fwd_uses_flash(q, k, q_offsets, window):
+        from gem_kernels._flash2 import flash_forward
+
+        return flash_forward(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, scale)
+    return _forward_impl()(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
 
 
 class _JfaFunction(torch.autograd.Function):
@@ -125,7 +162,7 @@ class _JfaFunction(torch.autograd.Function):
         window: int | None,
         scale: float,
     ) -> torch.Tensor:
-        out, lse = _forward_impl()(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
+        out, lse = _run_forward(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
         ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
         ctx.meta = (max_q_len, max_kv_len, causal, window, scale)
         return out
@@ -155,7 +192,7 @@ def _jfa_fwd(
     window: int | None,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _forward_impl()(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
+    out, lse = _run_forward(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
     # Contiguous whatever q's strides (the fake below promises it; a no-op in practice).
     return out.contiguous(), lse.contiguous()
 

@@ -123,7 +123,7 @@ ONE_PASS_DEFAULT = True
 ONE_PASS_MIN_LEN = 4096
 BWD_ENV = "GEM_JFA_BWD"
 _BWD_CHOICES = {"one_pass": True, "two_pass": False}
-# Where it runs (`_flash_bwd.unavailable_reason`), the backward is torch's FlashAttention-2
+# Where it runs (`_flash2.unavailable_reason`), the backward is torch's FlashAttention-2
 # varlen kernel fed with our forward's output and lse: faster than both of ours on every
 # length mix measured on the H200 (kernels/BENCHMARKS.md, 2026-12-01). `GEM_JFA_BWD=flash`
 # asks for it whatever FLASH_DEFAULT says; one_pass / two_pass ask for ours.
@@ -170,7 +170,7 @@ def bwd_uses_flash(q: torch.Tensor, window: int | None) -> bool:
     value = env_choice(BWD_ENV, _ENV_VALUES)
     if value in _BWD_CHOICES or (value is None and not FLASH_DEFAULT):
         return False
-    from gem_kernels._flash_bwd import unavailable_reason
+    from gem_kernels._flash2 import unavailable_reason
 
     return unavailable_reason(q, window) is None
 
@@ -948,7 +948,7 @@ def jfa_backward(
     if tq == 0 or k.shape[0] == 0 or b == 0 or h == 0 or max_q_len == 0 or max_kv_len == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if bwd_uses_flash(q, window):
-        from gem_kernels._flash_bwd import flash_backward
+        from gem_kernels._flash2 import flash_backward
 
         return flash_backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, scale)
     cfg = pick_config(max_q_len, max_kv_len, d, q.dtype)

@@ -5,7 +5,9 @@ length-mix sweep.
 
 Why: `jfa_backward` can run our two-pass Triton backward, our one-pass one (dQ by atomics), or
 torch's FlashAttention-2 varlen backward fed with our forward's output and lse
-(`gem_kernels._flash_bwd`, the default where it runs). This bench times each in the same run,
+(`gem_kernels._flash2`, the default where it runs). The forward is ours throughout
+(`GEM_JFA_FWD=pointer` is set for the run: on short mixes the default forward is
+FlashAttention-2's, which the `fa2` columns time on their own). This bench times each in the same run,
 next to torch's own FlashAttention-2 forward+backward (`aten._flash_attention_forward` with
 cu_seqlens, the best torch path for jagged softmax attention), so the default's pick is a
 measurement. Forward+backward is timed whole (eager calls, warm-up, CUDA events, median); the
@@ -25,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from gem_kernels import jagged_flash_attention
+from gem_kernels._jfa import FWD_ENV
 from gem_kernels._triton_jfa import BWD_ENV
 from gem_kernels.bench._common import (bench_ms, emit_json, env_info, issue_lengths, offsets_from_lengths, print_table,
                                        trainer_lengths, visible_pairs)
@@ -95,6 +98,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=7)
     p.add_argument("--out", default=os.environ.get("OUT"))
     args = p.parse_args()
+    os.environ[FWD_ENV] = "pointer"
     if not torch.cuda.is_available():
         print("bwd bench needs CUDA")
         emit_json({"bench": "bwd", "skipped": "no CUDA", **env_info()})
@@ -107,6 +111,8 @@ def main() -> None:
     for mean in (100, 300, 1000, 4000):  # LogNormal(log mean - 0.5, 1) at the trainer's ~262k tokens
         lengths = issue_lengths(max(8, 262144 // mean), mu=math.log(mean) - 0.5, seed=62)
         rows.append(_case(f"mix {mean}", lengths, 8, False, args.iters))
+        if mean <= 1000:  # causal where the forward rule (FLASH_FWD_MAX_MEAN) decides
+            rows.append(_case(f"mix {mean} causal", lengths, 8, True, args.iters))
     print("\nJFA backward paths (bwd ms = fwd+bwd - our fwd; fb TF = useful fwd+bwd TFLOP/s; "
           "fa2 = torch's FlashAttention-2 fwd / fwd+bwd):")
     print_table(rows, ["case", "B", "mean", "max", "H", "fwd_ms", "two_pass_bwd_ms", "one_pass_bwd_ms",

@@ -1,13 +1,17 @@
-"""The JFA backward through torch's FlashAttention-2 varlen kernel (`gem_kernels._flash_bwd`).
+"""JFA through torch's FlashAttention-2 varlen kernels (`gem_kernels._flash2`).
 
-Our Triton forward's output and log2-domain lse `[Tq, H]` go to `aten._flash_attention_backward`,
-which wants int32 cu_seqlens and a natural-log lse `[H, Tq]`. CPU (Triton's interpreter for our
-forward): a plain-PyTorch stand-in written to FlashAttention-2's varlen contract (it asserts the
-dtypes and shapes, recomputes P from the lse it is given) replaces torch's op, so a wrong
-conversion (log base, layout, offsets, the causal flag, the scale) gives wrong gradients against
-the fp32 reference. The rule (when flash runs, when ours does) is checked without a GPU. GPU
-(skipped without CUDA): torch's real kernel at the trainer's sizes, strided q/k/v, cross
-attention with empty sequences and rows that see no key, and the compiled path.
+Backward: our Triton forward's output and log2-domain lse `[Tq, H]` go to
+`aten._flash_attention_backward`, which wants int32 cu_seqlens and a natural-log lse `[H, Tq]`.
+Forward (short mixes): `aten._flash_attention_forward`'s output and lse come back in our
+contract (log2 lse `[Tq, H]`, +inf for a row that sees no key). CPU (Triton's interpreter for
+our kernels): plain-PyTorch stand-ins written to FlashAttention-2's varlen contracts (they
+assert the dtypes and shapes; the backward recomputes P from the lse it is given; the forward
+writes -inf, as FlashAttention-2's split path does, for rows that see no key) replace torch's
+ops, so a wrong conversion (log base, layout, offsets, the causal flag, the scale, the empty
+rows) gives wrong outputs or gradients against the fp32 reference. The rules (when flash runs,
+when ours does) are checked without a GPU. GPU (skipped without CUDA): torch's real kernels at
+real sizes, strided q/k/v, cross attention with empty sequences and rows that see no key, and
+the compiled path.
 """
 
 import os
@@ -16,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from gem_kernels import _flash_bwd, _triton_jfa, jagged_flash_attention
+from gem_kernels import _flash2, _jfa, _triton_jfa, jagged_flash_attention
 from gem_kernels._triton_jfa import BWD_ENV, JfaConfig, JfaTiles, force_config
 
 CUDA = torch.cuda.is_available()
@@ -92,17 +96,18 @@ def test_conversions_against_fa2_contract(monkeypatch: pytest.MonkeyPatch, causa
     """Our forward + flash_backward (torch's op replaced by the contract stand-in) vs the fp32
     reference, through jagged_flash_attention's own autograd: lengths on the tile edges, cross
     attention, empty sequences on either side, and (causal, lq > lk) rows that see no key."""
-    monkeypatch.setattr(_flash_bwd, "_fa2_backward", _fa2_stand_in)
-    monkeypatch.setattr(_flash_bwd, "unavailable_reason", lambda q, window: None)
+    monkeypatch.setattr(_flash2, "_fa2_backward", _fa2_stand_in)
+    monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
     monkeypatch.delenv(BWD_ENV, raising=False)
+    monkeypatch.setenv(_jfa.FWD_ENV, "pointer")  # our forward (the lengths are short)
     calls: list[int] = []
-    real = _flash_bwd.flash_backward
+    real = _flash2.flash_backward
 
     def counted(*a: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         calls.append(1)
         return real(*a, **kw)
 
-    monkeypatch.setattr(_flash_bwd, "flash_backward", counted)
+    monkeypatch.setattr(_flash2, "flash_backward", counted)
     lq, lk = [17, 0, 1, 16, 15, 33], [33, 15, 16, 0, 3, 17]
     q, k, v, dout, qo, ko = _case(lq, lk, seed=int(torch.randint(0, 10**6, ())))
     got = _grads(q, k, v, dout, qo, ko, causal)
@@ -118,19 +123,104 @@ def test_conversions_against_fa2_contract(monkeypatch: pytest.MonkeyPatch, causa
 
 def test_unavailable_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
     q = torch.zeros(4, 2, 16, dtype=torch.bfloat16)
-    assert "CUDA" in (_flash_bwd.unavailable_reason(q, None) or "")
+    assert "CUDA" in (_flash2.unavailable_reason(q, None) or "")
     if CUDA:
         qc = q.cuda()
-        assert "dtype" in (_flash_bwd.unavailable_reason(qc.float(), None) or "")
-        assert "head dim" in (_flash_bwd.unavailable_reason(torch.zeros(4, 2, 12, device="cuda",
+        assert "dtype" in (_flash2.unavailable_reason(qc.float(), None) or "")
+        assert "head dim" in (_flash2.unavailable_reason(torch.zeros(4, 2, 12, device="cuda",
                                                                          dtype=torch.bfloat16), None) or "")
-        assert _flash_bwd.unavailable_reason(qc, 8) == "a sliding window"
+        assert _flash2.unavailable_reason(qc, 8) == "a sliding window"
         was = torch.are_deterministic_algorithms_enabled()
         torch.use_deterministic_algorithms(True)
         try:
-            assert _flash_bwd.unavailable_reason(qc, None) == "deterministic algorithms on"
+            assert _flash2.unavailable_reason(qc, None) == "deterministic algorithms on"
+            assert _flash2.unavailable_reason(qc, None, backward=False) is None  # its forward is deterministic
         finally:
             torch.use_deterministic_algorithms(was)
+
+
+def _fa2_fwd_stand_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                      max_q: int, max_k: int, dropout_p: float, causal: bool, debug: bool, *,
+                      scale: float) -> tuple[torch.Tensor, ...]:
+    """FlashAttention-2's varlen forward in plain PyTorch, to its contract: int32 cu_seqlens,
+    out `[Tq, H, D]`, natural-log lse `[H, Tq]`; a row that sees no key gets out 0 and lse
+    -inf (what its split-kv path writes; the non-split path writes +inf)."""
+    assert cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32 and dropout_p == 0.0 and not debug
+    assert all(t.stride(-1) == 1 for t in (q, k, v))
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device)
+    for b in range(cu_q.numel() - 1):
+        qs, qe, ks, ke = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
+        assert qe - qs <= max_q and ke - ks <= max_k
+        if qe == qs or ke == ks:
+            continue
+        qb, kb, vb = (x.float().transpose(0, 1) for x in (q[qs:qe], k[ks:ke], v[ks:ke]))
+        sc = qb @ kb.transpose(1, 2) * scale
+        if causal:
+            i = torch.arange(qe - qs, device=q.device)[:, None] + (ke - ks) - (qe - qs)
+            sc = sc.masked_fill(torch.arange(ke - ks, device=q.device)[None, :] > i, float("-inf"))
+        row = torch.logsumexp(sc, dim=-1)  # -inf where no key is visible
+        p = torch.exp(sc - torch.where(torch.isinf(row), 0.0, row)[..., None])
+        out[qs:qe] = (p @ vb).transpose(0, 1)
+        lse[:, qs:qe] = row
+    empty = torch.empty(0, device=q.device)
+    return out.to(q.dtype), lse, empty, empty, empty
+
+
+@needs_triton
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_conversions_against_fa2_contract(monkeypatch: pytest.MonkeyPatch, causal: bool) -> None:
+    """Short sequences: the default forward is FlashAttention-2's (here its contract stand-in);
+    its output and converted lse feed our Triton backward (two-pass, under the interpreter):
+    out and every gradient vs the fp32 reference, and rows that see no key give out 0 and zero
+    dQ (a -inf lse left unconverted would give NaN)."""
+    monkeypatch.setattr(_flash2, "_fa2_forward", _fa2_fwd_stand_in)
+    monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
+    monkeypatch.delenv(_jfa.FWD_ENV, raising=False)
+    monkeypatch.setenv(BWD_ENV, "two_pass")
+    calls: list[int] = []
+    real = _flash2.flash_forward
+
+    def counted(*a: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(_flash2, "flash_forward", counted)
+    lq, lk = [17, 0, 1, 16, 15, 33], [33, 15, 16, 0, 3, 17]
+    q, k, v, dout, qo, ko = _case(lq, lk, seed=int(torch.randint(0, 10**6, ())))
+    got = _grads(q, k, v, dout, qo, ko, causal)
+    assert calls, "the forward did not go to flash_forward"
+    want = _grads(q, k, v, dout, qo, ko, causal, backend="reference")
+    for name, a, r in zip(("out", "dq", "dk", "dv"), got, want):
+        assert torch.isfinite(a).all(), name
+        assert _rel(a, r) <= 5e-5, f"{name}: {_rel(a, r):.3g}"
+    s4 = int(qo[4])
+    rows = slice(s4, s4 + 12) if causal else slice(int(qo[3]), int(qo[4]))  # no visible key
+    assert torch.count_nonzero(got[0][rows]) == 0 and torch.count_nonzero(got[1][rows]) == 0
+
+
+def test_when_flash_forward_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """By mean length (queries and keys per sequence, host ints), unless GEM_JFA_FWD says
+    otherwise, a config is forced, or it cannot run."""
+    monkeypatch.delenv(_jfa.FWD_ENV, raising=False)
+    n = _jfa.FLASH_FWD_MAX_MEAN
+    off4 = torch.zeros(5, dtype=torch.int64)
+    short, long_ = torch.zeros(4 * (n - 1), 2, 16), torch.zeros(4 * n, 2, 16)
+    assert not _jfa.fwd_uses_flash(short, short, off4, None)  # CPU: cannot run
+    monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
+    assert _jfa.FLASH_FWD_DEFAULT and _jfa.fwd_uses_flash(short, short, off4, None)
+    assert not _jfa.fwd_uses_flash(long_, short, off4, None)
+    assert not _jfa.fwd_uses_flash(short, long_, off4, None)  # e.g. pooling seeds over long histories
+    with force_config(TWO):
+        assert not _jfa.fwd_uses_flash(short, short, off4, None)
+    for ours in ("pointer", "tma"):
+        monkeypatch.setenv(_jfa.FWD_ENV, ours)
+        assert not _jfa.fwd_uses_flash(short, short, off4, None)
+    monkeypatch.setenv(_jfa.FWD_ENV, "flash")
+    assert _jfa.fwd_uses_flash(long_, long_, off4, None)
+    monkeypatch.delenv(_jfa.FWD_ENV)
+    monkeypatch.setattr(_jfa, "FLASH_FWD_DEFAULT", False)
+    assert not _jfa.fwd_uses_flash(short, short, off4, None)
 
 
 def test_when_flash_runs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,7 +228,7 @@ def test_when_flash_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     q = torch.zeros(4, 2, 16)
     monkeypatch.delenv(BWD_ENV, raising=False)
     assert not _triton_jfa.bwd_uses_flash(q, None)  # CPU: cannot run
-    monkeypatch.setattr(_flash_bwd, "unavailable_reason", lambda q, window: None)
+    monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
     assert _triton_jfa.FLASH_DEFAULT and _triton_jfa.bwd_uses_flash(q, None)
     with force_config(TWO):
         assert not _triton_jfa.bwd_uses_flash(q, None)
@@ -228,13 +318,13 @@ def test_gpu_compiled_step_uses_flash(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.compile (the custom op path) takes the same backward, with the same gradients."""
     monkeypatch.delenv(BWD_ENV, raising=False)
     calls: list[int] = []
-    real = _flash_bwd.flash_backward
+    real = _flash2.flash_backward
 
     def counted(*a: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         calls.append(1)
         return real(*a, **kw)
 
-    monkeypatch.setattr(_flash_bwd, "flash_backward", counted)
+    monkeypatch.setattr(_flash2, "flash_backward", counted)
     lengths = _lognormal(8, 1024, seed=11)
     q, k, v, dout, off, _ = _case(lengths, lengths, h=8, d=128, dtype=torch.bfloat16, seed=2)
     mx = max(lengths)
@@ -248,4 +338,59 @@ def test_gpu_compiled_step_uses_flash(monkeypatch: pytest.MonkeyPatch) -> None:
     assert calls
     want = _grads(q, k, v, dout, off, off, False)[1:]
     for a, b in zip(got, want):  # dQ is summed with atomics: equal up to the order of the sums
+        assert _rel(a, b) <= 1e-2
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU test")
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_short_mix_forward_is_flash(monkeypatch: pytest.MonkeyPatch, causal: bool) -> None:
+    """A short mix (log-normal, mean ~100, 400 sequences, H=8, D=128, bf16): the default forward
+    is FlashAttention-2's; out and gradients within 1e-2 of our Triton forward + two-pass
+    backward, and within 2e-2 of the fp32 reference on the first 8 samples."""
+    monkeypatch.delenv(_jfa.FWD_ENV, raising=False)
+    monkeypatch.delenv(BWD_ENV, raising=False)
+    g = torch.Generator().manual_seed(int(torch.randint(0, 10**6, ())))
+    lengths = [int(t) for t in torch.exp(torch.randn(400, generator=g, dtype=torch.float64) + 4.1).clamp(1, 2048)]
+    q, k, v, dout, off, _ = _case(lengths, lengths, h=8, d=128, dtype=torch.bfloat16, seed=4)
+    assert _jfa.fwd_uses_flash(q, k, off, None)
+    got = _grads(q, k, v, dout, off, off, causal)
+    monkeypatch.setenv(_jfa.FWD_ENV, "pointer")
+    base = _ours(monkeypatch, q, k, v, dout, off, off, causal)
+    monkeypatch.delenv(_jfa.FWD_ENV)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, base):
+        assert torch.isfinite(a).all(), name
+        assert _rel(a, b) <= 1e-2, f"{name}: flash vs ours {_rel(a, b):.3g}"
+    n, sub = int(off[8]), _offsets(lengths[:8])
+    q8, k8, v8, do8 = (x[:n] for x in (q, k, v, dout))
+    got8 = _grads(q8, k8, v8, do8, sub, sub, causal)
+    ref8 = _grads(q8.float(), k8.float(), v8.float(), do8.float(), sub, sub, causal, "reference")
+    for name, a, r in zip(("out", "dq", "dk", "dv"), got8, ref8):
+        assert _rel(a, r) <= 2e-2, f"{name}: flash vs fp32 reference {_rel(a, r):.3g}"
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU test")
+def test_gpu_flash_forward_cross_empty_and_strided(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GEM_JFA_FWD=flash: cross attention with empty sequences and (causal) rows that see no
+    key (out 0, finite gradients), and q/k/v strided out of one fused projection."""
+    monkeypatch.setenv(_jfa.FWD_ENV, "flash")
+    monkeypatch.delenv(BWD_ENV, raising=False)
+    lq, lk = [300, 0, 129, 64, 1000], [200, 50, 0, 64, 1500]
+    q, k, v, dout, qo, ko = _case(lq, lk, h=8, d=128, dtype=torch.bfloat16, seed=8)
+    for causal in (False, True):
+        got = _grads(q, k, v, dout, qo, ko, causal)
+        monkeypatch.setenv(_jfa.FWD_ENV, "pointer")
+        base = _ours(monkeypatch, q, k, v, dout, qo, ko, causal)
+        monkeypatch.setenv(_jfa.FWD_ENV, "flash")
+        for name, a, b in zip(("out", "dq", "dk", "dv"), got, base):
+            assert torch.isfinite(a).all() and _rel(a, b) <= 1e-2, f"cross causal={causal} {name}: {_rel(a, b):.3g}"
+        assert torch.count_nonzero(got[0][300:429]) == 0  # sample 2: no keys
+    assert torch.count_nonzero(got[0][:100]) == 0  # causal, 300 queries on 200 keys
+    lengths = [37, 250, 1, 600, 90]
+    off = _offsets(lengths)
+    qkv = torch.randn(sum(lengths), 3, 8, 128, device=DEVICE).to(torch.bfloat16)
+    qs, ks, vs = qkv.unbind(1)
+    do = torch.randn(sum(lengths), 8, 128, device=DEVICE).to(torch.bfloat16)
+    strided = _grads(qs, ks, vs, do, off, off, False)
+    dense = _grads(qs.contiguous(), ks.contiguous(), vs.contiguous(), do, off, off, False)
+    for a, b in zip(strided, dense):
         assert _rel(a, b) <= 1e-2
