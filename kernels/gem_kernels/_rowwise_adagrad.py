@@ -18,6 +18,8 @@ decides it.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -43,7 +45,7 @@ def rowwise_adagrad_(
         weight: the table (float32, bf16 or fp16), rows with a unit column stride.
         acc: float32 `[R]` accumulator of mean squared row gradients.
         grad: `[R, D]`, the table's gradient (dense; all-zero rows are left untouched).
-        lr: step size (> 0).
+        lr: step size (>= 0; 0 changes only the accumulator).
         eps: added to the root of the accumulator (>= 0).
         skip: optional bool scalar on the table's device; when true nothing changes.
         backend: "triton", "reference" (plain PyTorch) or "auto" (Triton on CUDA).
@@ -58,8 +60,10 @@ def rowwise_adagrad_(
         raise ValueError(f"acc must be float32 [rows={weight.shape[0]}], got {acc.dtype} {tuple(acc.shape)}")
     if not weight.is_floating_point() or not grad.is_floating_point():
         raise ValueError(f"weight.dtype={weight.dtype} and grad.dtype={grad.dtype} must be floating point")
-    if not lr > 0 or not eps >= 0:
-        raise ValueError(f"lr={lr} must be > 0 and eps={eps} >= 0")
+    # lr 0 is allowed (a no-op step): torch.distributed.checkpoint initialises an optimizer's
+    # state by stepping it once with lr 0 and zero gradients.
+    if not lr >= 0 or not eps >= 0 or not math.isfinite(lr):
+        raise ValueError(f"lr={lr} must be finite and >= 0, and eps={eps} >= 0")
     if skip is not None and (skip.numel() != 1 or skip.dtype != torch.bool or skip.device != weight.device):
         raise ValueError(f"skip must be a bool scalar on {weight.device}, got {skip.dtype} "
                          f"{tuple(skip.shape)} on {skip.device}")

@@ -89,14 +89,29 @@ def test_bad_inputs_name_the_argument() -> None:
         rowwise_adagrad_(w, acc, torch.zeros(4, 7), lr=0.1, eps=0.0)
     with pytest.raises(ValueError, match="acc must be float32"):
         rowwise_adagrad_(w, acc.double(), torch.zeros(4, 8), lr=0.1, eps=0.0)
-    with pytest.raises(ValueError, match="lr=0"):
-        rowwise_adagrad_(w, acc, torch.zeros(4, 8), lr=0, eps=0.0)
+    with pytest.raises(ValueError, match="lr=-0.1 must be finite and >= 0"):
+        rowwise_adagrad_(w, acc, torch.zeros(4, 8), lr=-0.1, eps=0.0)
+    with pytest.raises(ValueError, match="lr=nan"):
+        rowwise_adagrad_(w, acc, torch.zeros(4, 8), lr=float("nan"), eps=0.0)
     with pytest.raises(ValueError, match="skip must be a bool scalar"):
         rowwise_adagrad_(w, acc, torch.zeros(4, 8), lr=0.1, eps=0.0, skip=torch.zeros(()))
     with pytest.raises(ValueError, match="weight.shape"):
         rowwise_adagrad_(torch.zeros(8), acc, torch.zeros(8), lr=0.1, eps=0.0)
     with pytest.raises(ValueError, match="backend="):
         rowwise_adagrad_(w, acc, torch.zeros(4, 8), lr=0.1, eps=0.0, backend="cuda")
+
+
+@needs_triton
+def test_lr_zero_moves_no_weight() -> None:
+    """torch.distributed.checkpoint initialises optimizer state by one step at lr 0 with zero
+    gradients; at lr 0 with real gradients only the accumulator moves, as in the reference."""
+    w, acc, grad = _table(13, 16, torch.float32, 0.5, int(torch.randint(0, 10**6, ())))
+    w1, a1, w2, a2 = _both(w, acc, grad, lr=0.0, eps=1e-8)
+    assert torch.equal(w1, w) and torch.equal(w2, w)
+    torch.testing.assert_close(a1, a2, rtol=1e-6, atol=1e-7)
+    w3, a3 = w.clone(), acc.clone()
+    rowwise_adagrad_(w3, a3, torch.zeros_like(grad), lr=0.0, eps=1e-8, backend="triton")
+    assert torch.equal(w3, w) and torch.equal(a3, acc)
 
 
 def test_auto_is_the_reference_on_cpu() -> None:
