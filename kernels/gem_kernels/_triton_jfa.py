@@ -124,9 +124,10 @@ ONE_PASS_MIN_LEN = 4096
 BWD_ENV = "GEM_JFA_BWD"
 _BWD_CHOICES = {"one_pass": True, "two_pass": False}
 # Where it runs (`_flash2.unavailable_reason`), the backward is torch's FlashAttention-2
-# varlen kernel fed with our forward's output and lse: faster than both of ours on every
-# length mix measured on the H200 (kernels/BENCHMARKS.md, 2026-12-01). `GEM_JFA_BWD=flash`
-# asks for it whatever FLASH_DEFAULT says; one_pass / two_pass ask for ours.
+# varlen kernel fed with our forward's output and lse: on the H200 the fastest backward on 6
+# of 7 and 9 of 10 length mixes in two runs, and the compiled h200 trainer step 0.2505 s with
+# it against 0.2578 s with our one-pass (kernels/ and trainer/BENCHMARKS.md, 2026-12-01).
+# `GEM_JFA_BWD=flash` asks for it whatever FLASH_DEFAULT says; one_pass / two_pass ask for ours.
 FLASH_DEFAULT = True
 BWD_FLASH = "flash"
 _ENV_VALUES = (*_BWD_CHOICES, BWD_FLASH)
@@ -931,6 +932,9 @@ def jfa_backward(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward. Returns dq, dk, dv (zeros for rows of empty or invisible sequences).
+
+    Where `bwd_uses_flash` says so, torch's FlashAttention-2 varlen backward
+    (`_flash2.flash_backward`, dQ by atomics); otherwise one of ours:
 
     Two-pass (FlashAttention-2 §3.2): delta, then a dK/dV kernel per kv block and a dQ kernel
     per q block, each recomputing S = QKᵀ and P (7 matmuls per tile pair), no atomics.
