@@ -274,11 +274,19 @@ def test_gpu_real_size_default_is_flash(monkeypatch: pytest.MonkeyPatch, causal:
     assert _triton_jfa.bwd_uses_flash(q, None)
     got = _grads(q, k, v, dout, off, off, causal)
     base = _ours(monkeypatch, q, k, v, dout, off, off, causal)
+    _check_vs_ours_and_reference(got, base, (q, k, v, dout), lengths, causal)
+
+
+def _check_vs_ours_and_reference(got: list[torch.Tensor], base: list[torch.Tensor], qkvd: tuple[torch.Tensor, ...],
+                                 lengths: list[int], causal: bool) -> None:
+    """The GPU tests' checks: `got` (the default path) finite and within 1e-2 of `base` (ours),
+    and the default path within 2e-2 of the fp32 reference on the first 8 samples (the padded
+    reference of all of them would be large)."""
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, base):
         assert torch.isfinite(a).all(), name
-        assert _rel(a, b) <= 1e-2, f"{name}: flash vs two-pass {_rel(a, b):.3g}"
-    n, sub = int(off[8]), _offsets(lengths[:8])
-    q8, k8, v8, do8 = (x[:n] for x in (q, k, v, dout))
+        assert _rel(a, b) <= 1e-2, f"{name}: flash vs ours {_rel(a, b):.3g}"
+    sub = _offsets(lengths[:8])
+    q8, k8, v8, do8 = (x[:int(sub[-1])] for x in qkvd)
     got8 = _grads(q8, k8, v8, do8, sub, sub, causal)
     ref8 = _grads(q8.float(), k8.float(), v8.float(), do8.float(), sub, sub, causal, "reference")
     for name, a, r in zip(("out", "dq", "dk", "dv"), got8, ref8):
@@ -357,15 +365,7 @@ def test_gpu_short_mix_forward_is_flash(monkeypatch: pytest.MonkeyPatch, causal:
     monkeypatch.setenv(_jfa.FWD_ENV, "pointer")
     base = _ours(monkeypatch, q, k, v, dout, off, off, causal)
     monkeypatch.delenv(_jfa.FWD_ENV)
-    for name, a, b in zip(("out", "dq", "dk", "dv"), got, base):
-        assert torch.isfinite(a).all(), name
-        assert _rel(a, b) <= 1e-2, f"{name}: flash vs ours {_rel(a, b):.3g}"
-    n, sub = int(off[8]), _offsets(lengths[:8])
-    q8, k8, v8, do8 = (x[:n] for x in (q, k, v, dout))
-    got8 = _grads(q8, k8, v8, do8, sub, sub, causal)
-    ref8 = _grads(q8.float(), k8.float(), v8.float(), do8.float(), sub, sub, causal, "reference")
-    for name, a, r in zip(("out", "dq", "dk", "dv"), got8, ref8):
-        assert _rel(a, r) <= 2e-2, f"{name}: flash vs fp32 reference {_rel(a, r):.3g}"
+    _check_vs_ours_and_reference(got, base, (q, k, v, dout), lengths, causal)
 
 
 @pytest.mark.skipif(not CUDA, reason="GPU test")
