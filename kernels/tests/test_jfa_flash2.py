@@ -199,6 +199,26 @@ def test_forward_conversions_against_fa2_contract(monkeypatch: pytest.MonkeyPatc
     assert torch.count_nonzero(got[0][rows]) == 0 and torch.count_nonzero(got[1][rows]) == 0
 
 
+@needs_triton
+def test_forward_stand_in_vs_ours_self_attention(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nine self-attention sequences through the GPU tests' check: the default path on short
+    sequences (both FlashAttention-2 stand-ins, forward and backward) vs our Triton forward +
+    two-pass backward, and vs the fp32 reference on the first 8 samples."""
+    monkeypatch.setattr(_flash2, "_fa2_forward", _fa2_fwd_stand_in)
+    monkeypatch.setattr(_flash2, "_fa2_backward", _fa2_stand_in)
+    monkeypatch.delenv(BWD_ENV, raising=False)
+    monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
+    monkeypatch.delenv(_jfa.FWD_ENV, raising=False)
+    lengths = [5, 17, 0, 33, 1, 16, 9, 20, 3]
+    q, k, v, dout, off, _ = _case(lengths, lengths, seed=int(torch.randint(0, 10**6, ())))
+    assert _jfa.fwd_uses_flash(q, k, off, None) and _triton_jfa.bwd_uses_flash(q, None)
+    got = _grads(q, k, v, dout, off, off, True)
+    monkeypatch.setenv(_jfa.FWD_ENV, "pointer")
+    base = _ours(monkeypatch, q, k, v, dout, off, off, True)
+    monkeypatch.delenv(_jfa.FWD_ENV)
+    _check_vs_ours_and_reference(got, base, (q, k, v, dout), lengths, True)
+
+
 def test_when_flash_forward_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """By mean length (queries and keys per sequence, host ints), unless GEM_JFA_FWD says
     otherwise, a config is forced, or it cannot run."""
