@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import statistics
 import time
@@ -206,3 +207,12 @@ def _fmt(x: object) -> str:
 def emit_json(payload: dict[str, object]) -> None:
     """The final one-line JSON."""
     print(json.dumps(payload, sort_keys=True, default=str))
+
+
+def save_json(out_dir: str | None, name: str, payload: dict[str, object]) -> None:
+    """Writes `payload` to `out_dir/name` (indented JSON; the folder made if missing); no-op
+    without `out_dir` (the benches' `--out`)."""
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, name), "w") as f:
+            json.dump(payload, f, indent=1, default=str)

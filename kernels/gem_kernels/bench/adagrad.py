@@ -20,7 +20,7 @@ import os
 import torch
 
 from gem_kernels import rowwise_adagrad_, rowwise_adagrad_reference_
-from gem_kernels.bench._common import bench_ms, emit_json, env_info, print_table
+from gem_kernels.bench._common import bench_ms, emit_json, env_info, print_table, save_json
 
 TABLES = (("item", 1_000_000, 256, 0.10), ("user_id", 1_000_000, 128, 800), ("ad_id", 500_000, 128, 800),
           ("advertiser", 50_000, 128, 800), ("page", 1_000, 128, 800), ("country", 200, 128, 200))
@@ -72,10 +72,7 @@ def main() -> None:
     print("\nrow-wise Adagrad, one step per table (ms, CUDA events, median):")
     print_table(rows, ["table", "rows", "dim", "rows_hit", "triton_ms", "torch_ms", "speedup", "triton_GB/s"])
     payload: dict[str, object] = {"bench": "adagrad", **env_info(), "rows": rows}
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "adagrad.json"), "w") as f:
-            json.dump(payload, f, indent=1, default=str)
+    save_json(args.out, "adagrad.json", payload)
     emit_json(payload)
 
 

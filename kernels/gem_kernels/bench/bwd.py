@@ -30,7 +30,7 @@ from gem_kernels import jagged_flash_attention
 from gem_kernels._jfa import FWD_ENV
 from gem_kernels._triton_jfa import BWD_ENV
 from gem_kernels.bench._common import (bench_ms, emit_json, env_info, issue_lengths, offsets_from_lengths, print_table,
-                                       trainer_lengths, visible_pairs)
+                                       save_json, trainer_lengths, visible_pairs)
 
 D = 128
 DT = torch.bfloat16
@@ -118,10 +118,7 @@ def main() -> None:
     print_table(rows, ["case", "B", "mean", "max", "H", "fwd_ms", "two_pass_bwd_ms", "one_pass_bwd_ms",
                        "flash_bwd_ms", "win", "ours_fwd_tf", "flash_fb_tf", "fa2_fwd_tf", "fa2_fb_tf", "err"])
     payload: dict[str, object] = {"bench": "bwd", **env_info(), "rows": rows}
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "bwd.json"), "w") as f:
-            json.dump(payload, f, indent=1, default=str)
+    save_json(args.out, "bwd.json", payload)
     emit_json(payload)
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import time
@@ -31,9 +30,9 @@ import torch
 
 from gem_kernels._triton_jfa import jfa_forward
 from gem_kernels._triton_jfa_tma import TILES, TmaTiles, jfa_forward_tma, last_compiled, pick_tiles, tma_fallback_reason
-from gem_kernels.bench._common import (attention_flops, bench_ms, emit_json, env_info, offsets_from_lengths,
-                                       print_table, tflops, visible_pairs)
-from gem_kernels.bench._common import issue_lengths, trainer_lengths
+from gem_kernels.bench._common import (attention_flops, bench_ms, emit_json, env_info, issue_lengths,
+                                       offsets_from_lengths, print_table, save_json, tflops, trainer_lengths,
+                                       visible_pairs)
 
 D = 128
 DT = torch.bfloat16
@@ -54,7 +53,6 @@ def _cases() -> list[Case]:
         Case("trainer H=8 full", trainer_lengths(), 8, False),
         Case("dense 8x4096 H=16 full", [4096] * 8, 16, False),
     ]
-
 
 
 def _compiled_info() -> dict[str, object]:
@@ -202,10 +200,8 @@ def main(argv: list[str] | None = None) -> None:
     print_summary(rows)
     payload: dict[str, object] = {"bench": "fwd_tma", **env_info(), "wall_s": round(time.perf_counter() - t0, 1),
                                   "rows": rows}
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(payload, f, indent=1, default=str)
+    if args.out:  # a file path here
+        save_json(os.path.dirname(os.path.abspath(args.out)), os.path.basename(args.out), payload)
     emit_json(payload)
 
 

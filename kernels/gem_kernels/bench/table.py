@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 from collections.abc import Callable
@@ -34,7 +33,8 @@ from gem_kernels._gdpa import GdpaTiles, force_tiles, gdpa_tiles
 from gem_kernels._triton_jfa import (JfaConfig, JfaTiles, _heuristic_config, _tma_modes, force_config, jfa_backward,
                                     jfa_forward)
 from gem_kernels.bench._common import (attention_flops, bench_ms, emit_json, env_info, issue_lengths,
-                                       offsets_from_lengths, print_table, tflops, trainer_lengths, visible_pairs)
+                                       offsets_from_lengths, print_table, save_json, tflops, trainer_lengths,
+                                       visible_pairs)
 
 H, D = 4, 128
 DT = torch.bfloat16
@@ -154,7 +154,6 @@ def _try_ms(fn: Callable[[], object], iters: int) -> float | None:
     except Exception as e:  # noqa: BLE001
         print(f"torch path failed: {type(e).__name__}: {str(e)[:80]}", flush=True)
         return None
-
 
 
 def main_table(iters: int) -> list[dict[str, object]]:
@@ -432,13 +431,6 @@ def _num(x: object) -> float:
     return float(x) if isinstance(x, (int, float)) else math.nan
 
 
-def _save(out: str | None, payload: dict[str, object]) -> None:
-    if out:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "table.json"), "w") as f:
-            json.dump(payload, f, indent=1, default=str)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--iters", type=int, default=7, help="timed iterations per figure (median)")
@@ -464,7 +456,7 @@ def main() -> None:
         rows_b = bwd_compare(max(3, args.iters // 2 + 1), case_prefixes=prefixes, sweep=not args.no_bwd_sweep)
         print_bwd_compare(rows_b)
         bc: dict[str, object] = {"bench": "table_bwd_compare", **env_info(), "rows": rows_b}
-        _save(args.out, bc)
+        save_json(args.out, "table.json", bc)
         emit_json(bc)
         return
     if args.narrow_bwd:
@@ -472,7 +464,7 @@ def main() -> None:
         emit_json(nb)
         return
     rows = main_table(args.iters)
-    _save(args.out, {"bench": "table", **env_info(), "rows": rows, "sweep": "not run yet"})  # if cut off
+    save_json(args.out, "table.json", {"bench": "table", **env_info(), "rows": rows, "sweep": "not run yet"})  # if cut off
     sw = [] if args.no_sweep else sweep(max(3, args.iters // 2))
     print("\nlength-mix sweep (useful TFLOP/s; *_win = fastest path; fb = fwd+bwd; gdpa = SiLU causal fwd):")
     if sw:
@@ -481,7 +473,7 @@ def main() -> None:
     print("\nissue 15 table (eager calls, median of CUDA events; err = max rel. error vs fp32 reference):")
     print_table(rows, ["case", "ours", "peer_val", "unit", "peer", "ours_ms", "peer_ms", "err"])
     payload: dict[str, object] = {"bench": "table", **env_info(), "rows": rows, "sweep": sw}
-    _save(args.out, payload)
+    save_json(args.out, "table.json", payload)
     emit_json(payload)
 
 
