@@ -24,6 +24,8 @@ import math
 
 import torch
 
+from gem_kernels._triton_jfa import _last_dim_contiguous
+
 _LN2 = math.log(2.0)
 
 
@@ -56,10 +58,6 @@ def _cu(q_offsets: torch.Tensor, kv_offsets: torch.Tensor) -> tuple[torch.Tensor
     return cu_q, (cu_q if kv_offsets is q_offsets else kv_offsets.to(torch.int32))
 
 
-def _unit_last(*ts: torch.Tensor) -> list[torch.Tensor]:
-    return [t if t.stride(-1) == 1 else t.contiguous() for t in ts]
-
-
 def flash_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -72,7 +70,7 @@ def flash_forward(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """out `[Tq, H, D]` and our log2 lse `[Tq, H]` (no window) by FlashAttention-2's forward."""
-    q, k, v = _unit_last(q, k, v)
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     cu_q, cu_k = _cu(q_offsets, kv_offsets)
     out, lse = _fa2_forward(q, k, v, cu_q, cu_k, max(max_q_len, 1), max(max_kv_len, 1), 0.0, bool(causal),
                             False, scale=float(scale))[:2]
@@ -96,7 +94,7 @@ def flash_backward(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of softmax attention (no window) from our forward's out and log2 lse."""
-    dout, q, k, v, out = _unit_last(dout, q, k, v, out)
+    dout, q, k, v, out = (_last_dim_contiguous(t) for t in (dout, q, k, v, out))
     lse = (lse2 * _LN2).t().contiguous()  # [H, Tq], natural log
     cu_q, cu_k = _cu(q_offsets, kv_offsets)
     # No dropout: the philox seed/offset are not read; their dtypes follow torch's meta.
