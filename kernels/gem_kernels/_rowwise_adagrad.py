@@ -79,10 +79,9 @@ def rowwise_adagrad_(
     rows, dim = weight.shape
     block_d = triton.next_power_of_2(dim)
     block_r = max(1, min(16, 4096 // block_d))
-    skip_t = skip if skip is not None else torch.zeros((), dtype=torch.bool, device=weight.device)
     _rowwise_adagrad_kernel[(triton.cdiv(rows, block_r),)](
-        weight, acc, grad, skip_t, rows, dim, weight.stride(0), grad.stride(0), float(lr), float(eps),
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4,
+        weight, acc, grad, skip if skip is not None else acc, rows, dim, weight.stride(0), grad.stride(0),
+        float(lr), float(eps), HAS_SKIP=skip is not None, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4,
     )
 
 
@@ -102,9 +101,10 @@ def rowwise_adagrad_reference_(
 
 @triton.jit
 def _rowwise_adagrad_kernel(W, ACC, G, SKIP, rows, dim, stride_w, stride_g, lr, eps,
-                            BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    if tl.load(SKIP):
-        return
+                            HAS_SKIP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    if HAS_SKIP:  # (else SKIP is an unused stand-in pointer)
+        if tl.load(SKIP):
+            return
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     c = tl.arange(0, BLOCK_D)
     r_ok = r < rows
