@@ -90,6 +90,20 @@ def _grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor
     return [out.detach(), *torch.autograd.grad(out, (xq, xk, xv), dout)]
 
 
+def _count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """Wraps `_flash2.<name>` so each call appends to the returned list (the dispatch looks it
+    up at call time), and still runs it."""
+    calls: list[int] = []
+    real = getattr(_flash2, name)
+
+    def counted(*a: Any, **kw: Any) -> Any:
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(_flash2, name, counted)
+    return calls
+
+
 @needs_triton
 @pytest.mark.parametrize("causal", [False, True])
 def test_conversions_against_fa2_contract(monkeypatch: pytest.MonkeyPatch, causal: bool) -> None:
@@ -100,14 +114,7 @@ def test_conversions_against_fa2_contract(monkeypatch: pytest.MonkeyPatch, causa
     monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
     monkeypatch.delenv(BWD_ENV, raising=False)
     monkeypatch.setenv(_jfa.FWD_ENV, "pointer")  # our forward (the lengths are short)
-    calls: list[int] = []
-    real = _flash2.flash_backward
-
-    def counted(*a: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        calls.append(1)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(_flash2, "flash_backward", counted)
+    calls = _count_calls(monkeypatch, "flash_backward")
     lq, lk = [17, 0, 1, 16, 15, 33], [33, 15, 16, 0, 3, 17]
     q, k, v, dout, qo, ko = _case(lq, lk, seed=int(torch.randint(0, 10**6, ())))
     got = _grads(q, k, v, dout, qo, ko, causal)
@@ -178,14 +185,7 @@ def test_forward_conversions_against_fa2_contract(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
     monkeypatch.delenv(_jfa.FWD_ENV, raising=False)
     monkeypatch.setenv(BWD_ENV, "two_pass")
-    calls: list[int] = []
-    real = _flash2.flash_forward
-
-    def counted(*a: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        calls.append(1)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(_flash2, "flash_forward", counted)
+    calls = _count_calls(monkeypatch, "flash_forward")
     lq, lk = [17, 0, 1, 16, 15, 33], [33, 15, 16, 0, 3, 17]
     q, k, v, dout, qo, ko = _case(lq, lk, seed=int(torch.randint(0, 10**6, ())))
     got = _grads(q, k, v, dout, qo, ko, causal)
@@ -345,14 +345,7 @@ def test_gpu_strided_cross_and_empty(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_gpu_compiled_step_uses_flash(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.compile (the custom op path) takes the same backward, with the same gradients."""
     monkeypatch.delenv(BWD_ENV, raising=False)
-    calls: list[int] = []
-    real = _flash2.flash_backward
-
-    def counted(*a: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        calls.append(1)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(_flash2, "flash_backward", counted)
+    calls = _count_calls(monkeypatch, "flash_backward")
     lengths = _lognormal(8, 1024, seed=11)
     q, k, v, dout, off, _ = _case(lengths, lengths, h=8, d=128, dtype=torch.bfloat16, seed=2)
     mx = max(lengths)
