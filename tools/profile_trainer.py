@@ -25,6 +25,8 @@ p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                help="override the preset's compile setting")
 p.add_argument("--rows", type=int, default=30, help="rows of the kernel table")
 p.add_argument("--trace", default=None, help="also write a Chrome trace here")
+p.add_argument("--shapes", action="store_true",
+               help="record input shapes; print the matrix products' CUDA time per shape")
 a = p.parse_args()
 if a.skip >= a.steps:
     raise SystemExit(f"--skip={a.skip} must be below --steps={a.steps}")
@@ -38,10 +40,17 @@ cfg = tc.PRESETS[a.preset](**over)
 # step still runs inside the window.
 active = max(1, a.steps - a.skip - 2)
 sched = schedule(wait=max(0, a.skip - 1), warmup=1 if a.skip else 0, active=active, repeat=1)
-with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=sched) as prof:
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=sched,
+             record_shapes=a.shapes) as prof:
     s = train(cfg, step_hook=lambda n: prof.step())
 ka = prof.key_averages()
 print(ka.table(sort_by="self_cuda_time_total", row_limit=a.rows, max_name_column_width=70))
+if a.shapes:  # which GEMMs cost what: [op, input shapes, calls, CUDA ms per step]
+    mm = [e for e in prof.key_averages(group_by_input_shape=True)
+          if e.key in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm")]
+    for e in sorted(mm, key=lambda e: -e.device_time_total):
+        print(f"{e.key:14s} {str(e.input_shapes)[:90]:90s} {e.count // active:4d} "
+              f"{e.device_time_total / 1e3 / active:8.2f} ms")
 if a.trace:
     prof.export_chrome_trace(a.trace)
 gpu_us = sum(e.self_device_time_total for e in ka)
