@@ -36,6 +36,10 @@ from gem_kernels._jfa_reference import padded_mask, run_reference
 _BACKENDS = ("auto", "triton", "reference")
 # Tests set this to force the two-kernel dK/dV path for short kv too (both paths are tested).
 _FORCE_SPLIT_BWD = False
+# Short kv: q tiles per program of the short-kv kernels (gdpa_tiles), and whether those kernels
+# run at all (False: the one-q-tile-per-program kernels; a switch for the bench's A/B).
+SHORT_Q_TILES = 4
+_SHORT_KERNELS = True
 TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 _Fn = Callable[[torch.Tensor], torch.Tensor]
@@ -104,6 +108,9 @@ class GdpaTiles:
     # Sigmoid (SiLU, GELU, sigmoid) through one `tanh.approx.f32` instead of exp2 + reciprocal
     # for 16-bit inputs on the GPU (_triton_gdpa._sigmoid); off for fp32 and the interpreter.
     tanh_sigmoid: bool = True
+    # Short kv only (the whole kv of a sample in one tile): consecutive q tiles of one sample
+    # per program (_triton_gdpa._gdpa_fwd_short_kernel / _gdpa_bwd_short_kernel).
+    q_tiles: int = 1
 
 
 _TILE_OVERRIDE: dict[str, GdpaTiles] = {}
@@ -131,10 +138,11 @@ def gdpa_tiles(max_kv_len: int, head_dim: int, *, kind: str = "fwd") -> GdpaTile
     if kind in _TILE_OVERRIDE:
         return _TILE_OVERRIDE[kind]
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return GdpaTiles(block_m=16, block_n=16, num_warps=4, num_stages=1)
+        return GdpaTiles(block_m=16, block_n=16, num_warps=4, num_stages=1, q_tiles=2)
     if max_kv_len <= 64:
         bn = max(16, 1 << max(0, (max_kv_len - 1).bit_length()))
-        return GdpaTiles(block_m=128, block_n=bn, num_warps=8 if kind != "fwd" else 4, num_stages=2)
+        return GdpaTiles(block_m=128, block_n=bn, num_warps=8 if kind != "fwd" else 4, num_stages=2,
+                         q_tiles=SHORT_Q_TILES)
     big = head_dim > 64
     if kind == "fwd":
         return GdpaTiles(block_m=128, block_n=64 if big else 128, num_warps=8 if big else 4, num_stages=3)
@@ -358,6 +366,20 @@ def gdpa_forward_triton(
     if tq == 0 or b == 0:
         return out.zero_()
     t = gdpa_tiles(max_kv_len, d)
+    if max_kv_len <= t.block_n and _SHORT_KERNELS:
+        from gem_kernels._triton_gdpa import _gdpa_fwd_short_kernel
+
+        chunk = t.block_m * t.q_tiles
+        _gdpa_fwd_short_kernel[(min(tq // chunk + b, b * max(1, -(-max_q_len // chunk))), h)](
+            q, k, v, out, q_offsets, kv_offsets,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1),
+            scale, 1.0 / divisor, window or 0, b,
+            D=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_B=_block_b(b), Q_TILES=t.q_tiles, ACT=activation,
+            TANH=_tanh(t, q.dtype), CAUSAL=causal, HAS_WINDOW=window is not None, PREC=_prec(q.dtype),
+            num_warps=t.num_warps, num_stages=t.num_stages,
+        )
+        return out
     grid = (min(tq // t.block_m + b, b * max(1, -(-max_q_len // t.block_m))), h)
     _gdpa_fwd_kernel[grid](
         q, k, v, out, q_offsets, kv_offsets,
@@ -401,6 +423,18 @@ def gdpa_backward_triton(
         dva = torch.zeros((tkv, h, d), dtype=torch.float32, device=q.device)
     else:
         dka = dva = dq  # unused by the kernel
+    if fused and _SHORT_KERNELS:
+        from gem_kernels._triton_gdpa import _gdpa_bwd_short_kernel
+
+        chunk = t.block_m * t.q_tiles
+        _gdpa_bwd_short_kernel[(min(tq // chunk + b, b * max(1, -(-max_q_len // chunk))), h)](
+            q, k, v, dout, dq, dka, dva, q_offsets, kv_offsets,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1), dka.stride(0), dka.stride(1),
+            scale, 1.0 / divisor, window or 0, b, Q_TILES=t.q_tiles, TANH=_tanh(t, q.dtype), **common,
+            BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
+        )
+        return dq, dka.to(k.dtype), dva.to(v.dtype)
     _gdpa_bwd_dq_kernel[grid_q](
         q, k, v, dout, dq, dka, dva, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

@@ -420,3 +420,105 @@ def _gdpa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, q_offsets, kv_offsets,
              dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
     tl.store(DV + h * stride_dvh + (kv_start + offs_n)[:, None] * stride_dvt + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+
+
+# --- Short kv: the whole kv of a sample in one tile, several q tiles per program -------------
+#
+# The personalized-FFN shape (tens of keys per sample, thousands of queries): one program per
+# (chunk of Q_TILES consecutive q tiles of one sample, head). It loads the sample's k and v once
+# and walks its q tiles in a loop, so the loads of the next tile overlap this tile's math; the
+# backward keeps the chunk's dK/dV partial sums in registers and adds them to the fp32
+# buffers once per chunk (Q_TILES times fewer atomics than one add per q tile).
+
+
+@triton.jit
+def _short_setup(q_offsets, kv_offsets, pid, B, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr):
+    """(sample, q_start, q_len, kv_start, kv_len, first row of the chunk, q tiles in the chunk, total)."""
+    b, chunk, total = _locate(q_offsets, pid, B, CHUNK, BLOCK_B)
+    b = tl.minimum(b, B - 1)  # pid >= total: clamp for the loads; the caller returns
+    q_start = tl.load(q_offsets + b)
+    q_len = (tl.load(q_offsets + b + 1) - q_start).to(tl.int32)
+    kv_start = tl.load(kv_offsets + b)
+    kv_len = (tl.load(kv_offsets + b + 1) - kv_start).to(tl.int32)
+    first = chunk * CHUNK
+    n_tiles = tl.minimum(CHUNK, q_len - first)
+    n_tiles = (n_tiles + BLOCK_M - 1) // BLOCK_M
+    return q_start, q_len, kv_start, kv_len, first, n_tiles, total
+
+
+@triton.jit
+def _gdpa_fwd_short_kernel(Q, K, V, O, q_offsets, kv_offsets,
+                           stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+                           scale, inv_div, window, B,
+                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+                           Q_TILES: tl.constexpr, ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr,
+                           HAS_WINDOW: tl.constexpr, PREC: tl.constexpr):
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    q_start, q_len, kv_start, kv_len, first, n_tiles, total = _short_setup(
+        q_offsets, kv_offsets, pid, B, BLOCK_M * Q_TILES, BLOCK_M, BLOCK_B)
+    if pid >= total:
+        return
+    shift = kv_len - q_len
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    col_ok = offs_n < kv_len
+    k = tl.load(K + h * stride_kh + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :],
+                mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + h * stride_vh + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :],
+                mask=col_ok[:, None], other=0.0)
+    for t in range(0, n_tiles):
+        offs_m = first + t * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < q_len
+        q = tl.load(Q + h * stride_qh + (q_start + offs_m)[:, None] * stride_qt + offs_d[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        p = _act(_dot(q, tl.trans(k), PREC) * scale, ACT, TANH)
+        p = tl.where(_visible(offs_m, offs_n, shift, window, 0, kv_len, CAUSAL, HAS_WINDOW), p, 0.0)
+        out = _dot(p.to(v.dtype), v, PREC) * inv_div
+        tl.store(O + h * stride_oh + (q_start + offs_m)[:, None] * stride_ot + offs_d[None, :],
+                 out.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _gdpa_bwd_short_kernel(Q, K, V, DO, DQ, DKA, DVA, q_offsets, kv_offsets,
+                           stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                           stride_dot, stride_doh, stride_dqt, stride_dqh, stride_at, stride_ah,
+                           scale, inv_div, window, B,
+                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+                           Q_TILES: tl.constexpr, ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr,
+                           HAS_WINDOW: tl.constexpr, PREC: tl.constexpr):
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    q_start, q_len, kv_start, kv_len, first, n_tiles, total = _short_setup(
+        q_offsets, kv_offsets, pid, B, BLOCK_M * Q_TILES, BLOCK_M, BLOCK_B)
+    if pid >= total:
+        return
+    shift = kv_len - q_len
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    col_ok = offs_n < kv_len
+    k = tl.load(K + h * stride_kh + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :],
+                mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + h * stride_vh + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :],
+                mask=col_ok[:, None], other=0.0)
+    dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+    for t in range(0, n_tiles):
+        offs_m = first + t * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < q_len
+        q = tl.load(Q + h * stride_qh + (q_start + offs_m)[:, None] * stride_qt + offs_d[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        do = tl.load(DO + h * stride_doh + (q_start + offs_m)[:, None] * stride_dot + offs_d[None, :],
+                     mask=row_ok[:, None], other=0.0)
+        y, g = _act_and_grad(_dot(q, tl.trans(k), PREC) * scale, ACT, TANH)
+        vis = _visible(offs_m, offs_n, shift, window, 0, kv_len, CAUSAL, HAS_WINDOW) & row_ok[:, None]
+        ds = tl.where(vis, _dot(do, tl.trans(v), PREC) * g * inv_div, 0.0)
+        p = tl.where(vis, y * inv_div, 0.0)
+        dq = _dot(ds.to(k.dtype), k, PREC) * scale
+        tl.store(DQ + h * stride_dqh + (q_start + offs_m)[:, None] * stride_dqt + offs_d[None, :],
+                 dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+        dv += _dot(tl.trans(p.to(do.dtype)), do, PREC)
+        dk += _dot(tl.trans(ds.to(q.dtype)), q, PREC)
+    rows = (kv_start + offs_n)[:, None] * stride_at + offs_d[None, :]
+    tl.atomic_add(DVA + h * stride_ah + rows, dv, mask=col_ok[:, None], sem="relaxed")
+    tl.atomic_add(DKA + h * stride_ah + rows, dk * scale, mask=col_ok[:, None], sem="relaxed")

@@ -5,6 +5,7 @@ so lengths 0, 1, 15, 16, 17, 33 hit the tile edges. GPU (skipped without CUDA): 
 and the heuristic tiles.
 """
 
+import dataclasses
 import math
 import os
 
@@ -111,6 +112,25 @@ def test_unequal_lengths_bottom_right(activation: str) -> None:
 def test_cross_long_q_short_kv(causal: bool) -> None:
     # The personalized-FFN shape: long jagged queries over 0..9 keys per sample.
     _check([40, 3, 0, 17, 1], [4, 8, 2, 0, 9], activation="silu", causal=causal, divisor=7.0)
+
+
+@needs_triton
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("q_tiles", [1, 3])
+def test_short_kv_programs_walk_several_q_tiles(variant: str, q_tiles: int) -> None:
+    # Short kv: one program walks `q_tiles` q tiles of a sample (dK/dV summed in registers, one
+    # atomic add per program); query lengths put chunk ends before, on and after tile edges.
+    lq, lk = [49, 3, 0, 16, 33, 1, 48], [5, 16, 2, 0, 9, 1, 12]
+    tiles = {kind: dataclasses.replace(gdpa_tiles(16, 16, kind=kind), q_tiles=q_tiles) for kind in ("fwd", "dq")}
+    with gdpa_module.force_tiles(**tiles):
+        _check(lq, lk, activation="gelu", h=2, seed=q_tiles, **VARIANTS[variant])  # type: ignore[arg-type]
+
+
+@needs_triton
+def test_short_kv_one_tile_per_program_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The kernels the short-kv ones replaced (kept for the bench's A/B) still hold.
+    monkeypatch.setattr(gdpa_module, "_SHORT_KERNELS", False)
+    _check([40, 3, 0, 17, 1], [4, 8, 2, 0, 9], activation="silu", causal=True, divisor=7.0)
 
 
 @needs_triton
@@ -306,9 +326,10 @@ def test_gpu_real_sizes(activation: str, variant: str) -> None:
 
 
 @pytest.mark.skipif(not CUDA, reason="GPU-size test")
-@pytest.mark.parametrize("kv", [4, 16, 64])
-def test_gpu_cross_short_kv(kv: int) -> None:
+@pytest.mark.parametrize("kv", [4, 16, 32, 64])
+@pytest.mark.parametrize("variant", ["full", "causal_window"])
+def test_gpu_cross_short_kv(kv: int, variant: str) -> None:
     g = torch.Generator().manual_seed(kv)
-    lq = torch.randint(0, 1500, (12,), generator=g).tolist() + [0, 1, 129]
+    lq = torch.randint(0, 1500, (12,), generator=g).tolist() + [0, 1, 129, 511, 512, 513]
     lk = torch.randint(0, kv + 1, (len(lq),), generator=g).tolist()
-    _check(lq, lk, activation="silu", h=4, d=128, dtype=torch.bfloat16)
+    _check(lq, lk, activation="silu", h=4, d=128, dtype=torch.bfloat16, **VARIANTS[variant])  # type: ignore[arg-type]

@@ -41,22 +41,26 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).abs().max()) / max(1.0, float(want.float().abs().max()))
 
 
-def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int) -> dict[str, object]:
-    off = offsets_from_lengths(lengths, "cuda")
-    cu = off.to(torch.int32)
-    mx, t = max(lengths), sum(lengths)
+def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
+          q_lengths: list[int] | None = None) -> dict[str, object]:
+    """`lengths` are the keys' (and, without `q_lengths`, the queries') per-sample lengths."""
+    ql = lengths if q_lengths is None else q_lengths
+    off, q_off = offsets_from_lengths(lengths, "cuda"), offsets_from_lengths(ql, "cuda")
+    cu, q_cu = off.to(torch.int32), q_off.to(torch.int32)
+    mx, t, q_mx = max(lengths), sum(lengths), max(ql)
     g = torch.Generator(device="cuda").manual_seed(1)
-    q, k, v, do = (torch.randn(t, heads, D, generator=g, device="cuda").to(DT) for _ in range(4))
+    q, do = (torch.randn(sum(ql), heads, D, generator=g, device="cuda").to(DT) for _ in range(2))
+    k, v = (torch.randn(t, heads, D, generator=g, device="cuda").to(DT) for _ in range(2))
     xs = [x.clone().requires_grad_() for x in (q, k, v)]
     xq, xk, xv = xs
-    flops = 4.0 * visible_pairs(lengths, lengths, causal=causal) * D * heads
+    flops = 4.0 * visible_pairs(ql, lengths, causal=causal) * D * heads
 
     def ours() -> torch.Tensor:
-        return jagged_flash_attention(xq, xk, xv, off, off, mx, mx, causal=causal)
+        return jagged_flash_attention(xq, xk, xv, q_off, off, q_mx, mx, causal=causal)
 
     def fa2() -> torch.Tensor:
-        out: torch.Tensor = torch.ops.aten._flash_attention_forward(xq, xk, xv, cu, cu, mx, mx, 0.0, causal, False,
-                                                                    scale=1 / math.sqrt(D))[0]
+        out: torch.Tensor = torch.ops.aten._flash_attention_forward(xq, xk, xv, q_cu, cu, q_mx, mx, 0.0, causal,
+                                                                    False, scale=1 / math.sqrt(D))[0]
         return out
 
     def fb(fn: Callable[[], torch.Tensor]) -> Callable[[], object]:
@@ -64,7 +68,8 @@ def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int) -
 
     with torch.no_grad():
         fwd_ms = bench_ms(ours, warmup=2, iters=iters)
-    row: dict[str, object] = {"case": name, "B": len(lengths), "mean": round(t / len(lengths)), "max": mx,
+    row: dict[str, object] = {"case": name, "B": len(lengths), "q_mean": round(sum(ql) / len(ql)),
+                              "mean": round(t / len(lengths)), "max": mx,
                               "H": heads, "causal": causal, "fwd_ms": round(fwd_ms, 3)}
     grads: dict[str, list[torch.Tensor]] = {}
     was = os.environ.get(BWD_ENV)
@@ -97,25 +102,31 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--iters", type=int, default=7)
     p.add_argument("--out", default=os.environ.get("OUT"))
+    p.add_argument("--only", default="", help="run only the cases whose name contains this")
     args = p.parse_args()
     os.environ[FWD_ENV] = "pointer"
     if not torch.cuda.is_available():
         print("bwd bench needs CUDA")
         emit_json({"bench": "bwd", "skipped": "no CUDA", **env_info()})
         return
-    rows = [
-        _case("issue", issue_lengths(), 4, False, args.iters),
-        _case("issue causal", issue_lengths(), 4, True, args.iters),
-        _case("trainer+cls", [n + 4 for n in trainer_lengths()], 8, False, args.iters),
+    tl = trainer_lengths()
+    cases: list[tuple[str, list[int], int, bool, list[int] | None]] = [
+        ("issue", issue_lengths(), 4, False, None),
+        ("issue causal", issue_lengths(), 4, True, None),
+        ("trainer+cls", [n + 4 for n in tl], 8, False, None),
+        # The trainer's hierarchical pooling (PMA): 32 seed queries per sample over its events.
+        ("trainer pma", tl, 8, False, [32] * len(tl)),
     ]
     for mean in (100, 300, 1000, 4000):  # LogNormal(log mean - 0.5, 1) at the trainer's ~262k tokens
         lengths = issue_lengths(max(8, 262144 // mean), mu=math.log(mean) - 0.5, seed=62)
-        rows.append(_case(f"mix {mean}", lengths, 8, False, args.iters))
+        cases.append((f"mix {mean}", lengths, 8, False, None))
         if mean <= 1000:  # causal where the forward rule (FLASH_FWD_MAX_MEAN) decides
-            rows.append(_case(f"mix {mean} causal", lengths, 8, True, args.iters))
+            cases.append((f"mix {mean} causal", lengths, 8, True, None))
+    rows = [_case(name, lengths, heads, causal, args.iters, q_lengths=ql)
+            for name, lengths, heads, causal, ql in cases if args.only in name]
     print("\nJFA backward paths (bwd ms = fwd+bwd - our fwd; fb TF = useful fwd+bwd TFLOP/s; "
           "fa2 = torch's FlashAttention-2 fwd / fwd+bwd):")
-    print_table(rows, ["case", "B", "mean", "max", "H", "fwd_ms", "two_pass_bwd_ms", "one_pass_bwd_ms",
+    print_table(rows, ["case", "B", "q_mean", "mean", "max", "H", "fwd_ms", "two_pass_bwd_ms", "one_pass_bwd_ms",
                        "flash_bwd_ms", "win", "ours_fwd_tf", "flash_fb_tf", "fa2_fwd_tf", "fa2_fb_tf", "err"])
     payload: dict[str, object] = {"bench": "bwd", **env_info(), "rows": rows}
     save_json(args.out, "bwd.json", payload)

@@ -353,13 +353,71 @@ def sweep(hist: list[int], heads: int, dim: int, dtype: torch.dtype) -> None:
             print(f"sweep bwd dq={dq_c} dkdv={kv_c}: failed {type(e).__name__}", flush=True)
 
 
+def short_kv(iters: int) -> list[dict[str, object]]:
+    """The trainer's GDPA FFN shape (its token budget of log-normal lengths, H=8, D=128, bf16,
+    32 keys per sample, SiLU): the short-kv kernels at several q tiles per program against the
+    kernels with one q tile per program (what ran before), in one run. GB/s counts q, k, v
+    read and out written (forward; + q, dO, k, v read and dq, dk, dv written for fwd+bwd)."""
+    from gem_kernels import _gdpa
+    from gem_kernels._gdpa import GdpaTiles, force_tiles
+    from gem_kernels.bench._common import trainer_lengths
+
+    lq = trainer_lengths()
+    lk = [32] * len(lq)
+    qo, ko = offsets_from_lengths(lq, "cuda"), offsets_from_lengths(lk, "cuda")
+    q, k, v = (random_jagged(n, 8, 128, dtype=torch.bfloat16, device="cuda", seed=s).requires_grad_()
+               for n, s in ((lq, 1), (lk, 2), (lk, 3)))
+    el = 8 * 128 * 2
+    tq, tk = sum(lq), sum(lk)
+    b_fwd, b_all = (2 * tq + 2 * tk) * el, (2 * tq + 2 * tk) * el + (3 * tq + 4 * tk) * el
+
+    def run() -> torch.Tensor:
+        return generalized_dot_product_attention(q, k, v, qo, ko, max(lq), 32, activation="silu")
+
+    ref = run()
+    dout = torch.randn_like(ref)
+    want = (ref.detach(), *_grads(ref, (q, k, v), dout))
+    rows: list[dict[str, object]] = []
+    cfgs: list[tuple[str, int, int, int, bool]] = [("one tile per program (before)", 128, 1, 8, False)]
+    cfgs += [(f"short kernels BM={bm} q_tiles={qt} w={w}", bm, qt, w, True)
+             for bm in (64, 128) for qt in (1, 2, 4, 8) for w in (4, 8)]
+    was = _gdpa._SHORT_KERNELS
+    try:
+        for name, bm, qt, w, short in cfgs:
+            _gdpa._SHORT_KERNELS = short
+            # "before": the old heuristic's warps (forward 4, backward 8).
+            tiles = {"fwd": GdpaTiles(block_m=bm, block_n=32, num_warps=w if short else 4, num_stages=2, q_tiles=qt),
+                     "dq": GdpaTiles(block_m=bm, block_n=32, num_warps=w, num_stages=2, q_tiles=qt)}
+            with force_tiles(**tiles):
+                out = run()
+                got = (out.detach(), *_grads(out, (q, k, v), dout))
+                err = max(_rel_err(a, b) for a, b in zip(got, want))
+                ms_f, ms_a = _timed(run, (q, k, v), iters)
+            r = {"config": name, "fwd_ms": round(ms_f, 3), "fwdbwd_ms": round(ms_a, 3),
+                 "fwd_gbs": round(b_fwd / ms_f / 1e6), "fwdbwd_gbs": round(b_all / ms_a / 1e6), "err_vs_default": f"{err:.1e}"}
+            print(r, flush=True)
+            rows.append(r)
+    finally:
+        _gdpa._SHORT_KERNELS = was
+    print_table(rows, ["config", "fwd_ms", "fwdbwd_ms", "fwd_gbs", "fwdbwd_gbs", "err_vs_default"])
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     p.add_argument("--quick", action="store_true", help="fewer cases and iterations")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--sweep", action="store_true", help="only a tile sweep of the SiLU causal case (GPU)")
+    p.add_argument("--short", action="store_true",
+                   help="only the trainer's short-kv shape: q tiles per program A/B (GPU)")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()
+    if args.short:
+        if not cuda:
+            print("--short needs CUDA")
+            return 0
+        short_kv(10)
+        return 0
     if args.sweep:
         if not cuda:
             print("--sweep needs CUDA")

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Two H200s (~9 minutes), from the folder holding both trees: bash B/tools/gpu_short.sh A B
+# B = A + the short-kv GDPA kernels (several q tiles per program) + our JFA backward for short
+# query sequences (the pooling seeds).
+#   GPU 0: the h200 trainer 60 steps: tree A, tree B, tree B with GEM_JFA_BWD=flash (the GDPA
+#          change alone); then `bench.gdpa --short` (q tiles per program A/B), `bench.bwd
+#          --only pma` (the pooling backward: ours vs FlashAttention-2), B's GPU tests.
+#   GPU 1: the quality bench's GEM row at 1,000 steps on B, then B's compiled step under the
+#          profiler.
+A=$1; B=$2; ROOT=$PWD
+pp() { (cd "$ROOT/$1" && ls -d */gem_* | xargs -n1 dirname | sed "s|^|$ROOT/$1/|" | paste -sd:); }
+PA=$(pp "$A"):$ROOT/$A/tests; PB=$(pp "$B"):$ROOT/$B/tests; export PYTHONUNBUFFERED=1
+. "$(dirname "$0")/stage.sh"
+TR="python3 -m gem_trainer --preset h200 --steps 60 --eval-batches 0 --no-progress"
+summary() { echo "=== stages"; cat "$OUT/rcs.txt"
+  for r in tr_a tr_b tr_b_flash; do echo "=== $r"; [ -f "$OUT/$r.log" ] && (cd "$ROOT/$B" && python3 tools/trainer_summary.py "$OUT/$r.log" | head -1); done
+  echo "=== profile"; tail -n 1 "$OUT/profile.log" | cut -c1-300
+  echo "=== tests"; tail -n 3 "$OUT/tests.log" | cut -c1-300
+  echo "=== gdpa short"; grep -E "^\| |^config|one tile|short kernels" "$OUT/gdpa_short.log" | grep -v "^{" | cut -c1-160 | tail -n 20
+  echo "=== bwd pma"; grep -A4 "^JFA backward" "$OUT/bwd_pma.log" | cut -c1-260
+  echo "=== quality"; grep -E " lr=[0-9.e+-]+: mean AUC|Error|^ *[a-z_]+ \||Bayes" "$OUT/quality.log" | cut -c1-220
+}
+gpu_begin "${WATCH:-570}"
+( export CUDA_VISIBLE_DEVICES=0
+  (cd "$ROOT/$A"; PYTHONPATH=$PA st tr_a 150 $TR)
+  cd "$ROOT/$B"; export PYTHONPATH=$PB
+  st tr_b 130 $TR
+  GEM_JFA_BWD=flash st tr_b_flash 70 $TR
+  st gdpa_short 60 python3 -m gem_kernels.bench.gdpa --short
+  st bwd_pma 40 python3 -m gem_kernels.bench.bwd --only pma --out "$OUT"
+  st tests 90 python3 -m pytest -q -p no:cacheprovider -rf kernels/tests/test_gdpa.py kernels/tests/test_jfa_flash2.py -k "gpu"
+  ) & P0=$!
+( export CUDA_VISIBLE_DEVICES=1; cd "$ROOT/$B"; export PYTHONPATH=$PB
+  st quality 420 python3 -m gem_trainer.bench.quality --preset h200 --steps 1000 --models gem \
+     --eval-at 100,250,500,750,1000 --out "$OUT/quality"
+  st profile 100 python3 tools/profile_trainer.py --preset h200 --steps 18 --skip 8 --rows 70 --trace "$OUT/trace.json"
+  [ -f "$OUT/trace.json" ] && gzip -9 "$OUT/trace.json" ) & P1=$!
+wait "$P0" "$P1"
+gpu_end
