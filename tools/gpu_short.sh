@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # Two H200s (~9 minutes), from the folder holding both trees: bash B/tools/gpu_short.sh A B
 # B = A + the short-kv GDPA kernels (several q tiles per program) + our JFA backward for short
-# query sequences (the pooling seeds).
-#   GPU 0: the h200 trainer 60 steps: tree A, tree B, tree B with GEM_JFA_BWD=flash (the GDPA
-#          change alone); then `bench.gdpa --short` (q tiles per program A/B), `bench.bwd
-#          --only pma` (the pooling backward: ours vs FlashAttention-2), B's GPU tests.
-#   GPU 1: the quality bench's GEM row at 1,000 steps on B, then B's compiled step under the
-#          profiler.
+# query sequences (the pooling seeds). One H200, one stage after the other (~7 minutes):
+#   B's GPU tests of the two changes; `bench.gdpa --short` (q tiles per program A/B);
+#   `bench.bwd --only pma` (the pooling backward: ours vs FlashAttention-2); the h200 trainer
+#   60 steps, tree A then tree B (with FLASH=1 also B with GEM_JFA_BWD=flash: the GDPA change
+#   alone). The quality bench on B is a separate call (~400 s).
 A=$1; B=$2; ROOT=$PWD
 pp() { (cd "$ROOT/$1" && ls -d */gem_* | xargs -n1 dirname | sed "s|^|$ROOT/$1/|" | paste -sd:); }
 PA=$(pp "$A"):$ROOT/$A/tests; PB=$(pp "$B"):$ROOT/$B/tests; export PYTHONUNBUFFERED=1
@@ -20,20 +19,12 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   echo "=== bwd pma"; grep -A4 "^JFA backward" "$OUT/bwd_pma.log" | cut -c1-260
   echo "=== quality"; grep -E " lr=[0-9.e+-]+: mean AUC|Error|^ *[a-z_]+ \||Bayes" "$OUT/quality.log" | cut -c1-220
 }
-gpu_begin "${WATCH:-570}"
-( export CUDA_VISIBLE_DEVICES=0
-  (cd "$ROOT/$A"; PYTHONPATH=$PA st tr_a 150 $TR)
-  cd "$ROOT/$B"; export PYTHONPATH=$PB
-  st tr_b 130 $TR
-  GEM_JFA_BWD=flash st tr_b_flash 70 $TR
-  st gdpa_short 60 python3 -m gem_kernels.bench.gdpa --short
-  st bwd_pma 40 python3 -m gem_kernels.bench.bwd --only pma --out "$OUT"
-  st tests 90 python3 -m pytest -q -p no:cacheprovider -rf kernels/tests/test_gdpa.py kernels/tests/test_jfa_flash2.py -k "gpu"
-  ) & P0=$!
-( export CUDA_VISIBLE_DEVICES=1; cd "$ROOT/$B"; export PYTHONPATH=$PB
-  st quality 420 python3 -m gem_trainer.bench.quality --preset h200 --steps 1000 --models gem \
-     --eval-at 100,250,500,750,1000 --out "$OUT/quality"
-  st profile 100 python3 tools/profile_trainer.py --preset h200 --steps 18 --skip 8 --rows 70 --trace "$OUT/trace.json"
-  [ -f "$OUT/trace.json" ] && gzip -9 "$OUT/trace.json" ) & P1=$!
-wait "$P0" "$P1"
+gpu_begin "${WATCH:-560}"
+cd "$ROOT/$B"; export PYTHONPATH=$PB
+st tests 90 python3 -m pytest -q -p no:cacheprovider -rf kernels/tests/test_gdpa.py kernels/tests/test_jfa_flash2.py -k "gpu"
+st gdpa_short 60 python3 -m gem_kernels.bench.gdpa --short
+st bwd_pma 40 python3 -m gem_kernels.bench.bwd --only pma --out "$OUT"
+(cd "$ROOT/$A"; PYTHONPATH=$PA st tr_a 150 $TR)
+st tr_b 130 $TR
+[ "${FLASH:-0}" = 1 ] && GEM_JFA_BWD=flash st tr_b_flash 70 $TR
 gpu_end
