@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Two H200s (~9 minutes), from the folder holding both trees: bash B/tools/gpu_short.sh A B
+# One H200 (~7 minutes), from the folder holding both trees: bash B/tools/gpu_short.sh A B
 # B = A + the short-kv GDPA kernels (several q tiles per program) + our JFA backward for short
-# query sequences (the pooling seeds). One H200, one stage after the other (~7 minutes):
+# query sequences (the pooling seeds). One stage after the other:
 #   B's GPU tests of the two changes; `bench.gdpa --short` (q tiles per program A/B);
 #   `bench.bwd --only pma` (the pooling backward: ours vs FlashAttention-2); the h200 trainer
 #   60 steps, tree A then tree B (with FLASH=1 also B with GEM_JFA_BWD=flash: the GDPA change
