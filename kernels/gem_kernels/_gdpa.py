@@ -38,7 +38,6 @@ _BACKENDS = ("auto", "triton", "reference")
 _FORCE_SPLIT_BWD = False
 # Short kv: q tiles per program of the short-kv kernels (gdpa_tiles), and whether those kernels
 # run at all (False: the one-q-tile-per-program kernels; a switch for the bench's A/B).
-SHORT_Q_TILES = 4
 _SHORT_KERNELS = True
 TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
 
@@ -140,9 +139,14 @@ def gdpa_tiles(max_kv_len: int, head_dim: int, *, kind: str = "fwd") -> GdpaTile
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return GdpaTiles(block_m=16, block_n=16, num_warps=4, num_stages=1, q_tiles=2)
     if max_kv_len <= 64:
+        # 8 q tiles per program: forward 64-row tiles, 4 warps; backward 128-row, 8 warps. On
+        # the trainer's shape (H=8, D=128, 32 keys per sample, H200) 0.38 ms forward and ~0.84 ms
+        # backward against 0.60 / 1.22 ms with one q tile per program (`bench.gdpa --short`,
+        # kernels/BENCHMARKS.md, 2026-12-01).
         bn = max(16, 1 << max(0, (max_kv_len - 1).bit_length()))
-        return GdpaTiles(block_m=128, block_n=bn, num_warps=8 if kind != "fwd" else 4, num_stages=2,
-                         q_tiles=SHORT_Q_TILES)
+        if kind == "fwd":
+            return GdpaTiles(block_m=64, block_n=bn, num_warps=4, num_stages=2, q_tiles=8)
+        return GdpaTiles(block_m=128, block_n=bn, num_warps=8, num_stages=2, q_tiles=8)
     big = head_dim > 64
     if kind == "fwd":
         return GdpaTiles(block_m=128, block_n=64 if big else 128, num_warps=8 if big else 4, num_stages=3)

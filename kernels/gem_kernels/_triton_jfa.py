@@ -129,10 +129,6 @@ _BWD_CHOICES = {"one_pass": True, "two_pass": False}
 # it against 0.2578 s with our one-pass (kernels/ and trainer/BENCHMARKS.md, 2026-12-01).
 # `GEM_JFA_BWD=flash` asks for it whatever FLASH_DEFAULT says; one_pass / two_pass ask for ours.
 FLASH_DEFAULT = True
-# ... but not by default for short query sequences (mean rows per sample below this): its
-# backward walks queries in 64-row tiles, so e.g. the trainer's 32 pooling seeds per sample
-# leave half of every tile idle (`gem_kernels.bench.bwd`, case "trainer pma").
-FLASH_BWD_MIN_MEAN_Q = 64
 BWD_FLASH = "flash"
 _ENV_VALUES = (*_BWD_CHOICES, BWD_FLASH)
 
@@ -167,19 +163,14 @@ def bwd_one_pass_from_env(max_kv_len: int | None = None) -> bool:
     return long_enough and _default_two_pass_reason() is None
 
 
-def bwd_uses_flash(q: torch.Tensor, window: int | None, q_offsets: torch.Tensor | None = None) -> bool:
+def bwd_uses_flash(q: torch.Tensor, window: int | None) -> bool:
     """Whether `jfa_backward` hands this call to torch's FlashAttention-2 backward: not under
-    `force_config`, not when `GEM_JFA_BWD` names one of ours, by default not when the queries
-    average fewer than `FLASH_BWD_MIN_MEAN_Q` rows per sample of `q_offsets` (host shapes
-    only), and only where it runs."""
+    `force_config`, not when `GEM_JFA_BWD` names one of ours, and only where it runs."""
     if _FORCED:
         return False
     value = env_choice(BWD_ENV, _ENV_VALUES)
     if value in _BWD_CHOICES or (value is None and not FLASH_DEFAULT):
         return False
-    if value is None and q_offsets is not None:
-        if q.shape[0] < FLASH_BWD_MIN_MEAN_Q * max(q_offsets.numel() - 1, 1):
-            return False
     from gem_kernels._flash2 import unavailable_reason
 
     return unavailable_reason(q, window) is None
@@ -199,9 +190,7 @@ def bwd_rule() -> str:
         return f"two_pass ({why})"
     if value == BWD_FLASH or FLASH_DEFAULT:
         src = f" ({BWD_ENV}, flash)" if value == BWD_FLASH else ""
-        short = "" if src else f", queries averaging >= {FLASH_BWD_MIN_MEAN_Q} rows per sample"
-        return (f"flash{src} (torch's FlashAttention-2 backward) on CUDA fp16/bf16 without a window{short}; "
-                f"else {ours}")
+        return f"flash{src} (torch's FlashAttention-2 backward) on CUDA fp16/bf16 without a window; else {ours}"
     return ours
 
 
@@ -962,7 +951,7 @@ def jfa_backward(
     b = q_offsets.numel() - 1
     if tq == 0 or k.shape[0] == 0 or b == 0 or h == 0 or max_q_len == 0 or max_kv_len == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    if bwd_uses_flash(q, window, q_offsets):
+    if bwd_uses_flash(q, window):
         from gem_kernels._flash2 import flash_backward
 
         return flash_backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, scale)

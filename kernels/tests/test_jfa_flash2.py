@@ -111,7 +111,6 @@ def test_conversions_against_fa2_contract(monkeypatch: pytest.MonkeyPatch, causa
     reference, through jagged_flash_attention's own autograd: lengths on the tile edges, cross
     attention, empty sequences on either side, and (causal, lq > lk) rows that see no key."""
     monkeypatch.setattr(_flash2, "_fa2_backward", _fa2_stand_in)
-    monkeypatch.setattr(_triton_jfa, "FLASH_BWD_MIN_MEAN_Q", 0)  # these short queries too
     monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
     monkeypatch.delenv(BWD_ENV, raising=False)
     monkeypatch.setenv(_jfa.FWD_ENV, "pointer")  # our forward (the lengths are short)
@@ -207,7 +206,6 @@ def test_forward_stand_in_vs_ours_self_attention(monkeypatch: pytest.MonkeyPatch
     two-pass backward, and vs the fp32 reference on the first 8 samples."""
     monkeypatch.setattr(_flash2, "_fa2_forward", _fa2_fwd_stand_in)
     monkeypatch.setattr(_flash2, "_fa2_backward", _fa2_stand_in)
-    monkeypatch.setattr(_triton_jfa, "FLASH_BWD_MIN_MEAN_Q", 0)  # these short queries too
     monkeypatch.delenv(BWD_ENV, raising=False)
     monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
     monkeypatch.delenv(_jfa.FWD_ENV, raising=False)
@@ -257,14 +255,7 @@ def test_when_flash_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     for ours in ("one_pass", "two_pass"):
         monkeypatch.setenv(BWD_ENV, ours)
         assert not _triton_jfa.bwd_uses_flash(q, None)
-    # By default not for short query sequences (e.g. pooling seeds); GEM_JFA_BWD=flash still is.
-    monkeypatch.delenv(BWD_ENV)
-    n = _triton_jfa.FLASH_BWD_MIN_MEAN_Q
-    off3 = torch.zeros(4, dtype=torch.int64)
-    assert _triton_jfa.bwd_uses_flash(torch.zeros(3 * n, 2, 16), None, off3)
-    assert not _triton_jfa.bwd_uses_flash(torch.zeros(3 * n - 1, 2, 16), None, off3)
     monkeypatch.setenv(BWD_ENV, "flash")
-    assert _triton_jfa.bwd_uses_flash(torch.zeros(3 * n - 1, 2, 16), None, off3)
     monkeypatch.setattr(_triton_jfa, "FLASH_DEFAULT", False)
     assert _triton_jfa.bwd_uses_flash(q, None)
     monkeypatch.delenv(BWD_ENV)
@@ -416,21 +407,3 @@ def test_gpu_flash_forward_cross_empty_and_strided(monkeypatch: pytest.MonkeyPat
     dense = _grads(qs.contiguous(), ks.contiguous(), vs.contiguous(), do, off, off, False)
     for a, b in zip(strided, dense):
         assert _rel(a, b) <= 1e-2
-
-
-@pytest.mark.skipif(not CUDA, reason="GPU test")
-def test_gpu_pooling_seeds_backward_is_ours(monkeypatch: pytest.MonkeyPatch) -> None:
-    """32 seed queries per sample over log-normal histories (the trainer's pooling): by default
-    our backward, not flash (FLASH_BWD_MIN_MEAN_Q); the same gradients as GEM_JFA_BWD=flash."""
-    monkeypatch.delenv(BWD_ENV, raising=False)
-    calls = _count_calls(monkeypatch, "flash_backward")
-    lk = _lognormal(32, 4096, seed=9)
-    lq = [32] * len(lk)
-    q, k, v, dout, qo, ko = _case(lq, lk, h=8, d=128, dtype=torch.bfloat16, seed=9)
-    got = _grads(q, k, v, dout, qo, ko, False)
-    assert not calls
-    monkeypatch.setenv(BWD_ENV, "flash")
-    base = _grads(q, k, v, dout, qo, ko, False)
-    assert calls
-    for name, a, b in zip(("out", "dq", "dk", "dv"), got, base):
-        assert torch.isfinite(a).all() and _rel(a, b) <= 1e-2, f"{name}: {_rel(a, b):.3g}"

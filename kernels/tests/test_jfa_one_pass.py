@@ -458,13 +458,12 @@ def test_backward_rule_in_words(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.delenv(BWD_ENV, raising=False)
     ours = f"one_pass from {ONE_PASS_MIN_LEN} keys, two_pass below"
-    flash = "flash (torch's FlashAttention-2 backward) on CUDA fp16/bf16 without a window"
-    short = f", queries averaging >= {_triton_jfa.FLASH_BWD_MIN_MEAN_Q} rows per sample"
-    assert jfa_backward_rule() == flash + short + "; else " + ours
+    flash = "flash (torch's FlashAttention-2 backward) on CUDA fp16/bf16 without a window; else "
+    assert jfa_backward_rule() == flash + ours
     monkeypatch.setattr(_triton_jfa, "FLASH_DEFAULT", False)
     assert jfa_backward_rule() == ours
     monkeypatch.setenv(BWD_ENV, "flash")
-    assert jfa_backward_rule() == flash.replace("flash (", "flash (GEM_JFA_BWD, flash) (", 1) + "; else " + ours
+    assert jfa_backward_rule() == flash.replace("flash (", "flash (GEM_JFA_BWD, flash) (", 1) + ours
     monkeypatch.delenv(BWD_ENV)
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)

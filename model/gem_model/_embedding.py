@@ -168,8 +168,10 @@ class EventArch(nn.Module):
 
     def forward(
         self, ids: torch.Tensor, types: torch.Tensor, timestamps: torch.Tensor,
-        offsets: torch.Tensor, sample: torch.Tensor,
+        offsets: torch.Tensor, sample: torch.Tensor, lay: _jagged.PrefixLayout | None = None,
     ) -> torch.Tensor:
+        """The event tokens `[T, d]`; with `lay`, already placed in its combined layout
+        `[Tc, d]` (CLS rows zero), as `_jagged.to_layout` would place them."""
         x = self.item(ids)
         if self.width_mask is not None:
             x = x * self.width_mask[types]
@@ -196,11 +198,18 @@ class EventArch(nn.Module):
             dt = _jagged.kernel_dtype(table)
             hot = torch.zeros(idx.shape[0], table.shape[0], dtype=dt, device=idx.device).scatter_(1, idx, 1.0)
             w = torch.cat([self.proj.weight, table.t()], dim=1).to(dt)
-            return F.linear(torch.cat([x.to(dt), hot], dim=1), w)
+            inp = torch.cat([x.to(dt), hot], dim=1)
+            if lay is not None and lay.n:
+                # Place the GEMM's narrow input rows (item vector + multi-hot, ~1/3 of d wide)
+                # in the layout instead of its d-wide output: all-zero CLS rows give zero
+                # output rows (the bias rides in the type rows), so this is to_layout's result
+                # without its [Tc, d] scatter forward or its [Tc, d] gather backward.
+                inp = inp.new_zeros(lay.sample.shape[0], inp.shape[1]).index_copy_(0, lay.seq_rows, inp)
+            return F.linear(inp, w)
         # float32 stream under autocast: the sum stays float32 (not rounded by a bf16 GEMM)
         small = F.embedding_bag(idx, table, mode="sum")
         out: torch.Tensor = F.linear(x, self.proj.weight) + small  # float32 stream
-        return out
+        return out if lay is None else _jagged.to_layout(out, lay)
 
     def flops(self, shapes: _flops.Shapes) -> float:
         # The compute stream's GEMM also multiplies the multi-hot columns (type, age, rank rows).

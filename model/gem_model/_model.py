@@ -69,14 +69,13 @@ class GEMModel(nn.Module):
         total = batch.event_ids.shape[0]
         sample = _jagged.token_sample(offsets, total)
         x = torch.cat([self.sparse(batch.sparse), self.dense(batch.dense, batch.domain)], dim=1)
-        seq = self.events(batch.event_ids, batch.event_types, batch.timestamps, offsets, sample)
-        # The CLS rows are inserted once here and the stream stays in that layout through
-        # every layer (each layer overwrites them); the final stream is not read (the heads
-        # take x and the last summary), so nothing is stripped.
+        # The CLS rows are inserted once (the event tokens are built in that layout) and the
+        # stream stays in it through every layer (each layer overwrites them); the final
+        # stream is not read (the heads take x and the last summary), so nothing is stripped.
         cfg = self.cfg
         n = cfg.num_cls if cfg.sequence_attention else 0
         lay = _jagged.prefix_layout(offsets, max_len, total, n, head_dim=cfg.head_dim, rope_base=cfg.rope_base)
-        comb = _jagged.to_layout(seq, lay)
+        comb = self.events(batch.event_ids, batch.event_types, batch.timestamps, offsets, sample, lay)
         pooled: torch.Tensor | None = None
         s_sum = x.new_zeros(0)
         for layer in self.layers:
