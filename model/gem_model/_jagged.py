@@ -170,53 +170,6 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return torch.addcmul(x * c, swapped, s)
 
 
-def _rope_transpose(g: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """The adjoint of `rope`'s map `x -> x c + swap(x) s`: `g c + swap(g s)` (the swap of
-    halves is its own transpose)."""
-    half = g.shape[-1] // 2
-    gs = g * s
-    return torch.addcmul(torch.cat((gs[..., half:], gs[..., :half]), dim=-1), g, c)
-
-
-class _RopeQKV(torch.autograd.Function):
-    """`(rope(q), rope(k), v)` from one fused projection `[T, 3, H, D]`; v stays a view.
-
-    Autograd's own backward of that slicing (the rotated q/k grads placed by a
-    `slice_backward`, dv by a `select_backward`, then summed) compiled to two full passes
-    over the `[T, 3, H, D]` gradient on the h200 stream (~0.8 ms each per layer). This
-    backward writes it once: the stack of the un-rotated dq, dk and dv.
-    """
-
-    @staticmethod
-    def forward(
-        ctx: torch.autograd.function.FunctionCtx, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        ctx.save_for_backward(cos, sin)
-        q, k = rope(qkv[:, :2], cos, sin).unbind(1)
-        return q, k, qkv[:, 2]
-
-    @staticmethod
-    def backward(
-        ctx: torch.autograd.function.FunctionCtx, dq: torch.Tensor | None, dk: torch.Tensor | None,
-        dv: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, None, None]:
-        cos, sin = ctx.saved_tensors  # type: ignore[attr-defined]
-        ref = next(g for g in (dq, dk, dv) if g is not None)
-        dq, dk, dv = (torch.zeros_like(ref) if g is None else g for g in (dq, dk, dv))
-        shape = (ref.shape[0],) + (1,) * (ref.dim() - 2) + (ref.shape[-1],)
-        c, s = cos.reshape(shape).to(ref.dtype), sin.reshape(shape).to(ref.dtype)
-        return torch.stack((_rope_transpose(dq, c, s), _rope_transpose(dk, c, s), dv), dim=1), None, None
-
-
-def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q and k of a fused projection `[T, 3, H, D]` rotated (`rope`), v as the view
-    `qkv[:, 2]`; the projection's gradient is written in one pass (`_RopeQKV`)."""
-    if qkv.dim() != 4 or qkv.shape[1] != 3:
-        raise ValueError(f"qkv.shape={tuple(qkv.shape)} must be [T, 3, H, D]")
-    q, k, v = _RopeQKV.apply(qkv, cos, sin)  # type: ignore[no-untyped-call]
-    return q, k, v
-
-
 def kernel_dtype(x: torch.Tensor) -> torch.dtype:
     """bf16 (the autocast dtype) on CUDA under autocast, else the tensor's own dtype."""
     if x.is_cuda and torch.is_autocast_enabled("cuda"):

@@ -220,32 +220,3 @@ def test_event_tokens_built_in_the_layout(stream: str) -> None:
     for n in want_g:
         torch.testing.assert_close(got_g[n], want_g[n], rtol=1e-5, atol=1e-6, msg=n)
 
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_qkv_matches_autograd_of_slices(dtype: torch.dtype) -> None:
-    """rope_qkv (one-pass custom backward) = rope of the q/k slices and v as a view, through
-    autograd's own backward: values, and the projection's gradient (eager and compiled)."""
-    g = torch.Generator().manual_seed(int(torch.randint(0, 10**6, ())))
-    t, h, d = 37, 2, 16
-    x = torch.randn(t, 3, h, d, generator=g).to(dtype).requires_grad_()
-    cos, sin = _jagged.rope_tables(torch.randint(-4, 300, (t,), generator=g), d, 10000.0)
-    w = torch.randn(3, t, h, d, generator=g).to(dtype)
-
-    def new(x: torch.Tensor) -> torch.Tensor:
-        q, k, v = _jagged.rope_qkv(x * 2, cos, sin)
-        return (q * w[0]).sum() + (k * w[1] * q).sum() + (v * w[2] * k).sum()
-
-    def old(x: torch.Tensor) -> torch.Tensor:
-        x = x * 2
-        q, k = _jagged.rope(x[:, :2], cos, sin).unbind(1)
-        return (q * w[0]).sum() + (k * w[1] * q).sum() + (x[:, 2] * w[2] * k).sum()
-
-    want = torch.autograd.grad(old(x), (x,))[0]
-    tol = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2)}[dtype]
-    for fn in (new, torch.compile(new, fullgraph=True, backend="aot_eager")):
-        got = torch.autograd.grad(fn(x), (x,))[0]
-        torch.testing.assert_close(got, want, rtol=tol[0], atol=tol[1] * float(want.abs().max()))
-    q, k, v = _jagged.rope_qkv(x.detach(), cos, sin)
-    assert v.data_ptr() == x[:, 2].data_ptr()  # v is a view: no copy
-    with pytest.raises(ValueError, match=r"qkv.shape=\(37, 6, 16\) must be \[T, 3, H, D\]"):
-        _jagged.rope_qkv(x.detach().reshape(t, 6, d), cos, sin)
