@@ -28,7 +28,7 @@ gpu_begin "${WATCH:-565}"
 ( export CUDA_VISIBLE_DEVICES=1; cd "$ROOT/$B"; export PYTHONPATH=$PB
   st adagrad_test 60 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_rowwise_adagrad.py
   st adagrad 40 python3 -m gem_kernels.bench.adagrad --out "$OUT"
-  st gdpa_sweep 90 python3 tools/sweep_gdpa_short_kv.py
+  st gdpa_sweep 90 python3 -m gem_kernels.bench.gdpa --short
   st quality 400 python3 -m gem_trainer.bench.quality --preset h200 --steps 1000 --models gem \
      --eval-at 100,250,500,750,1000 --out "$OUT/quality" ) & P1=$!
 wait "$P0" "$P1"

@@ -36,9 +36,6 @@ from gem_kernels._jfa_reference import padded_mask, run_reference
 _BACKENDS = ("auto", "triton", "reference")
 # Tests set this to force the two-kernel dK/dV path for short kv too (both paths are tested).
 _FORCE_SPLIT_BWD = False
-# Short kv: q tiles per program of the short-kv kernels (gdpa_tiles), and whether those kernels
-# run at all (False: the one-q-tile-per-program kernels; a switch for the bench's A/B).
-_SHORT_KERNELS = True
 TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 _Fn = Callable[[torch.Tensor], torch.Tensor]
@@ -370,7 +367,7 @@ def gdpa_forward_triton(
     if tq == 0 or b == 0:
         return out.zero_()
     t = gdpa_tiles(max_kv_len, d)
-    if max_kv_len <= t.block_n and _SHORT_KERNELS:
+    if max_kv_len <= t.block_n:  # short kv: the whole kv of a sample in one tile
         from gem_kernels._triton_gdpa import _gdpa_fwd_short_kernel
 
         chunk = t.block_m * t.q_tiles
@@ -402,34 +399,30 @@ def gdpa_backward_triton(
     q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q_len: int, max_kv_len: int,
     activation: str, scale: float, divisor: float, causal: bool, window: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launches the Triton backward: a dQ kernel and a dK/dV kernel, or for short kv one dQ
-    kernel that also accumulates dK/dV (fp32 atomics). Returns (dq, dk, dv)."""
+    """Launches the Triton backward: a dQ kernel and a dK/dV kernel, or for short kv one kernel
+    for all three (`_triton_gdpa._gdpa_bwd_short_kernel`). Returns (dq, dk, dv)."""
     from gem_kernels._triton_gdpa import _gdpa_bwd_dkdv_kernel, _gdpa_bwd_dq_kernel
 
     q, k, v, dout = q.contiguous(), k.contiguous(), v.contiguous(), dout.contiguous()
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     tq, h, d = q.shape
     tkv = k.shape[0]
     b = q_offsets.numel() - 1
     if b == 0 or tq == 0 or tkv == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dq = torch.empty_like(q)
     common = dict(
         D=d, BLOCK_B=_block_b(b), ACT=activation, CAUSAL=causal, HAS_WINDOW=window is not None,
         PREC=_prec(q.dtype),
     )
     t = gdpa_tiles(max_kv_len, d, kind="dq")
-    grid_q = (min(tq // t.block_m + b, b * max(1, -(-max_q_len // t.block_m))), h)
-    # Short kv (the whole kv of every sample in one tile): dK/dV come from the dQ kernel's q
-    # tiles through fp32 atomics (see _triton_gdpa._dq_inner), one kernel instead of two.
-    fused = max_kv_len <= t.block_n and not _FORCE_SPLIT_BWD
-    if fused:  # two separate buffers: returned outputs of a custom op must not alias
-        dka = torch.zeros((tkv, h, d), dtype=torch.float32, device=q.device)
-        dva = torch.zeros((tkv, h, d), dtype=torch.float32, device=q.device)
-    else:
-        dka = dva = dq  # unused by the kernel
-    if fused and _SHORT_KERNELS:
+    if max_kv_len <= t.block_n and not _FORCE_SPLIT_BWD:
+        # Short kv (the whole kv of every sample in one tile): one kernel; each program walks
+        # q tiles of one sample and adds its dK/dV sums to fp32 buffers (atomics). Two separate
+        # buffers: returned outputs of a custom op must not alias.
         from gem_kernels._triton_gdpa import _gdpa_bwd_short_kernel
 
+        dka = torch.zeros((tkv, h, d), dtype=torch.float32, device=q.device)
+        dva = torch.zeros((tkv, h, d), dtype=torch.float32, device=q.device)
         chunk = t.block_m * t.q_tiles
         _gdpa_bwd_short_kernel[(min(tq // chunk + b, b * max(1, -(-max_q_len // chunk))), h)](
             q, k, v, dout, dq, dka, dva, q_offsets, kv_offsets,
@@ -439,15 +432,15 @@ def gdpa_backward_triton(
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
         )
         return dq, dka.to(k.dtype), dva.to(v.dtype)
+    grid_q = (min(tq // t.block_m + b, b * max(1, -(-max_q_len // t.block_m))), h)
     _gdpa_bwd_dq_kernel[grid_q](
-        q, k, v, dout, dq, dka, dva, q_offsets, kv_offsets,
+        q, k, v, dout, dq, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1), dka.stride(0), dka.stride(1),
-        scale, 1.0 / divisor, window or 0, b, FUSED_KV=fused, TANH=_tanh(t, q.dtype), **common,
+        dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
+        scale, 1.0 / divisor, window or 0, b, TANH=_tanh(t, q.dtype), **common,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
     )
-    if fused:
-        return dq, dka.to(k.dtype), dva.to(v.dtype)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
     t = gdpa_tiles(max_kv_len, d, kind="dkdv")
     grid_kv = (min(tkv // t.block_n + b, b * max(1, -(-max_kv_len // t.block_n))), h)
     _gdpa_bwd_dkdv_kernel[grid_kv](

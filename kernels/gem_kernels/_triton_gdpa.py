@@ -259,10 +259,9 @@ def _gdpa_fwd_kernel(Q, K, V, O, q_offsets, kv_offsets,
 
 
 @triton.jit
-def _dq_inner(dq, q, do, K, V, DKA, DVA, kv_start, stride_kt, stride_vt, stride_at, offs_m, offs_d, start, end,
+def _dq_inner(dq, q, do, K, V, kv_start, stride_kt, stride_vt, offs_m, offs_d, start, end,
               r_lo, r_hi, shift, window, scale, inv_div, ACT: tl.constexpr, TANH: tl.constexpr, MASKED: tl.constexpr,
-              CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
-              FUSED_KV: tl.constexpr):
+              CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         ld = (offs_n >= r_lo) & (offs_n < r_hi)
@@ -280,29 +279,16 @@ def _dq_inner(dq, q, do, K, V, DKA, DVA, kv_start, stride_kt, stride_vt, stride_
             vis = _visible(offs_m, offs_n, shift, window, r_lo, r_hi, CAUSAL, HAS_WINDOW)
             ds = tl.where(vis, ds, 0.0)
         dq += _dot(ds.to(k.dtype), k, PREC)
-        if FUSED_KV:
-            # Short kv (one tile per sample): this q tile's share of dK/dV, summed over q
-            # tiles with fp32 atomics, instead of a dK/dV kernel whose one program per sample
-            # would walk a whole (up to 4,500-row) query sequence alone.
-            p = y * inv_div
-            if MASKED:
-                p = tl.where(vis, p, 0.0)
-            dv_part = _dot(tl.trans(p.to(do.dtype)), do, PREC)
-            dk_part = _dot(tl.trans(ds.to(q.dtype)), q, PREC) * scale
-            rows = (kv_start + offs_n)[:, None] * stride_at + offs_d[None, :]
-            tl.atomic_add(DVA + rows, dv_part, mask=ld[:, None], sem="relaxed")
-            tl.atomic_add(DKA + rows, dk_part, mask=ld[:, None], sem="relaxed")
     return dq
 
 
 @triton.jit
-def _gdpa_bwd_dq_kernel(Q, K, V, DO, DQ, DKA, DVA, q_offsets, kv_offsets,
+def _gdpa_bwd_dq_kernel(Q, K, V, DO, DQ, q_offsets, kv_offsets,
                         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                        stride_dot, stride_doh, stride_dqt, stride_dqh, stride_at, stride_ah,
+                        stride_dot, stride_doh, stride_dqt, stride_dqh,
                         scale, inv_div, window, B,
                         D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-                        ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
-                        FUSED_KV: tl.constexpr):
+                        ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
     b, m_block, total = _locate(q_offsets, pid, B, BLOCK_M, BLOCK_B)
@@ -330,15 +316,12 @@ def _gdpa_bwd_dq_kernel(Q, K, V, DO, DQ, DKA, DVA, q_offsets, kv_offsets,
     m1, m2 = _split(lo, hi, flo, fhi, BLOCK_N)
 
     dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    dq = _dq_inner(dq, q, do, Kh, Vh, DKA + h * stride_ah, DVA + h * stride_ah, kv_start, stride_kt, stride_vt,
-                   stride_at, offs_m, offs_d, m1, m2, m1, m2,
-                   shift, window, scale, inv_div, ACT, TANH, False, CAUSAL, HAS_WINDOW, BLOCK_N, PREC, FUSED_KV)
-    dq = _dq_inner(dq, q, do, Kh, Vh, DKA + h * stride_ah, DVA + h * stride_ah, kv_start, stride_kt, stride_vt,
-                   stride_at, offs_m, offs_d, lo, m1, lo, m1,
-                   shift, window, scale, inv_div, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC, FUSED_KV)
-    dq = _dq_inner(dq, q, do, Kh, Vh, DKA + h * stride_ah, DVA + h * stride_ah, kv_start, stride_kt, stride_vt,
-                   stride_at, offs_m, offs_d, m2, hi, m2, hi,
-                   shift, window, scale, inv_div, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC, FUSED_KV)
+    dq = _dq_inner(dq, q, do, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, m1, m2, m1, m2,
+                   shift, window, scale, inv_div, ACT, TANH, False, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
+    dq = _dq_inner(dq, q, do, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, lo, m1, lo, m1,
+                   shift, window, scale, inv_div, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
+    dq = _dq_inner(dq, q, do, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, m2, hi, m2, hi,
+                   shift, window, scale, inv_div, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
     dq = dq * scale
     tl.store(DQ + h * stride_dqh + (q_start + offs_m)[:, None] * stride_dqt + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])

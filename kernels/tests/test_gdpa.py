@@ -127,13 +127,6 @@ def test_short_kv_programs_walk_several_q_tiles(variant: str, q_tiles: int) -> N
 
 
 @needs_triton
-def test_short_kv_one_tile_per_program_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The kernels the short-kv ones replaced (kept for the bench's A/B) still hold.
-    monkeypatch.setattr(gdpa_module, "_SHORT_KERNELS", False)
-    _check([40, 3, 0, 17, 1], [4, 8, 2, 0, 9], activation="silu", causal=True, divisor=7.0)
-
-
-@needs_triton
 def test_cross_short_kv_two_kernel_backward(monkeypatch: pytest.MonkeyPatch) -> None:
     # Short kv normally takes dK/dV from the dQ kernel (fp32 atomics); the split path too.
     monkeypatch.setattr(gdpa_module, "_FORCE_SPLIT_BWD", True)

@@ -355,10 +355,10 @@ def sweep(hist: list[int], heads: int, dim: int, dtype: torch.dtype) -> None:
 
 def short_kv(iters: int) -> list[dict[str, object]]:
     """The trainer's GDPA FFN shape (its token budget of log-normal lengths, H=8, D=128, bf16,
-    32 keys per sample, SiLU): the short-kv kernels at several q tiles per program against the
-    kernels with one q tile per program (what ran before), in one run. GB/s counts q, k, v
-    read and out written (forward; + q, dO, k, v read and dq, dk, dv written for fwd+bwd)."""
-    from gem_kernels import _gdpa
+    32 keys per sample, SiLU): the short-kv kernels' tiles swept (q tiles per program, rows
+    per tile, warps; one q tile per program is how the kernels ran up to gem-kernels 0.2.1),
+    next to the default tiles, in one run. GB/s counts q, k, v read and out written (forward;
+    + q, dO, k, v read and dq, dk, dv written for fwd+bwd)."""
     from gem_kernels._gdpa import GdpaTiles, force_tiles
     from gem_kernels.bench._common import trainer_lengths
 
@@ -378,27 +378,20 @@ def short_kv(iters: int) -> list[dict[str, object]]:
     dout = torch.randn_like(ref)
     want = (ref.detach(), *_grads(ref, (q, k, v), dout))
     rows: list[dict[str, object]] = []
-    cfgs: list[tuple[str, int, int, int, bool]] = [("one tile per program (before)", 128, 1, 8, False)]
-    cfgs += [(f"short kernels BM={bm} q_tiles={qt} w={w}", bm, qt, w, True)
-             for bm in (64, 128) for qt in (1, 2, 4, 8) for w in (4, 8)]
-    was = _gdpa._SHORT_KERNELS
-    try:
-        for name, bm, qt, w, short in cfgs:
-            _gdpa._SHORT_KERNELS = short
-            # "before": the old heuristic's warps (forward 4, backward 8).
-            tiles = {"fwd": GdpaTiles(block_m=bm, block_n=32, num_warps=w if short else 4, num_stages=2, q_tiles=qt),
-                     "dq": GdpaTiles(block_m=bm, block_n=32, num_warps=w, num_stages=2, q_tiles=qt)}
-            with force_tiles(**tiles):
-                out = run()
-                got = (out.detach(), *_grads(out, (q, k, v), dout))
-                err = max(_rel_err(a, b) for a, b in zip(got, want))
-                ms_f, ms_a = _timed(run, (q, k, v), iters)
-            r = {"config": name, "fwd_ms": round(ms_f, 3), "fwdbwd_ms": round(ms_a, 3),
-                 "fwd_gbs": round(b_fwd / ms_f / 1e6), "fwdbwd_gbs": round(b_all / ms_a / 1e6), "err_vs_default": f"{err:.1e}"}
-            print(r, flush=True)
-            rows.append(r)
-    finally:
-        _gdpa._SHORT_KERNELS = was
+    cfgs: list[tuple[str, dict[str, GdpaTiles]]] = [("default tiles", {})]
+    cfgs += [(f"BM={bm} q_tiles={qt} w={w}", {kind: GdpaTiles(block_m=bm, block_n=32, num_warps=w, num_stages=2,
+                                                             q_tiles=qt) for kind in ("fwd", "dq")})
+             for bm in (64, 128) for qt in (1, 2, 4, 8, 16) for w in (4, 8)]
+    for name, tiles in cfgs:
+        with force_tiles(**tiles):
+            out = run()
+            got = (out.detach(), *_grads(out, (q, k, v), dout))
+            err = max(_rel_err(a, b) for a, b in zip(got, want))
+            ms_f, ms_a = _timed(run, (q, k, v), iters)
+        r = {"config": name, "fwd_ms": round(ms_f, 3), "fwdbwd_ms": round(ms_a, 3),
+             "fwd_gbs": round(b_fwd / ms_f / 1e6), "fwdbwd_gbs": round(b_all / ms_a / 1e6), "err_vs_default": f"{err:.1e}"}
+        print(r, flush=True)
+        rows.append(r)
     print_table(rows, ["config", "fwd_ms", "fwdbwd_ms", "fwd_gbs", "fwdbwd_gbs", "err_vs_default"])
     return rows
 
