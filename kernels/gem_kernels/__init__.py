@@ -12,7 +12,7 @@ from gem_kernels._gdpa import generalized_dot_product_attention
 from gem_kernels._block import block_attention
 from gem_kernels._rowwise_adagrad import rowwise_adagrad_, rowwise_adagrad_reference_
 
-__version__ = "0.2.1"
+__version__ = "0.2.2"
 
 # One import line and one entry per op, so op files merge without conflicts.
 __all__ = [
