@@ -415,10 +415,11 @@ def gdpa_backward_triton(
         PREC=_prec(q.dtype),
     )
     t = gdpa_tiles(max_kv_len, d, kind="dq")
-    if max_kv_len <= t.block_n and not _FORCE_SPLIT_BWD:
+    if max_kv_len <= t.block_n and not _FORCE_SPLIT_BWD and not torch.are_deterministic_algorithms_enabled():
         # Short kv (the whole kv of every sample in one tile): one kernel; each program walks
-        # q tiles of one sample and adds its dK/dV sums to fp32 buffers (atomics). Two separate
-        # buffers: returned outputs of a custom op must not alias.
+        # q tiles of one sample and adds its dK/dV sums to fp32 buffers (atomics, so not under
+        # torch's deterministic algorithms: the two kernels below are bitwise repeatable).
+        # Two separate buffers: returned outputs of a custom op must not alias.
         from gem_kernels._triton_gdpa import _gdpa_bwd_short_kernel
 
         dka = torch.zeros((tkv, h, d), dtype=torch.float32, device=q.device)

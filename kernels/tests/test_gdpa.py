@@ -127,6 +127,27 @@ def test_short_kv_programs_walk_several_q_tiles(variant: str, q_tiles: int) -> N
 
 
 @needs_triton
+def test_short_kv_deterministic_takes_the_two_kernel_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under torch's deterministic algorithms the short-kv backward (dK/dV by fp32 atomics)
+    # gives way to the dQ + dK/dV kernels, whose sums do not depend on arrival order.
+    from gem_kernels import _triton_gdpa
+
+    class Refuse:  # stands in for the Triton kernel: launching it (`kernel[grid]`) fails
+        def __getitem__(self, grid: object) -> None:
+            raise RuntimeError("the short-kv atomics kernel was launched")
+
+    monkeypatch.setattr(_triton_gdpa, "_gdpa_bwd_short_kernel", Refuse())
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        _check([40, 3, 0, 17, 1], [4, 8, 2, 0, 9], activation="silu", causal=True, divisor=7.0)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    with pytest.raises(RuntimeError, match="short-kv atomics kernel was launched"):  # the default
+        _check([40, 3], [4, 8], activation="silu")
+
+
+@needs_triton
 def test_cross_short_kv_two_kernel_backward(monkeypatch: pytest.MonkeyPatch) -> None:
     # Short kv normally takes dK/dV from the dQ kernel (fp32 atomics); the split path too.
     monkeypatch.setattr(gdpa_module, "_FORCE_SPLIT_BWD", True)
