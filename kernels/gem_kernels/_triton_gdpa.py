@@ -430,6 +430,21 @@ def _short_setup(q_offsets, kv_offsets, pid, B, CHUNK: tl.constexpr, BLOCK_M: tl
 
 
 @triton.jit
+def _short_kv(K, V, h, stride_kt, stride_kh, stride_vt, stride_vh, kv_start, kv_len,
+              D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The sample's whole k and v `[BLOCK_N, D]` for head h (rows past kv_len zero), with the
+    column offsets, head-dim offsets and the valid-column mask."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    col_ok = offs_n < kv_len
+    k = tl.load(K + h * stride_kh + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :],
+                mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + h * stride_vh + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :],
+                mask=col_ok[:, None], other=0.0)
+    return k, v, offs_n, offs_d, col_ok
+
+
+@triton.jit
 def _gdpa_fwd_short_kernel(Q, K, V, O, q_offsets, kv_offsets,
                            stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                            scale, inv_div, window, B,
@@ -443,13 +458,8 @@ def _gdpa_fwd_short_kernel(Q, K, V, O, q_offsets, kv_offsets,
     if pid >= total:
         return
     shift = kv_len - q_len
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    col_ok = offs_n < kv_len
-    k = tl.load(K + h * stride_kh + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :],
-                mask=col_ok[:, None], other=0.0)
-    v = tl.load(V + h * stride_vh + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :],
-                mask=col_ok[:, None], other=0.0)
+    k, v, offs_n, offs_d, col_ok = _short_kv(K, V, h, stride_kt, stride_kh, stride_vt, stride_vh, kv_start, kv_len,
+                                             D, BLOCK_N)
     for t in range(0, n_tiles):
         offs_m = first + t * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = offs_m < q_len
@@ -477,13 +487,8 @@ def _gdpa_bwd_short_kernel(Q, K, V, DO, DQ, DKA, DVA, q_offsets, kv_offsets,
     if pid >= total:
         return
     shift = kv_len - q_len
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    col_ok = offs_n < kv_len
-    k = tl.load(K + h * stride_kh + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :],
-                mask=col_ok[:, None], other=0.0)
-    v = tl.load(V + h * stride_vh + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :],
-                mask=col_ok[:, None], other=0.0)
+    k, v, offs_n, offs_d, col_ok = _short_kv(K, V, h, stride_kt, stride_kh, stride_vt, stride_vh, kv_start, kv_len,
+                                             D, BLOCK_N)
     dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     for t in range(0, n_tiles):
