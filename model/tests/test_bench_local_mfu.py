@@ -40,3 +40,14 @@ def test_token_budget_batch_like_the_trainer(capsys: pytest.CaptureFixture[str])
     # sequences are drawn until the budget is met: at least 150 tokens, each under the CPU cap
     assert 150 <= out["tokens"] < 150 + 64 and out["batch"] > 3
     assert out["kernels"]["e2e_ms"] > 0 and not out.get("reference")
+
+
+def test_compiled_modules(capsys: pytest.CaptureFixture[str]) -> None:
+    """--compile: the same rows through torch.compile'd modules (aot_eager here: the graphs
+    without inductor's codegen, so the CPU test stays quick), logits still match."""
+    local_mfu.main(["--batch", "3", "--compile", "aot_eager"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["compile"] == "aot_eager" and out["correct"] is True
+    for name in local_mfu.LAYER_MODULES:
+        assert out["kernels"]["modules"][name]["ms"] > 0, name
+    assert out["kernels"]["e2e_ms"] > 0

@@ -10,6 +10,10 @@ forward + backward under bf16 autocast; model FLOPs = 3 x the analytic forward c
 The weighted total is sum(FLOPs) / sum(time) over all module instances of the model. The same
 model with the kernels' reference attention (plain PyTorch) runs side by side, and the full
 model fwd+bwd is timed too. Without CUDA it runs a toy size on CPU (not a speed claim).
+
+`--compile` runs the modules through `torch.compile` (each front-end module, each layer
+module and the heads, compiled once per module for this fixed batch), as the trainer
+compiles its blocks; the warm-up iterations absorb the compiling. The default is eager.
 """
 
 from __future__ import annotations
@@ -153,6 +157,16 @@ def bench_e2e(
     return timer(step, warmup, iters)
 
 
+def compile_modules(model: GEMModel, backend: str) -> None:
+    """`torch.compile` (in place) of every module the bench times: the front end, each
+    layer's modules and the heads; a whole-model run calls the same compiled modules."""
+    mods: list[nn.Module] = [model.sparse, model.dense, model.events, model.heads]
+    for layer in model.layers:
+        mods += [m for name in LAYER_MODULES if (m := getattr(layer, name)) is not None]
+    for m in mods:
+        m.compile(backend=backend)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="smaller batch, fewer iterations")
@@ -163,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--window", type=int, default=None, help="sliding-window self-attention")
     ap.add_argument("--no-reference", action="store_true", help="skip the reference-attention model")
     ap.add_argument("--mxfp8", default=None, help="gem_precision recipe for the linears, e.g. mxfp8_rceil")
+    ap.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                    help="torch.compile every module (backend: inductor, or e.g. aot_eager)")
     ap.add_argument("--tokens", type=int, default=None,
                     help="draw sequences (mean --mean-len, cap --cap) until this many tokens, as the "
                          "trainer's token-budgeted batches do (h200: --tokens 262144 --cap 16384); "
@@ -219,6 +235,8 @@ def main(argv: list[str] | None = None) -> None:
         variants.append(("reference", ref))
     logits: dict[str, torch.Tensor] = {}
     for tag, m in variants:
+        if args.compile:
+            compile_modules(m, args.compile)
         with torch.no_grad(), autocast():
             logits[tag] = m(batch).float()
         try:
@@ -244,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     fwd = model.flops_for(tuple(lengths))
     print(f"\nGEM local MFU — {torch.cuda.get_device_name() if cuda else 'CPU'}; B={b} tokens={sum(lengths)} "
           f"max_len={max(lengths)} d_model={cfg.d_model} heads={cfg.num_heads}x{cfg.head_dim} layers={cfg.num_layers} "
-          f"window={cfg.window} mxfp8={args.mxfp8}; fwd GFLOP={fwd['total'] / 1e9:.1f}")
+          f"window={cfg.window} mxfp8={args.mxfp8} compile={args.compile}; fwd GFLOP={fwd['total'] / 1e9:.1f}")
     hdr = f"{'module':<16}{'n':>3}{'GFLOP(3x)':>11}{'ms':>9}{'TFLOP/s':>9}{'MFU':>7}{'ref ms':>9}{'ref MFU':>8}"
     print(hdr)
     print("-" * len(hdr))
@@ -265,7 +283,8 @@ def main(argv: list[str] | None = None) -> None:
         "bench": "gem_model.local_mfu", "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__, "triton": _triton_version(), "quick": args.quick,
         "batch": b, "tokens": sum(lengths), "max_len": max(lengths), "window": cfg.window,
-        "d_model": cfg.d_model, "layers": cfg.num_layers, "mxfp8": args.mxfp8, "peak_tflops": PEAK / 1e12,
+        "d_model": cfg.d_model, "layers": cfg.num_layers, "mxfp8": args.mxfp8, "compile": args.compile,
+        "peak_tflops": PEAK / 1e12,
         "fwd_gflop": {k: v / 1e9 for k, v in fwd.items()},
         "kernels": results.get("kernels"), "reference": results.get("reference"),
         "logits_max_abs_diff": diff, "correct": ok,
