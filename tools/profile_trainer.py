@@ -45,12 +45,27 @@ with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=
     s = train(cfg, step_hook=lambda n: prof.step())
 ka = prof.key_averages()
 print(ka.table(sort_by="self_cuda_time_total", row_limit=a.rows, max_name_column_width=70))
-if a.shapes:  # which GEMMs cost what: [op, input shapes, calls, CUDA ms per step]
-    mm = [e for e in prof.key_averages(group_by_input_shape=True)
-          if e.key in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm")]
-    for e in sorted(mm, key=lambda e: -e.device_time_total):
-        print(f"{e.key:14s} {str(e.input_shapes)[:90]:90s} {e.count // active:4d} "
-              f"{e.device_time_total / 1e3 / active:8.2f} ms")
+if a.shapes:
+    # Which matrix products cost what, by (op, m, k, n): a dimension over 65,536 is the step's
+    # token count, which changes every step, so it is folded to "T" (grouping by exact shapes
+    # would give every step its own row). Calls and CUDA ms per profiled step, TFLOP/s = 2mkn / time.
+    agg: dict[tuple[object, ...], list[float]] = {}
+    for e in prof.events():
+        if e.name not in ("aten::mm", "aten::addmm") or not e.input_shapes:
+            continue
+        sh = e.input_shapes[1:] if e.name == "aten::addmm" else e.input_shapes
+        if len(sh) < 2 or len(sh[0]) != 2 or len(sh[1]) != 2:
+            continue
+        (m, k), n = sh[0], sh[1][1]
+        row = agg.setdefault((e.name, *("T" if x > 65536 else x for x in (m, k, n))), [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += e.device_time_total
+        row[2] += 2.0 * m * k * n
+    print(f"{'op':12s} {'m':>7s} {'k':>7s} {'n':>7s} {'calls':>6s} {'ms/step':>8s} {'TFLOP/s':>8s}")
+    for key, (calls, us, flop) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:a.rows]:
+        tf = f"{flop / us / 1e6:8.0f}" if us else f"{'-':>8s}"
+        print(f"{key[0]:12s} {key[1]!s:>7s} {key[2]!s:>7s} {key[3]!s:>7s} {calls / active:6.1f} "
+              f"{us / 1e3 / active:8.2f} {tf}")
 if a.trace:
     prof.export_chrome_trace(a.trace)
 gpu_us = sum(e.self_device_time_total for e in ka)

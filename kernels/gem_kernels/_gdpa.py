@@ -340,6 +340,13 @@ def _block_b(b: int) -> int:
     return max(16, 1 << max(0, b - 1).bit_length())
 
 
+def _grid(tokens: int, b: int, max_len: int, block: int, heads: int) -> tuple[int, int]:
+    """(programs, heads) covering every `block`-row tile of a jagged batch of `b` samples and
+    `tokens` rows: at most `tokens // block + b` tiles, and at most `b * cdiv(max_len, block)`
+    (host ints only; programs past the last tile exit)."""
+    return min(tokens // block + b, b * max(1, -(-max_len // block))), heads
+
+
 def _tanh(t: GdpaTiles, dtype: torch.dtype) -> bool:
     """Whether the kernels compute sigmoid with PTX tanh.approx (see `GdpaTiles.tanh_sigmoid`)."""
     return t.tanh_sigmoid and dtype != torch.float32 and os.environ.get("TRITON_INTERPRET", "0") != "1"
@@ -371,7 +378,7 @@ def gdpa_forward_triton(
         from gem_kernels._triton_gdpa import _gdpa_fwd_short_kernel
 
         chunk = t.block_m * t.q_tiles
-        _gdpa_fwd_short_kernel[(min(tq // chunk + b, b * max(1, -(-max_q_len // chunk))), h)](
+        _gdpa_fwd_short_kernel[_grid(tq, b, max_q_len, chunk, h)](
             q, k, v, out, q_offsets, kv_offsets,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1),
@@ -381,7 +388,7 @@ def gdpa_forward_triton(
             num_warps=t.num_warps, num_stages=t.num_stages,
         )
         return out
-    grid = (min(tq // t.block_m + b, b * max(1, -(-max_q_len // t.block_m))), h)
+    grid = _grid(tq, b, max_q_len, t.block_m, h)
     _gdpa_fwd_kernel[grid](
         q, k, v, out, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -425,7 +432,7 @@ def gdpa_backward_triton(
         dka = torch.zeros((tkv, h, d), dtype=torch.float32, device=q.device)
         dva = torch.zeros((tkv, h, d), dtype=torch.float32, device=q.device)
         chunk = t.block_m * t.q_tiles
-        _gdpa_bwd_short_kernel[(min(tq // chunk + b, b * max(1, -(-max_q_len // chunk))), h)](
+        _gdpa_bwd_short_kernel[_grid(tq, b, max_q_len, chunk, h)](
             q, k, v, dout, dq, dka, dva, q_offsets, kv_offsets,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1), dka.stride(0), dka.stride(1),
@@ -433,7 +440,7 @@ def gdpa_backward_triton(
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
         )
         return dq, dka.to(k.dtype), dva.to(v.dtype)
-    grid_q = (min(tq // t.block_m + b, b * max(1, -(-max_q_len // t.block_m))), h)
+    grid_q = _grid(tq, b, max_q_len, t.block_m, h)
     _gdpa_bwd_dq_kernel[grid_q](
         q, k, v, dout, dq, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -443,7 +450,7 @@ def gdpa_backward_triton(
     )
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     t = gdpa_tiles(max_kv_len, d, kind="dkdv")
-    grid_kv = (min(tkv // t.block_n + b, b * max(1, -(-max_kv_len // t.block_n))), h)
+    grid_kv = _grid(tkv, b, max_kv_len, t.block_n, h)
     _gdpa_bwd_dkdv_kernel[grid_kv](
         q, k, v, dout, dk, dv, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

@@ -272,7 +272,7 @@ def _dq_inner(dq, q, do, K, V, kv_start, stride_kt, stride_vt, offs_m, offs_d, s
             k = tl.load(K + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :])
             v = tl.load(V + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :])
         s = _dot(q, tl.trans(k), PREC) * scale
-        y, g = _act_and_grad(s, ACT, TANH)
+        _, g = _act_and_grad(s, ACT, TANH)
         dp = _dot(do, tl.trans(v), PREC)
         ds = dp * g * inv_div
         if MASKED:

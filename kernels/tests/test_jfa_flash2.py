@@ -90,6 +90,13 @@ def _grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor
     return [out.detach(), *torch.autograd.grad(out, (xq, xk, xv), dout)]
 
 
+def _assert_near_reference(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    """out, dq, dk, dv finite and within 5e-5 (relative to the largest) of the fp32 reference."""
+    for name, a, r in zip(("out", "dq", "dk", "dv"), got, want):
+        assert torch.isfinite(a).all(), name
+        assert _rel(a, r) <= 5e-5, f"{name}: {_rel(a, r):.3g}"
+
+
 def _count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
     """Wraps `_flash2.<name>` so each call appends to the returned list (the dispatch looks it
     up at call time), and still runs it."""
@@ -120,9 +127,7 @@ def test_conversions_against_fa2_contract(monkeypatch: pytest.MonkeyPatch, causa
     got = _grads(q, k, v, dout, qo, ko, causal)
     assert calls, "jfa_backward did not hand the call to flash_backward"
     want = _grads(q, k, v, dout, qo, ko, causal, backend="reference")
-    for name, a, r in zip(("out", "dq", "dk", "dv"), got, want):
-        assert torch.isfinite(a).all(), name
-        assert _rel(a, r) <= 5e-5, f"{name}: {_rel(a, r):.3g}"
+    _assert_near_reference(got, want)
     if causal:  # sample 4: 15 queries, 3 keys, bottom-right aligned: the first 12 see none
         s = int(qo[4])
         assert torch.count_nonzero(got[1][s:s + 12]) == 0
@@ -191,9 +196,7 @@ def test_forward_conversions_against_fa2_contract(monkeypatch: pytest.MonkeyPatc
     got = _grads(q, k, v, dout, qo, ko, causal)
     assert calls, "the forward did not go to flash_forward"
     want = _grads(q, k, v, dout, qo, ko, causal, backend="reference")
-    for name, a, r in zip(("out", "dq", "dk", "dv"), got, want):
-        assert torch.isfinite(a).all(), name
-        assert _rel(a, r) <= 5e-5, f"{name}: {_rel(a, r):.3g}"
+    _assert_near_reference(got, want)
     s4 = int(qo[4])
     rows = slice(s4, s4 + 12) if causal else slice(int(qo[3]), int(qo[4]))  # no visible key
     assert torch.count_nonzero(got[0][rows]) == 0 and torch.count_nonzero(got[1][rows]) == 0
