@@ -4,7 +4,8 @@
 
 Run it twice with the same TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR: the first run is cold
 (empty caches), the second warm. Prints the trainer's summary keys for the first step and
-torch._dynamo's compile-time table (per phase, seconds), then one JSON line.
+torch._dynamo's compile-time table (per phase, seconds), then one JSON line (with AOTAutograd's
+cache counters: a warm start should show only hits, no bypass).
 """
 import argparse
 import json
@@ -12,6 +13,7 @@ import time
 
 import torch
 import torch._dynamo.utils
+from torch._dynamo.utils import counters
 
 from gem_trainer import config as tc
 from gem_trainer._loop import train
@@ -33,4 +35,9 @@ wall = time.perf_counter() - t0
 print(torch._dynamo.utils.compile_times(repr="str", aggregate=True))
 print(json.dumps({"ttfs_s": s.get("time_to_first_step_s"), "wall_s": round(wall, 2),
                   "step_s_median": s.get("step_s_median"), "steps": s.get("steps"),
-                  **{k: v for k, v in s.items() if k.startswith("compile_")}}))
+                  **{k: v for k, v in s.items() if k.startswith("compile_")},
+                  # AOTAutograd's cache per block graph (hit / miss / saved / bypass) and
+                  # dynamo's restarts of a whole analysis (0 since gem-parallel 0.3.2)
+                  "aot_autograd": {k: v for k, v in counters["aot_autograd"].items() if "cache" in k},
+                  "dynamo_restarts": sum(1 for k in torch._dynamo.utils.compilation_time_metrics
+                                         if k.startswith("compile_attempt_") and k != "compile_attempt_0")}))

@@ -17,13 +17,14 @@ from torch import nn
 from gem_parallel._comm_volume import CommConfig, CommItem, comm_table, comm_volume
 from gem_parallel._dense import BF16_MIXED, apply_hsdp
 from gem_parallel._dims import Meshes, ParallelDims
-from gem_parallel._parallelize import Parallelized, parallelize
+from gem_parallel._parallelize import Parallelized, compile_blocks, parallelize
 
-__version__ = "0.3.1"
+__version__ = "0.3.2"
 __all__ = [
     "__version__",
     "parallelize",
     "Parallelized",
+    "compile_blocks",
     "ParallelDims",
     "Meshes",
     "apply_hsdp",

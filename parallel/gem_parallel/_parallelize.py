@@ -14,12 +14,14 @@ builds the model plainly and hands it here.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch._functorch.config
 import torch.fx.experimental._config as fx_config
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -79,17 +81,39 @@ def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str) -> 
         block = parent[i]
         builtin = type(block).__module__.startswith("torch.nn.modules")
         block.compile(backend=backend, fullgraph=not builtin, dynamic=True)
-        block._compiled_call_impl = _without_duck_sizing(block._compiled_call_impl)
+        block._compiled_call_impl = _with_compile_settings(block._compiled_call_impl)
 
 
-def _without_duck_sizing(fn: Callable[..., Any] | None) -> Callable[..., Any]:
-    """`fn` run with symbolic-shape duck sizing off (a flag read when dynamo compiles)."""
+def _compile_settings() -> contextlib.ExitStack:
+    """The compiler flags under which the blocks are traced (all read when dynamo compiles).
+
+    - duck sizing off (see `compile_blocks`);
+    - `specialize_float`: with `dynamic=True` every float attribute (a LayerNorm's `eps`)
+      would become a symbolic input; AOTAutograd then finds it used as a constant,
+      specializes it and restarts dynamo's whole analysis, so each block kind was traced
+      twice at every start, cold or warm. The blocks' floats are constants; a float that did
+      vary would show as a recompile in the trainer's `recompiles_per_100_steps`;
+    - AOTAutograd's cache also for graphs holding a custom `torch.autograd.Function` (the
+      model's `_jagged.unique_rows`): without it that graph bypasses the cache and a warm
+      start re-traces its joint forward+backward graph. The function's forward and backward
+      are traced into the graph, so they are part of the cache key.
+    """
+    stack = contextlib.ExitStack()
+    stack.enter_context(fx_config.patch(use_duck_shape=False))  # type: ignore[attr-defined]
+    stack.enter_context(torch._dynamo.config.patch(specialize_float=True))
+    if hasattr(torch._functorch.config, "autograd_cache_allow_custom_autograd_functions"):
+        stack.enter_context(torch._functorch.config.patch(autograd_cache_allow_custom_autograd_functions=True))
+    return stack
+
+
+def _with_compile_settings(fn: Callable[..., Any] | None) -> Callable[..., Any]:
+    """`fn` (a block's compiled call) run under `_compile_settings`."""
     if fn is None:
         raise RuntimeError("nn.Module.compile set no compiled call")
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        with fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
+        with _compile_settings():
             return fn(*args, **kwargs)
 
     return call

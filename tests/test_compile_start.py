@@ -1,0 +1,104 @@
+"""What a compiled start costs: each block kind traced once, and its graph in AOTAutograd's cache.
+
+`gem_parallel.parallelize(compile=...)` compiles every block with `dynamic=True`. Two things
+made every start (cold or warm) slower than it needs to be, both found on this CPU box with
+`tools/ttfs.py --preset tiny --compile` and checked here on fresh random blocks:
+
+1. every float attribute (a LayerNorm's `eps`) became a symbolic input, AOTAutograd
+   specialized it and dynamo restarted its analysis: each block kind was traced twice;
+2. the block holding the model's `_jagged.unique_rows` (a custom autograd.Function) bypassed
+   AOTAutograd's cache, so even a warm start re-traced its joint forward+backward graph.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch._dynamo.utils import counters
+
+import gem_parallel
+from gem_model import _jagged
+
+
+class _Block(nn.Module):
+    """A GEM-like block: norm -> linear -> the layout's unique-row gather, on jagged sizes."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d, eps=1e-5)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        h = self.proj(self.norm(x))
+        return _jagged.unique_rows(h, rows) * 2.0
+
+
+def _inputs(n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, requires_grad=True)
+    rows = torch.randperm(n, generator=g)[: n // 2 + 1]
+    return x, rows
+
+
+def _run(model: nn.Module, x: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    x = x.detach().clone().requires_grad_(True)
+    out = model(x, rows)
+    (out.float() ** 2).sum().backward()
+    assert x.grad is not None
+    return out.detach(), x.grad
+
+
+def test_each_block_kind_is_traced_once() -> None:
+    """The backend sees each block kind's graph once: no restart of dynamo's analysis."""
+    torch._dynamo.reset()
+    calls: list[int] = []
+
+    def counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
+        calls.append(len(gm.graph.nodes))
+        from torch._dynamo.backends.debugging import aot_eager
+        return aot_eager(gm, example_inputs)
+
+    torch._dynamo.register_backend(counting, name="gem_test_counting")
+    torch.manual_seed(0)
+    model = nn.ModuleList([_Block(16), _Block(16)])
+    eager = copy.deepcopy(model)
+    gem_parallel.compile_blocks([(model, 0), (model, 1)], "gem_test_counting")
+    for step, n in enumerate([37, 52, 45]):
+        x, rows = _inputs(n, 16, seed=step)
+        for i in range(2):
+            got, got_dx = _run(model[i], x, rows)
+            want, want_dx = _run(eager[i], x, rows)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(got_dx, want_dx, rtol=1e-5, atol=1e-6)
+    # Two blocks of one class share one dynamic graph: one backend call for all three sizes
+    # (a restart would call it twice, a recompile per size once more each).
+    assert len(calls) == 1, calls
+
+
+def test_the_block_graph_reaches_the_autograd_cache(tmp_path: pytest.TempPathFactory,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor on CPU: the first compile saves the block's AOTAutograd entry (no bypass), and
+    after dynamo forgets everything (what a new process sees) the same block loads it from the
+    cache instead of re-tracing, with the same numbers as eager."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(1)
+    block = _Block(8)
+    eager = copy.deepcopy(block)
+    x, rows = _inputs(29, 8, seed=7)
+    want, want_dx = _run(eager, x, rows)
+    seen = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        counters.clear()
+        model = nn.ModuleList([copy.deepcopy(block)])
+        gem_parallel.compile_blocks([(model, 0)], "inductor")
+        got, got_dx = _run(model[0], x, rows)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_dx, want_dx, rtol=1e-5, atol=1e-5)
+        seen.append(dict(counters["aot_autograd"]))
+    assert seen[0].get("autograd_cache_bypass", 0) == 0, seen
+    assert seen[0].get("autograd_cache_saved", 0) == 1, seen
+    assert seen[1].get("autograd_cache_hit", 0) == 1 and seen[1].get("autograd_cache_bypass", 0) == 0, seen
