@@ -102,3 +102,19 @@ def test_the_block_graph_reaches_the_autograd_cache(tmp_path: pytest.TempPathFac
     assert seen[0].get("autograd_cache_bypass", 0) == 0, seen
     assert seen[0].get("autograd_cache_saved", 0) == 1, seen
     assert seen[1].get("autograd_cache_hit", 0) == 1 and seen[1].get("autograd_cache_bypass", 0) == 0, seen
+
+
+@pytest.mark.parametrize("units, backend, err, words", [
+    ("blocks", 3, TypeError, "backend=3 must be a torch.compile backend name"),
+    ("blocks", "", TypeError, "backend='' must be"),
+    ("index", "aot_eager", ValueError, "units[0]="),
+    ("module", "aot_eager", ValueError, "must be a (nn.ModuleList, index) pair"),
+])
+def test_bad_arguments_name_the_argument_and_compile_nothing(units: str, backend: object,
+                                                             err: type, words: str) -> None:
+    blocks = nn.ModuleList([_Block(4)])
+    given = {"blocks": [(blocks, 0)], "index": [(blocks, 1)], "module": [(_Block(4), 0)]}[units]
+    with pytest.raises(err) as e:
+        gem_parallel.compile_blocks(given, backend)  # type: ignore[arg-type]
+    assert words in str(e.value)
+    assert not hasattr(blocks[0], "_compiled_call_impl") or blocks[0]._compiled_call_impl is None

@@ -69,8 +69,21 @@ def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str) -> 
     feature tokens), a Linear then pins both, and the next batch recompiles. Blocks of one
     class with the same submodules share the graph. A block that is one of torch.nn's own
     containers (`nn.Sequential`, ...) is compiled without `fullgraph`: dynamo skips frames
-    in torch.nn and compiles the user code they call.
+    in torch.nn and compiles the user code they call. The flags of `_compile_settings` are
+    applied whenever a block is traced.
+
+    Args:
+        units: `(parent, index)` pairs; `parent[index]` (an `nn.Module`) is compiled in place.
+        backend: a `torch.compile` backend name ("inductor", "aot_eager", ...).
     """
+    if not isinstance(backend, str) or not backend:
+        raise TypeError(f"backend={backend!r} must be a torch.compile backend name (a non-empty str)")
+    for k, unit in enumerate(units):
+        ok = (isinstance(unit, (tuple, list)) and len(unit) == 2 and isinstance(unit[0], nn.ModuleList)
+              and isinstance(unit[1], int) and -len(unit[0]) <= unit[1] < len(unit[0]))
+        if not ok:
+            raise ValueError(f"units[{k}]={unit!r} must be a (nn.ModuleList, index) pair with the "
+                             "index inside the list")
     # Every block runs the same code object, and under FSDP each block keeps its own graph:
     # dynamo's default limit of 8 entries per code object would send a model of more than
     # 8 blocks (or of 4 with a few specialisations each) back to eager at its next compile.
