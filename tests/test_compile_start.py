@@ -118,3 +118,27 @@ def test_bad_arguments_name_the_argument_and_compile_nothing(units: str, backend
         gem_parallel.compile_blocks(given, backend)  # type: ignore[arg-type]
     assert words in str(e.value)
     assert not hasattr(blocks[0], "_compiled_call_impl") or blocks[0]._compiled_call_impl is None
+
+
+def test_the_flags_hold_only_inside_a_block_call() -> None:
+    """The compile flags are the process's own again after a block call returns or raises: a
+    user's other torch.compile calls keep torch's defaults."""
+    from gem_parallel._parallelize import _compile_settings, _with_compile_settings
+
+    flags = _compile_settings()
+    before = [getattr(mod, name) for mod, name, _ in flags]
+    seen: list[list[object]] = []
+
+    def block_call(x: torch.Tensor) -> torch.Tensor:
+        seen.append([getattr(mod, name) for mod, name, _ in flags])
+        if x.shape[0] == 3:
+            raise ValueError("x must not have 3 rows")
+        return x * 2
+
+    call = _with_compile_settings(block_call)
+    assert torch.equal(call(torch.ones(2)), torch.full((2,), 2.0))
+    with pytest.raises(ValueError, match="3 rows"):
+        call(torch.ones(3))
+    assert seen == [[value for _, _, value in flags]] * 2
+    assert [getattr(mod, name) for mod, name, _ in flags] == before
+    assert before != [value for _, _, value in flags]  # the test would see a leak
