@@ -67,6 +67,12 @@ class GEMConfig:
             every norm, residual add and their backward). Without autocast both hold
             float32 and agree to float32 rounding (the event front end sums its small
             tables inside the projection GEMM for "compute", by a lookup for "float32").
+        merged_stream_reads: each layer reads the stream after its attention (CLS rows,
+            recent tokens, and the event rows in pooling layers) through one autograd node
+            whose backward writes the stream's gradient once, instead of three reads that
+            each write a dense zero-filled gradient (`_jagged.stream_reads`). The same
+            forward values; the gradient's sums in another order. Off until it is measured
+            on the GPU (speed and the quality bench).
 
     Precision (MXFP8), activation checkpointing, compile and sharding are not model config:
     `gem_parallel.parallelize(model, ..., precision="mxfp8_rceil")` applies them from outside.
@@ -106,6 +112,7 @@ class GEMConfig:
     attention_backend: str = "auto"
     use_torchrec: bool | None = None
     stream_dtype: str = "compute"
+    merged_stream_reads: bool = False
 
     def __post_init__(self) -> None:
         positive = (
@@ -121,6 +128,8 @@ class GEMConfig:
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, int) or val < 0:
                 raise ValueError(f"GEMConfig.{name}={val!r} must be an int >= 0")
+        if not isinstance(self.merged_stream_reads, bool):
+            raise ValueError(f"GEMConfig.merged_stream_reads={self.merged_stream_reads!r} must be a bool")
         if not self.tasks:
             raise ValueError(f"GEMConfig.tasks={self.tasks!r} must name at least one task")
         if len(set(self.tasks)) != len(self.tasks):

@@ -122,6 +122,65 @@ def unique_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return out
 
 
+class _StreamReads(torch.autograd.Function):
+    """A block's reads of the stream after its attention, with one backward.
+
+    Forward: the CLS rows, the k most recent event rows of each sequence (masked where a
+    sequence is shorter), and optionally every event row, each an `index_select`, the same
+    values as `unique_rows` / `recent_tokens`. Backward: read separately, each read writes a
+    dense `[Tc, d]` gradient (a zero fill and a scatter) that autograd then adds into the
+    stream's gradient. Here the one gradient is written once: when the event rows are read,
+    events and CLS rows cover every row, so it starts uninitialized and needs no zero fill;
+    the recent tokens are then added into their rows (`index_put_` accumulating: a masked
+    slot adds zero to whatever row its clamped index names).
+    """
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, comb: torch.Tensor, cls_rows: torch.Tensor,
+                recent_rows: torch.Tensor, recent_valid: torch.Tensor,
+                seq_rows: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        b, k = recent_rows.shape
+        cls = comb.index_select(0, cls_rows)
+        recent = comb.index_select(0, recent_rows.reshape(-1)).reshape(b, k, -1) * recent_valid
+        ctx.save_for_backward(cls_rows, recent_rows, recent_valid, seq_rows)  # type: ignore[arg-type]
+        ctx.num_rows = comb.shape[0]  # type: ignore[attr-defined]
+        if seq_rows is None:
+            return cls, recent
+        return cls, recent, comb.index_select(0, seq_rows)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        cls_rows, recent_rows, recent_valid, seq_rows = ctx.saved_tensors  # type: ignore[attr-defined]
+        g_cls, g_recent = grads[0], grads[1]
+        shape = (ctx.num_rows, *g_cls.shape[1:])  # type: ignore[attr-defined]
+        if seq_rows is None:
+            out = g_cls.new_zeros(shape)
+        else:
+            out = g_cls.new_empty(shape).index_copy_(0, seq_rows, grads[2])
+        out.index_copy_(0, cls_rows, g_cls)
+        rec = (g_recent * recent_valid).reshape(-1, *g_cls.shape[1:])
+        out.index_put_((recent_rows.reshape(-1),), rec, accumulate=True)
+        return out, None, None, None, None
+
+
+def stream_reads(comb: torch.Tensor, lay: PrefixLayout, k: int, *, events: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(CLS rows `[B*n, d]`, the k recent tokens `[B, k, d]`, the event rows `[T, d]` or None)
+    of the stream in `lay`: `unique_rows(comb, lay.cls_rows)`,
+    `recent_tokens(comb, lay.offsets, k, lay.n)` and `events_of(comb, lay)` in one autograd
+    node whose backward writes the stream's gradient once (`_StreamReads`). The same values;
+    the gradient differs from the three separate reads only in the order of its sums."""
+    if lay.n == 0 or k == 0 or comb.shape[0] == 0:
+        raise ValueError(f"stream_reads needs CLS rows (lay.n={lay.n}), k >= 1 (k={k}) and a "
+                         f"non-empty stream ({comb.shape[0]} rows); use the separate reads")
+    off = lay.offsets
+    idx = off[1:, None] - k + torch.arange(k, device=comb.device)
+    valid = (idx >= off[:-1, None] + lay.n).unsqueeze(-1)
+    out = _StreamReads.apply(comb, lay.cls_rows, idx.clamp(min=0), valid,  # type: ignore[no-untyped-call]
+                             lay.seq_rows if events else None)
+    return out[0], out[1], (out[2] if events else None)
+
+
 def events_of(comb: torch.Tensor, lay: PrefixLayout) -> torch.Tensor:
     """The event rows `[T, d]` of the combined stream (a gather; no copy when n == 0)."""
     return comb if lay.n == 0 else unique_rows(comb, lay.seq_rows)

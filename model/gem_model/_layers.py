@@ -304,6 +304,7 @@ class InterFormerLayer(nn.Module):
     def __init__(self, cfg: GEMConfig, layer: int) -> None:
         super().__init__()
         self.num_recent = cfg.num_recent
+        self.merged_reads = cfg.merged_stream_reads and cfg.num_recent > 0
         self.nonseq_summary = NonSeqSummary(cfg)
         self.seq_ffn: GDPAFFN | PersonalizedFFN = GDPAFFN(cfg) if cfg.gdpa_ffn else PersonalizedFFN(cfg)
         self.seq_attention = SeqAttention(cfg) if cfg.sequence_attention else None
@@ -327,15 +328,25 @@ class InterFormerLayer(nn.Module):
         x_sum = self.nonseq_summary(x)
         comb = self.seq_ffn(comb, x_sum, lay.offsets, lay.max_len, lay.sample)
         cls_out = x_sum
+        recent: torch.Tensor | None = None
+        events: torch.Tensor | None = None
         if self.seq_attention is not None:
             # In place on the FFN's fresh output (its add saves nothing for backward).
             comb = comb.index_copy_(0, lay.cls_rows, x_sum.reshape(-1, x_sum.shape[2]).to(comb.dtype))
             comb = self.seq_attention(comb, lay)
-            cls_out = _jagged.unique_rows(comb, lay.cls_rows).reshape(x_sum.shape)
+            if self.merged_reads and lay.n > 0 and comb.shape[0] > 0:
+                cls_flat, recent, events = _jagged.stream_reads(
+                    comb, lay, self.num_recent, events=self.pooling is not None)
+            else:
+                cls_flat = _jagged.unique_rows(comb, lay.cls_rows)
+            cls_out = cls_flat.reshape(x_sum.shape)
         if self.pooling is not None:
-            pooled = self.pooling(_jagged.events_of(comb, lay), lay.seq_offsets, lay.seq_max_len)
+            if events is None:
+                events = _jagged.events_of(comb, lay)
+            pooled = self.pooling(events, lay.seq_offsets, lay.seq_max_len)
         if pooled is None:
             raise ValueError("a computation-skip layer needs the previous layer's pooling")
-        recent = recent_tokens(comb, lay.offsets, self.num_recent, lay.n)
+        if recent is None:
+            recent = recent_tokens(comb, lay.offsets, self.num_recent, lay.n)
         s_sum = self.seq_summary(cls_out, pooled, recent)
         return self.interaction(x, s_sum), comb, s_sum, pooled

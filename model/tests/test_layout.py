@@ -95,17 +95,18 @@ def _reference_forward(model: GEMModel, batch: Any) -> torch.Tensor:
 CASES = list(KUNLUN) + ["no_attention"]
 
 
-def _config(name: str) -> Any:
+def _config(name: str, **extra: Any) -> Any:
     if name == "no_attention":
-        return tiny_config(sequence_attention=False)
-    return tiny_config(**KUNLUN[name])
+        return tiny_config(sequence_attention=False, **extra)
+    return tiny_config(**KUNLUN[name], **extra)
 
 
-@pytest.mark.parametrize("name", CASES)
-@pytest.mark.parametrize("seed", [0, 1])
-def test_layout_matches_per_layer_prefix_copies(name: str, seed: int) -> None:
+@pytest.mark.parametrize("name,seed,merged", [(n, s, False) for n in CASES for s in (0, 1)]
+                         # merged_stream_reads: pooled and skip layers, windows, Kunlun at once
+                         + [("skip", 0, True), ("all", 1, True), ("interformer", 1, True)])
+def test_layout_matches_per_layer_prefix_copies(name: str, seed: int, merged: bool) -> None:
     torch.manual_seed(100 + seed)
-    model = GEMModel(_config(name))
+    model = GEMModel(_config(name, merged_stream_reads=merged))
     g = torch.Generator().manual_seed(seed)
     lengths = [0, 1, 17, 2] + torch.randint(0, 12, (4,), generator=g).tolist()
     batch = make_batch(len(lengths), lengths=lengths, seed=seed)
@@ -191,6 +192,68 @@ def test_unique_rows_matches_index_select_forward_and_backward(dtype: torch.dtyp
     untouched = torch.ones(37, dtype=torch.bool)
     untouched[rows] = False
     assert not gx[untouched].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("events", [False, True])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_stream_reads_match_the_separate_reads(dtype: torch.dtype, events: bool, compiled: bool) -> None:
+    """`stream_reads` = `unique_rows` of the CLS rows + `recent_tokens` + `events_of`: the same
+    values bit for bit, and the gradient of any upstream to the sums' rounding (sequences of
+    0, 1 and 2 events included, shorter than k = 3)."""
+    g = torch.Generator().manual_seed(31 + events)
+    lengths = [0, 1, 2, 9, 5, 0, 13]
+    offsets = torch.tensor([0] + lengths).cumsum(0)
+    lay = _jagged.prefix_layout(offsets, max(lengths), int(offsets[-1]), 2, head_dim=4, rope_base=100.0)
+    tc, k, d = lay.sample.shape[0], 3, 6
+    comb = torch.randn(tc, d, generator=g).to(dtype).requires_grad_()
+    ups = [torch.randn(shape, generator=g).to(dtype)
+           for shape in ((len(lengths) * 2, d), (len(lengths), k, d), (int(offsets[-1]), d))]
+
+    def separate(c: torch.Tensor) -> tuple[Any, ...]:
+        return (_jagged.unique_rows(c, lay.cls_rows), recent_tokens(c, lay.offsets, k, lay.n),
+                _jagged.events_of(c, lay) if events else None)
+
+    def merged(c: torch.Tensor) -> tuple[Any, ...]:
+        return _jagged.stream_reads(c, lay, k, events=events)
+
+    def run(fn: Any) -> tuple[list[torch.Tensor], torch.Tensor]:
+        comb.grad = None
+        outs = fn(comb)
+        loss = sum(((o.float() * u.float()).sum() for o, u in zip(outs, ups) if o is not None),
+                   torch.zeros(()))
+        loss.backward()
+        assert comb.grad is not None
+        return [o.detach() for o in outs if o is not None], comb.grad
+
+    fn: Any = merged
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(merged, fullgraph=True, dynamic=True, backend="aot_eager")
+    got, got_g = run(fn)
+    want, want_g = run(separate)
+    assert len(got) == len(want) == 2 + events
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    tol = {torch.float32: 1e-6, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(got_g, want_g, rtol=tol, atol=tol)
+    if not events:  # rows neither CLS nor recent get an exact zero
+        read = torch.zeros(tc, dtype=torch.bool)
+        read[lay.cls_rows] = True
+        idx = lay.offsets[1:, None] - k + torch.arange(k)
+        read[idx[idx >= lay.offsets[:-1, None] + lay.n]] = True
+        assert not got_g[~read].any()
+
+
+def test_stream_reads_refuse_what_it_cannot_read() -> None:
+    offsets = torch.tensor([0, 3, 5])
+    lay = _jagged.prefix_layout(offsets, 3, 5, 2, head_dim=4, rope_base=100.0)
+    comb = torch.randn(9, 4)
+    with pytest.raises(ValueError, match="k >= 1"):
+        _jagged.stream_reads(comb, lay, 0, events=True)
+    plain = _jagged.prefix_layout(offsets, 3, 5, 0, head_dim=4, rope_base=100.0)
+    with pytest.raises(ValueError, match="CLS rows"):
+        _jagged.stream_reads(comb[:5], plain, 2, events=True)
 
 
 @pytest.mark.parametrize("stream", ["compute", "float32"])
