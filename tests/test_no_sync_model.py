@@ -31,12 +31,14 @@ def _batch(b: int, seed: int) -> Any:
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
-@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
-def test_training_steps_do_not_sync(compile: bool) -> None:
+@pytest.mark.parametrize("compile,merged", [(False, False), (True, False), (True, True)],
+                         ids=["eager", "compiled", "compiled-merged_stream_reads"])
+def test_training_steps_do_not_sync(compile: bool, merged: bool) -> None:
     torch.manual_seed(0)
     # The h200 preset's switches (GDPA FFN, hierarchical pooling, computation skip) at a
     # small width, so every kernel path of a real step runs.
-    cfg = presets.h200(**presets.feature_sizes(_DATA), num_layers=2, d_model=256, num_heads=2)
+    cfg = presets.h200(**presets.feature_sizes(_DATA), num_layers=2, d_model=256, num_heads=2,
+                       merged_stream_reads=merged)
     model = GEMModel(cfg).cuda()
     if compile:
         gem_parallel.parallelize(model, None, compile=True)

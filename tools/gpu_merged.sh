@@ -3,7 +3,8 @@
 # an x2 box both halves side by side in one call (~7 minutes); on one H200 two calls,
 # `PART=ab bash tools/gpu_merged.sh` (~7 min) then `PART=quality bash tools/gpu_merged.sh` (~7 min):
 #   GPU 0: the reads alone at the h200 step's shape (tools/bench_stream_reads.py: eager and
-#          compiled, separate vs merged), then the h200 preset, 60 steps, off then on (one GPU, one run after the other: the first
+#          compiled, separate vs merged), the no-host-sync GPU test with the switch on, then
+#          the h200 preset, 60 steps, off then on (one GPU, one run after the other: the first
 #          compiles cold), then a profile of each (which kernels went: zero fills and adds of
 #          [Tc, 1024] in the blocks' backward);
 #   GPU 1 (or after it): the quality bench's GEM row with the switch on, 1,000 steps, against
@@ -16,6 +17,7 @@ export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHON
 W="python3 tools/with_model.py merged_stream_reads=true --"
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   echo "=== microbench"; grep -E "^device|ms$" "$OUT/micro.log"
+  echo "=== no-sync test (incl. compiled-merged_stream_reads)"; tail -n 2 "$OUT/nosync.log" | cut -c1-200
   for r in off on; do echo "=== $r"; [ -f "$OUT/tr_$r.log" ] && python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -1; done
   for r in off on; do echo "=== profile $r"; [ -f "$OUT/prof_$r.log" ] && tail -n 30 "$OUT/prof_$r.log" | cut -c1-200; done
   echo "=== quality (on)"; grep -E " lr=[0-9.e+-]+: mean AUC|Error|^ *[a-z_]+ \||Bayes" "$OUT/quality_on.log" | cut -c1-220
@@ -27,6 +29,7 @@ PART=${PART:-both}
 PIDS=""
 [ "$PART" = quality ] || { ( export CUDA_VISIBLE_DEVICES=0
   st micro 60 python3 tools/bench_stream_reads.py
+  st nosync 90 python3 -m pytest -q -p no:cacheprovider -rf tests/test_no_sync_model.py
   st tr_off 150 python3 -m gem_trainer --preset h200 --steps 60 --eval-batches 0 --no-progress
   st tr_on 110 $W -m gem_trainer --preset h200 --steps 60 --eval-batches 0 --no-progress
   st prof_off 70 python3 tools/profile_trainer.py --preset h200 --steps 18 --skip 8 --compile --rows 30
