@@ -122,7 +122,7 @@ def _with_compile_settings(fn: Callable[..., Any] | None) -> Callable[..., Any]:
     """`fn` (a block's compiled call) run with `_compile_settings` set and then restored.
 
     Plain attribute swaps, not `config.patch` contexts: the wrapper runs at every call of
-    every block, and on this CPU box three patch contexts cost ~135 us of host time per
+    every block, and on a 2-core CPU box three patch contexts took ~135 us of host time per
     call, the swaps ~15 us (the single patch before gem-parallel 0.3.2: ~21 us)."""
     if fn is None:
         raise RuntimeError("nn.Module.compile set no compiled call")
