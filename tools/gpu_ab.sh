@@ -6,11 +6,8 @@
 #   GPU 1: the h200 trainer, 60 steps, A then B, one after the other on the same GPU; with
 #          ONEPASS=1 B again with GEM_JFA_BWD=one_pass, with LONG=1 B at the issue's --steps 300;
 #          B's model GPU tests; B's compiled step under the profiler.
-A=$1; B=$2; ROOT=$PWD
-pp() { (cd "$ROOT/$1" && ls -d */gem_* | xargs -n1 dirname | sed "s|^|$ROOT/$1/|" | paste -sd:); }
-PA=$(pp "$A"):$ROOT/$A/tests; PB=$(pp "$B"):$ROOT/$B/tests; export PYTHONUNBUFFERED=1
 . "$(dirname "$0")/stage.sh"  # this script's own tree: A may predate gpu_begin
-TR="python3 -m gem_trainer --preset h200 --steps 60 --eval-batches 0 --no-progress"
+ab_trees "$1" "$2"
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   echo "=== quality ($B)"; grep -E " lr=[0-9.e+-]+: mean AUC|Error|^ *[a-z_]+ \||Bayes" "$OUT/quality.log" | cut -c1-220
   for r in tr_a tr_b tr_b_one_pass tr_b_300; do echo "=== $r"; [ -f "$OUT/$r.log" ] && (cd "$ROOT/$A" && python3 tools/trainer_summary.py "$OUT/$r.log" | head -1); done

@@ -6,11 +6,8 @@
 #   the h200 trainer 60 steps, tree A then tree B (same GPU, one after the other);
 #   B's compiled step under the profiler (the removed kernels must be gone).
 # The quality bench on B is a separate call (~380 s).
-A=$1; B=$2; ROOT=$PWD
-pp() { (cd "$ROOT/$1" && ls -d */gem_* | xargs -n1 dirname | sed "s|^|$ROOT/$1/|" | paste -sd:); }
-PA=$(pp "$A"):$ROOT/$A/tests; PB=$(pp "$B"):$ROOT/$B/tests; export PYTHONUNBUFFERED=1
 . "$(dirname "$0")/stage.sh"
-TR="python3 -m gem_trainer --preset h200 --steps 60 --eval-batches 0 --no-progress"
+ab_trees "$1" "$2"
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   for r in tr_a tr_b; do echo "=== $r"; [ -f "$OUT/$r.log" ] && (cd "$ROOT/$B" && python3 tools/trainer_summary.py "$OUT/$r.log" | head -1); done
   echo "=== tests"; tail -n 2 "$OUT/tests.log" | cut -c1-300

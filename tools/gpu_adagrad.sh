@@ -4,11 +4,8 @@
 #          issue's --steps 300, then B's compiled step under the profiler.
 #   GPU 1: B's row-wise Adagrad GPU test and bench, a GDPA short-kv tile sweep at the
 #          trainer's shape, then the quality bench's GEM row at 1,000 steps on B.
-A=$1; B=$2; ROOT=$PWD
-pp() { (cd "$ROOT/$1" && ls -d */gem_* | xargs -n1 dirname | sed "s|^|$ROOT/$1/|" | paste -sd:); }
-PA=$(pp "$A"):$ROOT/$A/tests; PB=$(pp "$B"):$ROOT/$B/tests; export PYTHONUNBUFFERED=1
 . "$(dirname "$0")/stage.sh"
-TR="python3 -m gem_trainer --preset h200 --steps 60 --eval-batches 0 --no-progress"
+ab_trees "$1" "$2"
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   for r in tr_a tr_b tr_b_300; do echo "=== $r"; [ -f "$OUT/$r.log" ] && (cd "$ROOT/$B" && python3 tools/trainer_summary.py "$OUT/$r.log" | head -1); done
   echo "=== profile"; tail -n 1 "$OUT/profile.log" | cut -c1-300

@@ -6,11 +6,8 @@
 #   `bench.bwd --only pma` (the pooling backward: ours vs FlashAttention-2); the h200 trainer
 #   60 steps, tree A then tree B (with FLASH=1 also B with GEM_JFA_BWD=flash: the GDPA change
 #   alone). The quality bench on B is a separate call (~400 s).
-A=$1; B=$2; ROOT=$PWD
-pp() { (cd "$ROOT/$1" && ls -d */gem_* | xargs -n1 dirname | sed "s|^|$ROOT/$1/|" | paste -sd:); }
-PA=$(pp "$A"):$ROOT/$A/tests; PB=$(pp "$B"):$ROOT/$B/tests; export PYTHONUNBUFFERED=1
 . "$(dirname "$0")/stage.sh"
-TR="python3 -m gem_trainer --preset h200 --steps 60 --eval-batches 0 --no-progress"
+ab_trees "$1" "$2"
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   for r in tr_a tr_b tr_b_flash; do echo "=== $r"; [ -f "$OUT/$r.log" ] && (cd "$ROOT/$B" && python3 tools/trainer_summary.py "$OUT/$r.log" | head -1); done
   echo "=== profile"; tail -n 1 "$OUT/profile.log" | cut -c1-300

@@ -17,3 +17,11 @@ gpu_begin() { TOP=${OUT:-/tmp/out}; OUT=$TOP/r/a/b; mkdir -p "$OUT"; export OUT 
   ( sleep "$1"; _gpu_write ) & WATCHDOG=$!; }
 _gpu_write() { summary > "$TOP/summary.txt" 2>&1; tar -czf "$TOP/all.tgz" -C "$OUT" . 2>/dev/null; }
 gpu_end() { kill "$WATCHDOG" 2>/dev/null; _gpu_write; cat "$TOP/summary.txt"; }
+
+# The two-tree A/B scripts (gpu_ab.sh, gpu_ab2.sh, gpu_short.sh, gpu_adagrad.sh; run from the
+# folder holding both trees): `ab_trees A B` sets A, B, ROOT (that folder), PA / PB (each tree's
+# module folders and tests/, for PYTHONPATH) and TR (the h200 trainer's 60-step A/B run).
+ab_trees() { A=$1; B=$2; ROOT=$PWD
+  PA=$(_tree_path "$A"):$ROOT/$A/tests; PB=$(_tree_path "$B"):$ROOT/$B/tests; export PYTHONUNBUFFERED=1
+  TR="python3 -m gem_trainer --preset h200 --steps 60 --eval-batches 0 --no-progress"; }
+_tree_path() { (cd "$ROOT/$1" && ls -d */gem_* | xargs -n1 dirname | sed "s|^|$ROOT/$1/|" | paste -sd:); }
