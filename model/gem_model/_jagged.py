@@ -122,6 +122,15 @@ def unique_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def recent_rows(offsets: torch.Tensor, k: int, prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows `[B, k]` of the k most recent tokens of each sequence (oldest first; clamped to 0
+    where a sequence is shorter) and their validity `[B, k, 1]` (False for those slots and for
+    the `prefix` rows at the start of each sequence, e.g. a `PrefixLayout`'s CLS rows)."""
+    idx = offsets[1:, None] - k + torch.arange(k, device=offsets.device)
+    valid = (idx >= offsets[:-1, None] + prefix).unsqueeze(-1)
+    return idx.clamp(min=0), valid
+
+
 class _StreamReads(torch.autograd.Function):
     """A block's reads of the stream after its attention, with one backward.
 
@@ -173,10 +182,8 @@ def stream_reads(comb: torch.Tensor, lay: PrefixLayout, k: int, *, events: bool
     if lay.n == 0 or k == 0 or comb.shape[0] == 0:
         raise ValueError(f"stream_reads needs CLS rows (lay.n={lay.n}), k >= 1 (k={k}) and a "
                          f"non-empty stream ({comb.shape[0]} rows); use the separate reads")
-    off = lay.offsets
-    idx = off[1:, None] - k + torch.arange(k, device=comb.device)
-    valid = (idx >= off[:-1, None] + lay.n).unsqueeze(-1)
-    out = _StreamReads.apply(comb, lay.cls_rows, idx.clamp(min=0), valid,  # type: ignore[no-untyped-call]
+    rows, valid = recent_rows(lay.offsets, k, lay.n)
+    out = _StreamReads.apply(comb, lay.cls_rows, rows, valid,  # type: ignore[no-untyped-call]
                              lay.seq_rows if events else None)
     return out[0], out[1], (out[2] if events else None)
 

@@ -239,9 +239,8 @@ def recent_tokens(seq: torch.Tensor, offsets: torch.Tensor, k: int, prefix: int 
     b = offsets.shape[0] - 1
     if k == 0 or seq.shape[0] == 0:
         return seq.new_zeros(b, k, seq.shape[1])
-    idx = offsets[1:, None] - k + torch.arange(k, device=seq.device)
-    valid = (idx >= offsets[:-1, None] + prefix).unsqueeze(-1)
-    return seq[idx.clamp(min=0)] * valid
+    rows, valid = _jagged.recent_rows(offsets, k, prefix)
+    return seq[rows] * valid
 
 
 class SeqSummary(nn.Module):
