@@ -9,7 +9,11 @@
 #   PART=quality  the quality bench's GEM row with the switch on (1,000 steps, the eighth
 #              session's samples and held-out set: 0.7536 / 0.7627 / 0.7819 with it off) while
 #              the kernels' GPU tests run beside it (correctness only: nothing timed shares the
-#              GPU with it), then the model's local MFU compiled (`--compile`, the 40 % target).
+#              GPU with it), then the model's local MFU compiled (`--compile`, the 40 % target);
+#   PART=final after gem-model 0.3.3 (merged_stream_reads on by default) and gem-trainer 0.2.4
+#              (a step read at its end keeps its wait for the device; delayed saves stay
+#              pipelined): the issue's command uncut, `--steps 300` cold, then with
+#              `--ckpt-every 50`, the warm start, and a profile of the steady step.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 W="python3 tools/with_model.py merged_stream_reads=true --"
@@ -20,6 +24,7 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   echo "=== no-sync test"; [ -f "$OUT/nosync.log" ] && tail -n 2 "$OUT/nosync.log" | cut -c1-200
   echo "=== quality (on)"; [ -f "$OUT/quality_on.log" ] && grep -E " lr=[0-9.e+-]+: mean AUC|Error|^ *[a-z_]+ \||Bayes" "$OUT/quality_on.log" | cut -c1-220
   echo "=== kernel tests"; [ -f "$OUT/kernel_tests.log" ] && grep -E "passed|failed|Error" "$OUT/kernel_tests.log" | tail -n 3 | cut -c1-300
+  echo "=== profile"; [ -f "$OUT/prof_on.log" ] && tail -n 32 "$OUT/prof_on.log" | cut -c1-160
   for r in local_mfu local_mfu_trainer; do echo "=== $r"; [ -f "$OUT/$r.log" ] && grep -E "^weighted|^model e2e" "$OUT/$r.log"; done
 }
 gpu_begin "${WATCH:-560}"
@@ -37,5 +42,11 @@ quality)
      --eval-at 100,250,500,750,1000 --out "$OUT/quality"
   wait $K
   st local_mfu 90 python3 -m gem_model.bench.local_mfu --compile --no-reference ;;
+final)
+  st tr_off 200 python3 $TR
+  rm -rf /tmp/gem_ck10
+  st tr_ckpt_on 130 python3 $TR --ckpt-every 50 --ckpt-dir /tmp/gem_ck10
+  st ttfs_warm 50 python3 tools/ttfs.py --preset h200 --steps 3
+  st prof_on 70 python3 tools/profile_trainer.py --preset h200 --steps 18 --skip 8 --compile --rows 30 ;;
 esac
 gpu_end

@@ -71,8 +71,9 @@ class GEMConfig:
             recent tokens, and the event rows in pooling layers) through one autograd node
             whose backward writes the stream's gradient once, instead of three reads that
             each write a dense zero-filled gradient (`_jagged.stream_reads`). The same
-            forward values; the gradient's sums in another order. Off until it is measured
-            on the GPU (speed and the quality bench).
+            forward values; the gradient's sums in another order. On by default since
+            0.3.3 (H200, h200 preset, 300 steps: 0.2429 s vs 0.2454 s per step; the quality
+            bench's AUCs equal within 0.0002); False restores the separate reads.
 
     Precision (MXFP8), activation checkpointing, compile and sharding are not model config:
     `gem_parallel.parallelize(model, ..., precision="mxfp8_rceil")` applies them from outside.
@@ -112,7 +113,7 @@ class GEMConfig:
     attention_backend: str = "auto"
     use_torchrec: bool | None = None
     stream_dtype: str = "compute"
-    merged_stream_reads: bool = False
+    merged_stream_reads: bool = True
 
     def __post_init__(self) -> None:
         positive = (

@@ -400,7 +400,8 @@ class _Books:
             self.opt_gpu_s += start.elapsed_time(end) / 1e3
 
 
-def _settle_now(cfg: TrainConfig, books: _Books, timers: Timers, ckpt: bool) -> bool:
+def _settle_now(cfg: TrainConfig, books: _Books, timers: Timers, ckpt: bool,
+                writing: bool = False) -> bool:
     """Must the step just queued be read at its end (a wait on the GPU), rather than during
     the next step? Yes when its outcome decides what happens before the next batch is drawn
     (a checkpoint and a stop save the loader's position and the RNG, so they come right
@@ -408,11 +409,18 @@ def _settle_now(cfg: TrainConfig, books: _Books, timers: Timers, ckpt: bool) -> 
     the first, compiled graphs are counted after the last), at the last step, when a save is
     due or delayed, after a stop signal, and when one more non-finite loss would end the
     run. `books` holds the steps before this one; this one counts as step `books.step + 1`
-    if its loss is finite."""
+    if its loss is finite.
+
+    `writing`: a single-process run whose last checkpoint write is still running now. A save
+    that is already due (delayed by that write) would be delayed again after this step, so
+    the step need not be read at its end: the loop stays pipelined while it waits for the
+    write (reading every step at its end cost ~10 % of the step on the H200 preset). With
+    several ranks every rank must read the same steps at their ends (the reduced values
+    decide saves and stops alike), so they do not use it."""
     nxt = books.step + 1
     return (timers.steps_done < WARMUP_STEPS or nxt >= cfg.steps or bool(books.stop_signum)
             or books.bad_in_row + 1 >= cfg.max_bad_steps
-            or (ckpt and (books.save_due or nxt % cfg.ckpt_every == 0)))
+            or (ckpt and ((books.save_due and not writing) or nxt % cfg.ckpt_every == 0)))
 
 
 class _SyncDebug:
@@ -556,6 +564,10 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         """Books step `p` from its values; `final`: it is the last step queued (a save or a
         stop may follow). Not final, no save or stop can be due (see _settle_now)."""
         step_loss, stop_sum, busy_sum = p.values()
+        # A step read at its end waited here for the GPU: that wait is the step's, so its
+        # time ends now. (A step read during the next one waits inside the next one's window,
+        # which then carries this step's tail: in steady state one GPU step per window.)
+        t_end = max(p.t3, time.perf_counter()) if final else p.t3
         if stop_sum > 0:  # any rank's signal stops every rank (all read the reduced value)
             books.stop_signum = books.stop_signum or stop.signum or int(stop_sum)
         if not math.isfinite(step_loss):
@@ -574,21 +586,22 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         timers.data_wait += p.t1 - p.t0
         timers.compute += p.t2 - p.t1
         timers.optimizer += p.t3 - p.t2
+        timers.compute += t_end - p.t3
         timers.samples += p.samples
         timers.tokens += p.tokens
         timers.steps_done += 1
         if step_hook is not None:
             step_hook(timers.steps_done)
         if timers.first_step is None:
-            timers.first_step = p.t3 - t_start
+            timers.first_step = t_end - t_start
         timers.model_flops += 3.0 * p.flops
-        timers.step_s.append(p.t3 - p.t0)
+        timers.step_s.append(t_end - p.t0)
         if cfg.compile and timers.steps_done == WARMUP_STEPS:
             timers.extra["warm_graphs"] = _compile_counts()["graphs"]
             save_compile_cache()
         if timers.steps_done > WARMUP_STEPS:
             timers.steady_flops += 3.0 * p.flops
-            timers.steady_s += p.t3 - p.t0
+            timers.steady_s += t_end - p.t0
         stopping = final and books.stop_signum
         if step % cfg.log_every == 0 or step == cfg.steps or stopping:
             log.write(step, loss=step_loss, samples=timers.samples, tokens=timers.tokens)
@@ -607,6 +620,8 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             timers.extra["ckpt_prepare_s"] = time.perf_counter() - t4
             timers.extra["ckpt_state_bytes"] = ckpt_bytes
         if not final:
+            if books.save_due:  # a delayed save waits on, this step read late (see _settle_now)
+                timers.extra["ckpt_delayed_steps"] = timers.extra.get("ckpt_delayed_steps", 0) + 1
             return
         books.save_due = books.save_due or (ckpt is not None and step % cfg.ckpt_every == 0)
         if ckpt is not None and books.save_due and busy_sum > 0 and not stopping:
@@ -698,7 +713,8 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
                          samples=batch.num_samples, tokens=batch.num_tokens,
                          flops=_flops(model, batch), vals=vals)
             sync_debug.count()
-            if not late_check or _settle_now(cfg, books, timers, ckpt is not None):
+            writing = world == 1 and ckpt is not None and ckpt.pending is not None
+            if not late_check or _settle_now(cfg, books, timers, ckpt is not None, writing):
                 settle(p, final=True)
             else:
                 pending = p
