@@ -17,6 +17,8 @@ def test_slow_writes_delay_saves_with_a_warning(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     s = json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("{")][-1])
     assert s["ckpt_delayed_steps"] > 0, s
+    # the cadence kept: writes of >= 1 s every 2 fast steps space the saves wider than asked
+    assert s["ckpt_saves"] >= 1 and s["ckpt_steps_between_saves"] > 2, s
     assert res.stderr.count("checkpoint writes are slower than --ckpt-every=2") == 1, res.stderr[-3000:]
     assert "is still running after" in res.stderr and "GB staged" in res.stderr, res.stderr[-3000:]
     # a due save never blocks for a whole write: the stall is far below one write per save
@@ -35,5 +37,6 @@ def test_fast_writes_save_on_schedule(tmp_path: Path) -> None:
     assert s["ckpt_delayed_steps"] == 0 and "slower than --ckpt-every" not in res.stderr, s
     # the cost figures: saves inside the loop (5 and 10 are both in-loop), state size, rate
     assert s["ckpt_saves"] == 2 and s["ckpt_stall_per_save_s"] >= 0, s
+    assert s["ckpt_steps_between_saves"] == 5, s
     assert s["ckpt_state_gb"] > 0 and s["ckpt_write_gb_per_s"] > 0, s
     assert 0 <= s["ckpt_stall_frac"] < 1 and s["ckpt_prepare_s"] >= 0, s

@@ -9,7 +9,7 @@ KEYS = ("steps", "loss", "mfu", "mfu_steady", "step_s_median", "time_to_first_st
         "samples_per_s", "compute_s", "optimizer_s", "data_wait_s", "data_wait_frac", "ckpt_stall_s",
         "ckpt_final_wait_s")
 # printed when the run has them (checkpoints, --compile, a stop, the sync-debug hook)
-OPTIONAL = ("stop_reason", "ckpt_saves", "ckpt_stall_per_save_s", "ckpt_stall_frac", "ckpt_prepare_s",
+OPTIONAL = ("stop_reason", "ckpt_saves", "ckpt_steps_between_saves", "ckpt_stall_per_save_s", "ckpt_stall_frac", "ckpt_prepare_s",
             "ckpt_state_gb", "ckpt_write_gb_per_s", "ckpt_delayed_steps", "compile_graphs",
             "compile_graph_breaks", "recompiles_per_100_steps", "sync_debug_steps")
 lines = [ln for ln in open(sys.argv[1], encoding="utf-8") if ln.startswith("{")]

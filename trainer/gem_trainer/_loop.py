@@ -253,16 +253,21 @@ def _compile_summary(cfg: TrainConfig, timers: Timers) -> dict[str, Any]:
             "recompiles_per_100_steps": per100}
 
 
-def _ckpt_summary(ckpt: Checkpointer | None, timers: Timers) -> dict[str, Any]:
+def _ckpt_summary(ckpt: Checkpointer | None, timers: Timers, steps: int) -> dict[str, Any]:
     """What checkpoints cost this run: saves inside the loop, the median stall of one, the
     state size and the storage's write rate (last write), and the stalls' share of the
-    loop's wall time (`ckpt_stall_frac`; the end-of-run flush is `ckpt_final_wait_s`)."""
+    loop's wall time (`ckpt_stall_frac`; the end-of-run flush is `ckpt_final_wait_s`), and
+    the cadence the saves kept: `ckpt_steps_between_saves`, the steps this run took per save
+    inside the loop (`--ckpt-every` when no save waited for a write and the run ends on a
+    multiple of it; more when writes are slower than the interval)."""
     if ckpt is None:
         return {}
     saves = timers.ckpt_saves
+    ran = steps - timers.start_step
     loop_s = timers.compute + timers.optimizer + timers.data_wait + timers.ckpt_stall
     return {
         "ckpt_saves": len(saves),
+        "ckpt_steps_between_saves": ran / len(saves) if saves else None,
         "ckpt_stall_per_save_s": statistics.median(saves) if saves else None,
         "ckpt_stall_frac": timers.ckpt_stall / loop_s if loop_s > 0 else 0.0,
         "ckpt_prepare_s": timers.extra.get("ckpt_prepare_s", 0.0),
@@ -535,6 +540,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     line = ProgressLine(cfg.steps, step, cfg.log_every) if bar is None and cfg.progress and rank == 0 else None
     use_bf16 = device.type == "cuda" and cfg.precision != "fp32"
     books = _Books(step=step)
+    timers.start_step = step
     it = iter(loader)
     # Dense tables (late_check): no host sync in a steady-state step (issue #16 item 3). The
     # skip-or-step decision of a non-finite loss is taken on the device (Optimizers.step(skip)),
@@ -762,7 +768,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         "data_wait_frac": timers.data_wait / busy if busy > 0 else 0.0,
         "ckpt_stall_s": timers.ckpt_stall,
         "ckpt_final_wait_s": timers.extra.get("ckpt_final_wait_s", 0.0),
-        **_ckpt_summary(ckpt, timers),
+        **_ckpt_summary(ckpt, timers, step),
         **_compile_summary(cfg, timers),
         **ccache,
         **sync_debug.summary(),

@@ -26,6 +26,7 @@ class Timers:
     optimizer: float = 0.0
     ckpt_stall: float = 0.0
     ckpt_saves: list[float] = field(default_factory=list)  # stall of each save inside the loop
+    start_step: int = 0  # the step the loop started from (a resumed run's checkpoint step)
     total: float = 0.0
     first_step: float | None = None
     samples: int = 0

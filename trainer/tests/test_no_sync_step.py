@@ -234,3 +234,14 @@ def test_a_delayed_save_keeps_the_loop_reading_late(monkeypatch: pytest.MonkeyPa
     # Read at the end: the steps whose number is a multiple of 2 (a save falls due) and the
     # step after a write ended; without the rule every delayed step is read at its end too.
     assert steady.count(False) >= 2, ends
+
+
+def test_the_save_cadence_counts_from_the_resumed_step(tmp_path: Path) -> None:
+    """`ckpt_steps_between_saves` of a resumed run counts from its checkpoint's step."""
+    kw: dict[str, Any] = {"batch_size": 16, "eval_batches": 0, "progress": False,
+                          "ckpt_dir": str(tmp_path / "ck"), "ckpt_every": 2}
+    first = train(presets_tiny(steps=4, **kw))
+    assert first["ckpt_saves"] == 2 and first["ckpt_steps_between_saves"] == 2, first
+    again = train(presets_tiny(steps=10, resume=True, **kw))
+    assert again["steps"] == 10 and again["ckpt_saves"] == 3, again
+    assert again["ckpt_steps_between_saves"] == 2, again
