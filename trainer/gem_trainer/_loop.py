@@ -256,7 +256,8 @@ def _compile_summary(cfg: TrainConfig, timers: Timers) -> dict[str, Any]:
 def _ckpt_summary(ckpt: Checkpointer | None, timers: Timers, steps: int) -> dict[str, Any]:
     """What checkpoints cost this run: saves inside the loop, the median stall of one, the
     state size and the storage's write rate (last write), and the stalls' share of the
-    loop's wall time (`ckpt_stall_frac`; the end-of-run flush is `ckpt_final_wait_s`), and
+    loop's wall time (`ckpt_stall_frac`; the end of the run, its last save if the loop did not
+    make it and the flush of the last write, is `ckpt_final_wait_s`), and
     the cadence the saves kept: `ckpt_steps_between_saves`, the steps this run took per save
     inside the loop (`--ckpt-every` when no save waited for a write and the run ends on a
     multiple of it; more when writes are slower than the interval)."""
@@ -734,13 +735,13 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         timers.compute -= books.opt_gpu_s
         timers.optimizer += books.opt_gpu_s
         step, last_loss, reason = books.step, books.last_loss, books.reason or "steps"
-        if ckpt is not None and step > 0 and ckpt.latest() != step:
-            t4 = time.perf_counter()
-            ckpt.save(step, state)
-            timers.ckpt_stall += time.perf_counter() - t4
         if ckpt is not None:
-            # Flushing the last background write is end-of-run time, not a training stall.
+            # End-of-run time, not a training stall: the last step's save when the loop did
+            # not make it (it was delayed by a write, or the run ends off the interval; it
+            # waits for that write), then the flush of the last background write.
             t4 = time.perf_counter()
+            if step > 0 and ckpt.latest() != step:
+                ckpt.save(step, state)
             ckpt.wait()
             timers.extra["ckpt_final_wait_s"] = time.perf_counter() - t4
     finally:
