@@ -25,7 +25,7 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   echo "=== quality (on)"; [ -f "$OUT/quality_on.log" ] && grep -E " lr=[0-9.e+-]+: mean AUC|Error|^ *[a-z_]+ \||Bayes" "$OUT/quality_on.log" | cut -c1-220
   echo "=== kernel tests"; [ -f "$OUT/kernel_tests.log" ] && grep -E "passed|failed|Error" "$OUT/kernel_tests.log" | tail -n 3 | cut -c1-300
   echo "=== profile"; [ -f "$OUT/prof_on.log" ] && tail -n 32 "$OUT/prof_on.log" | cut -c1-160
-  for r in local_mfu local_mfu_trainer; do echo "=== $r"; [ -f "$OUT/$r.log" ] && grep -E "^weighted|^model e2e" "$OUT/$r.log"; done
+  echo "=== local_mfu"; [ -f "$OUT/local_mfu.log" ] && grep -E "^weighted|^model e2e" "$OUT/local_mfu.log"
 }
 gpu_begin "${WATCH:-560}"
 case "${PART:-ab}" in

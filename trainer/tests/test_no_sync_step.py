@@ -11,8 +11,8 @@ injection included.
 from __future__ import annotations
 
 import json
-import time
 import math
+import time
 from pathlib import Path
 from typing import Any
 
