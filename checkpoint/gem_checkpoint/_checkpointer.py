@@ -19,6 +19,7 @@ A failure anywhere is kept and raised by the next `save()`/`wait()`; nothing is 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -27,7 +28,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -63,6 +64,44 @@ process there. Stages: "write" (after this rank's data files, before DCP's metad
 the marker), "marker" (after the marker, before retention)."""
 
 FaultHook = Callable[[str], None]
+
+_ZIP_CRC_LOCK = threading.Lock()
+_ZIP_CRC_WRITERS = 0
+_ZIP_CRC_USER: bool | None = None
+
+
+@contextlib.contextmanager
+def without_zip_crc() -> Iterator[None]:
+    """Turns off torch.save's per-record zip crc32 while checkpoint files are written.
+
+    DCP writes every tensor with torch.save, whose zip writer checksums each record: on the
+    CPU box that ran at 0.33 GB/s against 3.7 GB/s without it (a 1.2 GB tensor into
+    /dev/shm), and it made a 3.3 GB save outlast 50 training steps on the H200. The
+    manifest's crc32 of every whole file (`_fs.digests`, checked by `load(verify=True)`)
+    covers the same bytes, and torch.load reads files without the record checksums.
+    The switch is process-wide (`torch.serialization.set_crc32_options`): it is off while
+    any checkpoint write runs and goes back to the user's setting when the last one ends
+    (a torch.save elsewhere in the process meanwhile writes a loadable zip without them).
+    """
+    global _ZIP_CRC_WRITERS, _ZIP_CRC_USER
+    get = getattr(torch.serialization, "get_crc32_options", None)
+    put = getattr(torch.serialization, "set_crc32_options", None)
+    if get is None or put is None:  # pragma: no cover - torch before 2.6
+        yield
+        return
+    with _ZIP_CRC_LOCK:
+        if _ZIP_CRC_WRITERS == 0:
+            _ZIP_CRC_USER = bool(get())
+            put(False)
+        _ZIP_CRC_WRITERS += 1
+    try:
+        yield
+    finally:
+        with _ZIP_CRC_LOCK:
+            _ZIP_CRC_WRITERS -= 1
+            if _ZIP_CRC_WRITERS == 0 and _ZIP_CRC_USER is not None:
+                put(_ZIP_CRC_USER)
+                _ZIP_CRC_USER = None
 
 
 class CheckpointWriteError(CheckpointError):
@@ -325,7 +364,7 @@ class Checkpointer:
         try:
             tmp.mkdir(parents=True, exist_ok=True)
             writer = _Writer(tmp, self._hook)
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), without_zip_crc():
                 warnings.simplefilter("ignore")  # DCP's "assuming single process" notice
                 dcp_save(state_dict, storage_writer=writer, process_group=self._pg)
             files = _fs.digests(tmp, writer.written)

@@ -208,3 +208,53 @@ def test_files_are_plain_dcp(tmp_path: Path) -> None:
     sd = torch.load(out, weights_only=False)
     assert torch.equal(sd["model"]["0.weight"], model.state_dict()["0.weight"])
     assert sd["step"] == 3
+
+
+@pytest.mark.parametrize("user_setting", [True, False])
+def test_writer_skips_zip_record_crc_and_restores_the_setting(tmp_path: Path, user_setting: bool) -> None:
+    """The data files are written without torch.save's per-record crc32 (the manifest's
+    whole-file crc32 covers them); the user's setting comes back after the write, the
+    files still load bit-exactly, and a flipped byte is still caught by verification."""
+    seen: list[bool] = []
+
+    def hook(stage: str) -> None:
+        if stage == "write":
+            seen.append(torch.serialization.get_crc32_options())
+
+    before = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(user_setting)
+    try:
+        state = {"w": torch.randn(257, 33), "b": torch.randn(1000, dtype=torch.float64)}
+        ckpt = Checkpointer(tmp_path, fault_hook=hook)
+        ckpt.save(1, state)
+        ckpt.wait()
+        assert seen == [False]
+        assert torch.serialization.get_crc32_options() is user_setting
+        got = {"w": torch.zeros(257, 33), "b": torch.zeros(1000, dtype=torch.float64)}
+        assert Checkpointer(tmp_path).load(got) == 1
+        assert torch.equal(got["w"], state["w"]) and torch.equal(got["b"], state["b"])
+        data = next(p for p in (tmp_path / "step_1").iterdir() if p.suffix == ".distcp")
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        data.write_bytes(bytes(raw))
+        with pytest.raises(CheckpointError, match=data.name):
+            Checkpointer(tmp_path).load(got)
+    finally:
+        torch.serialization.set_crc32_options(before)
+
+
+def test_zip_crc_switch_is_counted_across_overlapping_writes() -> None:
+    from gem_checkpoint._checkpointer import without_zip_crc
+
+    before = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(True)
+    try:
+        a, b = without_zip_crc(), without_zip_crc()
+        a.__enter__()
+        b.__enter__()
+        a.__exit__(None, None, None)
+        assert torch.serialization.get_crc32_options() is False  # b still writing
+        b.__exit__(None, None, None)
+        assert torch.serialization.get_crc32_options() is True
+    finally:
+        torch.serialization.set_crc32_options(before)
