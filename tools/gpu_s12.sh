@@ -5,13 +5,20 @@
 #              crc32 off; the manifest's whole-file crc32 kept), the compiled steady step's
 #              profile, and the checkpoint stall bench at the trainer's state size twice in
 #              one process tree: record crc32 on (the old writer, patched back) and off.
+#   PART=cudnn torch's cuDNN ragged attention as JFA's backward/forward: tools/probe_cudnn.py
+#              (correctness vs the fp32 reference, kernel timings). It ran with 100 trainer steps
+#              behind a GEM_JFA_BWD=cudnn switch (removed after: wrong gradients, see
+#              kernels/BENCHMARKS.md) and the default.
+#   PART=final the issue command uncut and `--ckpt-every 50` to disk with gem-checkpoint
+#              0.1.4 (record crc off, Python's switch interval lowered while a write runs).
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 TR="-m gem_trainer --preset h200 --steps 300 --eval-batches 0 --no-progress"
 CRC_ON="import contextlib, runpy, sys; import gem_checkpoint._checkpointer as c; c.without_zip_crc = contextlib.nullcontext; sys.argv = ['stall', *sys.argv[1:]]; runpy.run_module('gem_checkpoint.bench.stall', run_name='__main__')"
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
-  for r in 300 ckpt_disk; do echo "=== $r"; [ -f "$OUT/tr_$r.log" ] && python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -1 | cut -c1-1000; done
+  for r in 300 ckpt_disk cudnn_bwd default cudnn_both; do echo "=== $r"; [ -f "$OUT/tr_$r.log" ] && python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -1 | cut -c1-1000; done
   for r in crc_on crc_off; do echo "=== stall_$r"; [ -f "$OUT/stall_$r.log" ] && grep '^{' "$OUT/stall_$r.log" | tail -1 | cut -c1-600; done
+  echo "=== probe"; [ -f "$OUT/probe.log" ] && sed -n '/=== table/,$p' "$OUT/probe.log" | cut -c1-220
   echo "=== profile"; [ -f "$OUT/prof.log" ] && tail -n 44 "$OUT/prof.log" | cut -c1-150
 }
 gpu_begin "${WATCH:-570}"
@@ -26,5 +33,14 @@ base)
   rm -rf /tmp/gem_st1
   st stall_crc_off 60 python3 -m gem_checkpoint.bench.stall --size-gb 3.3 --saves 2 --dir /tmp/gem_st2
   rm -rf /tmp/gem_st2 ;;
+cudnn)
+  T100="-m gem_trainer --preset h200 --steps 100 --eval-batches 0 --no-progress"
+  st probe 150 python3 tools/probe_cudnn.py
+  st tr_default 90 python3 $T100 ;;
+final)
+  st tr_300 240 python3 $TR
+  rm -rf /tmp/gem_ck
+  st tr_ckpt_disk 130 python3 $TR --ckpt-every 50 --ckpt-dir /tmp/gem_ck
+  rm -rf /tmp/gem_ck ;;
 esac
 gpu_end
