@@ -1,5 +1,8 @@
 """How much a busy training thread stretches an async checkpoint write (CPU, no GPU needed).
 
+(Since gem-checkpoint 0.1.3 the write itself runs at a 0.5 ms switch interval whatever
+`--switch-ms` sets; `--switch-ms` still sets it for the staging and between writes.)
+
     python3 tools/bench_ckpt_gil.py [--tensors 400] [--switch-ms 5] [--neighbour thread-py ...]
 
 Saves a state of N fp32 [256, 1024] tensors with gem_checkpoint's async Checkpointer while a

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import threading
 from pathlib import Path
 
@@ -211,25 +212,31 @@ def test_files_are_plain_dcp(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("user_setting", [True, False])
-def test_writer_skips_zip_record_crc_and_restores_the_setting(tmp_path: Path, user_setting: bool) -> None:
+def test_write_settings_apply_during_the_write_and_are_restored(tmp_path: Path, user_setting: bool) -> None:
     """The data files are written without torch.save's per-record crc32 (the manifest's
-    whole-file crc32 covers them); the user's setting comes back after the write, the
-    files still load bit-exactly, and a flipped byte is still caught by verification."""
-    seen: list[bool] = []
+    whole-file crc32 covers them) and with Python's switch interval lowered; the caller's
+    settings come back after the write, the files still load bit-exactly, and a flipped byte
+    is still caught by verification."""
+    from gem_checkpoint._checkpointer import WRITE_SWITCH_INTERVAL_S
+
+    seen: list[tuple[bool, float]] = []
 
     def hook(stage: str) -> None:
         if stage == "write":
-            seen.append(torch.serialization.get_crc32_options())
+            seen.append((torch.serialization.get_crc32_options(), sys.getswitchinterval()))
 
-    before = torch.serialization.get_crc32_options()
+    before = torch.serialization.get_crc32_options(), sys.getswitchinterval()
+    user_interval = float(torch.empty(()).uniform_(0.001, 0.02))
     torch.serialization.set_crc32_options(user_setting)
+    sys.setswitchinterval(user_interval)
     try:
         state = {"w": torch.randn(257, 33), "b": torch.randn(1000, dtype=torch.float64)}
         ckpt = Checkpointer(tmp_path, fault_hook=hook)
         ckpt.save(1, state)
         ckpt.wait()
-        assert seen == [False]
+        assert seen == [(False, pytest.approx(WRITE_SWITCH_INTERVAL_S, abs=1e-6))]
         assert torch.serialization.get_crc32_options() is user_setting
+        assert sys.getswitchinterval() == pytest.approx(user_interval, abs=1e-6)
         got = {"w": torch.zeros(257, 33), "b": torch.zeros(1000, dtype=torch.float64)}
         assert Checkpointer(tmp_path).load(got) == 1
         assert torch.equal(got["w"], state["w"]) and torch.equal(got["b"], state["b"])
@@ -240,21 +247,27 @@ def test_writer_skips_zip_record_crc_and_restores_the_setting(tmp_path: Path, us
         with pytest.raises(CheckpointError, match=data.name):
             Checkpointer(tmp_path).load(got)
     finally:
-        torch.serialization.set_crc32_options(before)
+        torch.serialization.set_crc32_options(before[0])
+        sys.setswitchinterval(before[1])
 
 
-def test_zip_crc_switch_is_counted_across_overlapping_writes() -> None:
-    from gem_checkpoint._checkpointer import without_zip_crc
+def test_write_settings_are_counted_across_overlapping_writes() -> None:
+    from gem_checkpoint._checkpointer import WRITE_SWITCH_INTERVAL_S, _while_writing
 
-    before = torch.serialization.get_crc32_options()
+    before = torch.serialization.get_crc32_options(), sys.getswitchinterval()
     torch.serialization.set_crc32_options(True)
+    sys.setswitchinterval(0.004)
     try:
-        a, b = without_zip_crc(), without_zip_crc()
+        a, b = _while_writing(), _while_writing()
         a.__enter__()
         b.__enter__()
         a.__exit__(None, None, None)
-        assert torch.serialization.get_crc32_options() is False  # b still writing
+        # b still writing
+        assert torch.serialization.get_crc32_options() is False
+        assert sys.getswitchinterval() == pytest.approx(WRITE_SWITCH_INTERVAL_S, abs=1e-6)
         b.__exit__(None, None, None)
         assert torch.serialization.get_crc32_options() is True
+        assert sys.getswitchinterval() == pytest.approx(0.004, abs=1e-6)
     finally:
-        torch.serialization.set_crc32_options(before)
+        torch.serialization.set_crc32_options(before[0])
+        sys.setswitchinterval(before[1])
