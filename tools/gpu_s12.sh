@@ -10,13 +10,16 @@
 #              behind a GEM_JFA_BWD=cudnn switch (removed after: wrong gradients, see
 #              kernels/BENCHMARKS.md) and the default.
 #   PART=final the issue command uncut and `--ckpt-every 50` to disk with gem-checkpoint
-#              0.1.4 (record crc off, Python's switch interval lowered while a write runs).
+#              0.1.3 (record crc off, Python's switch interval at 0.5 ms while a write runs),
+#              then the same with the writes at the default 5 ms interval (the A/B).
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 TR="-m gem_trainer --preset h200 --steps 300 --eval-batches 0 --no-progress"
 CRC_ON="import contextlib, runpy, sys; import gem_checkpoint._checkpointer as c; c.without_zip_crc = contextlib.nullcontext; sys.argv = ['stall', *sys.argv[1:]]; runpy.run_module('gem_checkpoint.bench.stall', run_name='__main__')"
+# the same run with the writes at Python's default 5 ms switch interval (gem-checkpoint before 0.1.3's change)
+SW5="import runpy, sys; import gem_checkpoint._checkpointer as c; c.WRITE_SWITCH_INTERVAL_S = 0.005; sys.argv = ['gem_trainer', *sys.argv[1:]]; runpy.run_module('gem_trainer', run_name='__main__')"
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
-  for r in 300 ckpt_disk cudnn_bwd default cudnn_both; do echo "=== $r"; [ -f "$OUT/tr_$r.log" ] && python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -1 | cut -c1-1000; done
+  for r in 300 ckpt_disk ckpt_5ms default; do echo "=== $r"; [ -f "$OUT/tr_$r.log" ] && python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -1 | cut -c1-1000; done
   for r in crc_on crc_off; do echo "=== stall_$r"; [ -f "$OUT/stall_$r.log" ] && grep '^{' "$OUT/stall_$r.log" | tail -1 | cut -c1-600; done
   echo "=== probe"; [ -f "$OUT/probe.log" ] && sed -n '/=== table/,$p' "$OUT/probe.log" | cut -c1-220
   echo "=== profile"; [ -f "$OUT/prof.log" ] && tail -n 44 "$OUT/prof.log" | cut -c1-150
@@ -41,6 +44,8 @@ final)
   st tr_300 240 python3 $TR
   rm -rf /tmp/gem_ck
   st tr_ckpt_disk 130 python3 $TR --ckpt-every 50 --ckpt-dir /tmp/gem_ck
+  rm -rf /tmp/gem_ck
+  st tr_ckpt_5ms 130 python3 -c "$SW5" --preset h200 --steps 300 --eval-batches 0 --no-progress --ckpt-every 50 --ckpt-dir /tmp/gem_ck
   rm -rf /tmp/gem_ck ;;
 esac
 gpu_end
