@@ -101,8 +101,9 @@ def _while_writing() -> Iterator[None]:
       GIL many times per tensor (pickling, stream calls); beside a training thread that runs
       Python between its kernel launches each take waits up to the interval (5 ms by default).
       On the CPU box (`tools/bench_ckpt_gil.py`, 400 tensors, 0.42 GB, a pure-Python neighbour
-      thread) the write took 19.8 s at 5 ms, 3.8 s at 0.5 ms, 2.2 s with no neighbour; on the
-      H200 the h200 preset's 3.3 GB writes took >12 s beside training against 6-7 s alone.
+      thread) the write took 19.8 s at 5 ms, 3.8 s at 0.5 ms, 2.2 s with no neighbour. On the
+      H200 the h200 preset's 3.3 GB writes took >12 s beside training against 6-7 s alone,
+      and 0.5 ms did not shorten them there (checkpoint/BENCHMARKS.md, 2026-12-01).
     A torch.save or thread elsewhere in the process meanwhile sees the same settings (a zip
     without record checksums still loads; threads switch more often).
     """
