@@ -3,7 +3,7 @@
 (Since gem-checkpoint 0.1.3 the write itself runs at a 0.5 ms switch interval whatever
 `--switch-ms` sets; `--switch-ms` still sets it for the staging and between writes.)
 
-    python3 tools/bench_ckpt_gil.py [--tensors 400] [--switch-ms 5] [--neighbour thread-py ...]
+    python3 tools/bench_ckpt_gil.py [--tensors 400] [--switch-ms 5] [--writer thread|process] [--neighbour thread-py ...]
 
 Saves a state of N fp32 [256, 1024] tensors with gem_checkpoint's async Checkpointer while a
 neighbour runs: none (idle), a pure-Python thread (holds the GIL between the interpreter's
@@ -42,6 +42,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tensors", type=int, default=400)
     p.add_argument("--switch-ms", type=float, default=5.0, help="sys.setswitchinterval, ms")
+    p.add_argument("--writer", choices=["thread", "process"], default="thread",
+                   help="gem_checkpoint's writer (process: a child with its own GIL)")
     p.add_argument("--neighbour", nargs="+", default=["idle", "thread-py", "thread-torch", "process-py"],
                    choices=["idle", "thread-py", "thread-torch", "process-py"])
     a = p.parse_args()
@@ -51,8 +53,10 @@ def main() -> None:
     for kind in a.neighbour:
         root = tempfile.mkdtemp(prefix="gem_ckpt_gil_")
         try:
-            ck = Checkpointer(root)
+            ck = Checkpointer(root, writer=a.writer)
             ck.prepare(state)
+            ck.save(0, state)  # untimed: a process writer's first write also waits for its start-up
+            ck.wait()
             stop: "threading.Event | mp.synchronize.Event"
             if kind == "process-py":
                 stop = mp.Event()
@@ -70,7 +74,8 @@ def main() -> None:
             stop.set()
             if worker is not None:
                 worker.join()
-            print(f"{kind:13s} stage {t1 - t0:6.2f} s   write {ck.last_write_s:6.2f} s")
+            ck.close()
+            print(f"{a.writer:7s} {kind:13s} stage {t1 - t0:6.2f} s   write {ck.last_write_s:6.2f} s")
         finally:
             shutil.rmtree(root, ignore_errors=True)
 

@@ -49,6 +49,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from gem_checkpoint import _fs
 from gem_checkpoint._fs import CheckpointCorruptError, CheckpointError
+from gem_checkpoint._process_writer import ProcessWriter
 from gem_checkpoint._state import Stager, check_state, is_stateful, to_plain
 
 try:  # what torchrec's sharded tables put in a state dict
@@ -182,7 +183,12 @@ class Checkpointer:
         process_group: group for checkpoint collectives; default a new gloo group over
             all ranks when torch.distributed is initialised (construct on every rank).
         fault_hook: called with a stage name during a save; raising fails that save
-            (see FAULT_ENV for the stages).
+            (see FAULT_ENV for the stages). With writer="process" its "write" stage runs in
+            the parent once the child has written every file (`GEM_CKPT_FAULT` runs in the
+            child, where DCP writes).
+        writer: "thread" (DCP writes from a thread of this process) or "process" (from a
+            long-lived child process with its own GIL, the host copies in shared memory; one
+            process only, async_save only; see `_process_writer`).
     """
 
     def __init__(
@@ -197,6 +203,7 @@ class Checkpointer:
         verify: bool = True,
         process_group: dist.ProcessGroup | None = None,
         fault_hook: FaultHook | None = None,
+        writer: Literal["thread", "process"] = "thread",
     ) -> None:
         if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
             raise ValueError(f"keep_last={keep_last!r} must be an int >= 1")
@@ -204,6 +211,10 @@ class Checkpointer:
             raise ValueError(f"keep_every={keep_every!r} must be None or an int >= 1")
         if on_busy not in ("wait", "raise"):
             raise ValueError(f"on_busy={on_busy!r} must be 'wait' or 'raise'")
+        if writer not in ("thread", "process"):
+            raise ValueError(f"writer={writer!r} must be 'thread' or 'process'")
+        if writer == "process" and not async_save:
+            raise ValueError("writer='process' needs async_save=True (a synchronous save writes in the caller)")
         self.root = Path(directory)
         self.keep_last = keep_last
         self.keep_every = keep_every
@@ -218,7 +229,12 @@ class Checkpointer:
             self._pg = process_group if process_group is not None else dist.new_group(backend="gloo")
             self.rank = dist.get_rank(self._pg)
             self.world_size = dist.get_world_size(self._pg)
-        self._stager = Stager()
+        if writer == "process" and self.world_size > 1:
+            raise ValueError(f"writer='process' works in a single process; this group has {self.world_size} ranks")
+        self.writer = writer
+        self._stager = Stager(shared=writer == "process")
+        self._process: ProcessWriter | None = ProcessWriter() if writer == "process" else None
+        self._closed = False
         self._thread: threading.Thread | None = None
         self._inflight: int | None = None
         self._error: tuple[int, BaseException, str] | None = None
@@ -250,6 +266,8 @@ class Checkpointer:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step={step!r} must be an int >= 0")
         check_state(state)
+        if self._closed:
+            raise CheckpointError(f"save(step={step}) after close(): the writer process of {self.root} is stopped")
         t0 = time.perf_counter()
         self._finish_previous(step)
         plain = to_plain(state)
@@ -281,6 +299,17 @@ class Checkpointer:
         if not self.async_save:
             return 0
         return self._stager.allocate(to_plain(state))
+
+    def close(self) -> None:
+        """Waits for the running write, then stops the writer process (writer="process"; a
+        no-op otherwise). Raises like wait(); loading still works after it, saving does not."""
+        try:
+            self.wait()
+        finally:
+            if self._process is not None:
+                self._process.close()
+                self._process = None
+                self._closed = True
 
     def wait(self) -> None:
         """Blocks until the in-flight save ends; raises CheckpointWriteError if it failed."""
@@ -385,11 +414,16 @@ class Checkpointer:
         files: dict[str, dict[str, int]] = {}
         try:
             tmp.mkdir(parents=True, exist_ok=True)
-            writer = _Writer(tmp, self._hook)
-            with warnings.catch_warnings(), _while_writing():
-                warnings.simplefilter("ignore")  # DCP's "assuming single process" notice
-                dcp_save(state_dict, storage_writer=writer, process_group=self._pg)
-            files = _fs.digests(tmp, writer.written)
+            if self._process is not None:
+                files = self._process.write(tmp, state_dict)
+                if self._fault_hook is not None:
+                    self._fault_hook("write")
+            else:
+                writer = _Writer(tmp, self._hook)
+                with warnings.catch_warnings(), _while_writing():
+                    warnings.simplefilter("ignore")  # DCP's "assuming single process" notice
+                    dcp_save(state_dict, storage_writer=writer, process_group=self._pg)
+                files = _fs.digests(tmp, writer.written)
         except BaseException as e:  # noqa: BLE001 - reported via save()/wait()
             local_err = _unwrap(e, self.rank)
         error: BaseException | None = local_err

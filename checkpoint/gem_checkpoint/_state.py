@@ -51,8 +51,12 @@ class Stager:
     a buffer is only rewritten once the previous write finished.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, shared: bool = False) -> None:
+        """`shared`: buffers in shared memory (a writer process maps them without a copy),
+        registered with CUDA when the source is on the GPU so the copy stays a pinned DMA."""
+        self.shared = shared
         self._buffers: dict[tuple[object, ...], torch.Tensor] = {}
+        self._pinned: dict[tuple[object, ...], bool] = {}  # pinned (or CUDA-registered) buffers
         self._saw_cuda = False
 
     def stage(self, obj: Any) -> Any:
@@ -69,13 +73,27 @@ class Stager:
         self._stage(obj, (), fill=False)
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
 
+    def _alloc(self, src: torch.Tensor, pin: bool) -> torch.Tensor:
+        if not self.shared:
+            return torch.empty(src.shape, dtype=src.dtype, pin_memory=pin)
+        buf = torch.empty(src.shape, dtype=src.dtype)
+        buf.share_memory_()  # type: ignore[no-untyped-call]
+        if pin and buf.numel() > 0:
+            rc = torch.cuda.cudart().cudaHostRegister(  # type: ignore[no-untyped-call]
+                buf.data_ptr(), buf.numel() * buf.element_size(), 0)
+            if int(rc) != 0:
+                raise RuntimeError(f"cudaHostRegister of a {buf.numel() * buf.element_size()} B staging buffer failed ({rc})")
+        return buf
+
     def _buffer(self, path: tuple[object, ...], src: torch.Tensor, fill: bool) -> torch.Tensor:
         pin = src.is_cuda
         self._saw_cuda |= pin
         buf = self._buffers.get(path)
-        if buf is None or buf.shape != src.shape or buf.dtype != src.dtype or buf.is_pinned() != pin:
-            buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=pin)
-            self._buffers[path] = buf
+        if buf is None or buf.shape != src.shape or buf.dtype != src.dtype or self._pinned[path] != pin:
+            if buf is not None and self._pinned[path] and self.shared and buf.numel() > 0:
+                torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())  # type: ignore[no-untyped-call]
+            buf = self._buffers[path] = self._alloc(src, pin)
+            self._pinned[path] = pin
         if fill:
             buf.copy_(src.detach(), non_blocking=pin)
         return buf

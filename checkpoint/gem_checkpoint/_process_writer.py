@@ -1,0 +1,211 @@
+"""A writer *process* for single-process checkpoints: DCP's serialisation off the training GIL.
+
+Why: the default writer is a thread of the training process. DCP serialises every tensor with
+torch.save, which takes the GIL many times per tensor, and the training thread holds the GIL
+both while it runs Python and while it blocks inside kernel launches once CUDA's launch queue
+is full. On the H200 the h200 preset's 3.3 GB write took 6-7 s alone but more than 12 s beside
+training, to disk and to RAM alike, whatever Python's switch interval (trainer/BENCHMARKS.md,
+2026-12-01). A child process has its own interpreter and GIL.
+
+How: the `Stager` puts the host copies in shared memory (and registers them with CUDA, so the
+device-to-host copy stays a pinned DMA); only their handles cross the pipe. The child runs the
+same `dcp.save` through the same `_Writer` (so `GEM_CKPT_FAULT` works there: the environment is
+inherited) and the whole-file checksums, and sends back the file digests or the exception. The
+commit (rename, marker, retention) stays in the parent's writer thread, which waits on the pipe
+without the GIL. The child dies with its parent (Linux `PR_SET_PDEATHSIG`): a killed trainer
+leaves a `.tmp` folder, never a writer that outlives it.
+
+Single process only: with several ranks DCP's save plan is a collective over the ranks' own
+process group, which the child does not have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import multiprocessing as mp
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class ProcessWriter:
+    """One long-lived child that writes DCP checkpoints on request, one at a time."""
+
+    def __init__(self) -> None:
+        ctx = mp.get_context("spawn")  # no fork of a process holding CUDA state and threads
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, os.getpid()), name="gem-ckpt-writer", daemon=True)
+        with _main_hidden():
+            self._proc.start()
+        child.close()
+        self._sent: dict[int, torch.Tensor] = {}  # id -> tensor the child holds a mapping of
+
+    def write(self, tmp: Path, state_dict: dict[str, Any]) -> dict[str, dict[str, int]]:
+        """dcp.save of `state_dict` into `tmp` and the digests of its files, in the child.
+        Raises what the child raised (an OSError keeps its errno and file name)."""
+        if not self._proc.is_alive():
+            raise RuntimeError(f"the checkpoint writer process died (exit code {self._proc.exitcode})")
+        plain, new = self._refs(state_dict)
+        self._conn.send((str(tmp), plain, new))
+        try:
+            res = self._conn.recv()
+        except EOFError:
+            self._proc.join(5)
+            raise RuntimeError(f"the checkpoint writer process died (exit code {self._proc.exitcode})") from None
+        if isinstance(res, BaseException):
+            raise res
+        files: dict[str, dict[str, int]] = res
+        return files
+
+    def _refs(self, state_dict: dict[str, Any]) -> tuple[Any, dict[int, torch.Tensor]]:
+        """The state dict with each tensor replaced by a `_Ref`, and the tensors the child has
+        not mapped yet. The Stager hands back the same buffers every save, so after the first
+        save only the structure crosses the pipe: sending a shared-memory tensor passes its file
+        descriptor through multiprocessing's resource sharer, a round trip through a Python
+        thread of this process per tensor, which waits for the GIL like the thread writer did."""
+        new: dict[int, torch.Tensor] = {}
+        used: dict[int, torch.Tensor] = {}
+
+        def swap(obj: Any) -> Any:
+            if isinstance(obj, torch.Tensor):
+                key = id(obj)
+                used[key] = obj
+                if key not in self._sent:
+                    new[key] = obj
+                return _Ref(key)
+            if isinstance(obj, dict):
+                return {k: swap(v) for k, v in obj.items()}
+            if isinstance(obj, (list, tuple)):
+                items = [swap(v) for v in obj]
+                return items if isinstance(obj, list) else tuple(items)
+            return obj
+
+        plain = swap(state_dict)
+        self._sent = used  # keeps each mapped tensor alive, so its id is not reused meanwhile
+        return plain, new
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            try:
+                self._conn.send(None)
+            except OSError:
+                pass
+            self._proc.join(10)
+            if self._proc.is_alive():
+                self._proc.kill()
+        self._conn.close()
+
+
+@contextlib.contextmanager
+def _main_hidden() -> Iterator[None]:
+    """Starts the child without re-running the caller's main script or module in it.
+
+    A "spawn" child first imports the parent's `__main__` (by path or by module name), so an
+    unguarded script would run again there (and start another writer). The writer needs
+    nothing from `__main__`: its name and path are hidden while the child's preparation data
+    is taken, and put back right after."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved: dict[str, Any] = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    try:
+        main.__dict__.pop("__file__", None)
+        main.__dict__["__spec__"] = None
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ref:
+    """A tensor the child already maps (or receives in the same message), by the parent's id."""
+
+    key: int
+
+
+def _ref_keys(obj: Any) -> set[int]:
+    if isinstance(obj, _Ref):
+        return {obj.key}
+    if isinstance(obj, dict):
+        return set().union(*(_ref_keys(v) for v in obj.values()))
+    if isinstance(obj, (list, tuple)):
+        return set().union(*(_ref_keys(v) for v in obj))
+    return set()
+
+
+def _resolve(obj: Any, cache: dict[int, torch.Tensor]) -> Any:
+    if isinstance(obj, _Ref):
+        return cache[obj.key]
+    if isinstance(obj, dict):
+        return {k: _resolve(v, cache) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [_resolve(v, cache) for v in obj]
+        return items if isinstance(obj, list) else tuple(items)
+    return obj
+
+
+def _die_with_parent(parent: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
+
+
+def _portable(err: BaseException) -> BaseException:
+    """An exception that survives the pipe: OSErrors (the disk-full path) keep errno, message and
+    file name; anything else becomes a RuntimeError with its repr."""
+    from gem_checkpoint._checkpointer import _os_error_in, _unwrap
+
+    err = _unwrap(err, 0)
+    os_err = _os_error_in(err)
+    if os_err is not None:
+        out = OSError(os_err.errno or errno.EIO, os_err.strerror or str(os_err), os_err.filename)
+        out.__context__ = RuntimeError(repr(err))
+        return out
+    return RuntimeError(repr(err))
+
+
+def _serve(conn: Connection, parent: int) -> None:
+    _die_with_parent(parent)
+    import warnings
+
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    from gem_checkpoint import _fs
+    from gem_checkpoint._checkpointer import _env_fault, _while_writing, _Writer
+
+    cache: dict[int, torch.Tensor] = {}
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        tmp, plain, new = msg
+        cache = {k: v for k, v in cache.items() if k in _ref_keys(plain)}
+        cache.update(new)
+        state_dict = _resolve(plain, cache)
+        try:
+            writer = _Writer(Path(tmp), _env_fault)
+            with warnings.catch_warnings(), _while_writing():
+                warnings.simplefilter("ignore")
+                dcp_save(state_dict, storage_writer=writer, no_dist=True)
+            conn.send(_fs.digests(Path(tmp), writer.written))
+        except BaseException as e:  # noqa: BLE001 - sent to the parent, which reports it
+            conn.send(_portable(e))
+        del msg, state_dict, new
