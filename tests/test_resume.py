@@ -5,6 +5,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from _run import FAST, gem, gem_popen, losses, summary
 
 STEPS = "12"
@@ -14,14 +16,16 @@ def _committed(ckpt: Path, step: int) -> bool:
     return (ckpt / f"step_{step}" / "COMMIT.json").exists()
 
 
-def test_kill_and_resume_matches_uninterrupted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_kill_and_resume_matches_uninterrupted(tmp_path: Path, writer: str) -> None:
     ref = gem("--steps", STEPS, *FAST, "--log-dir", str(tmp_path / "ref"))
     assert ref.returncode == 0, ref.stderr[-3000:]
     want = losses(tmp_path / "ref")
     assert sorted(want) == list(range(1, 13))
 
     ckpt, logs = tmp_path / "ckpt", tmp_path / "run"
-    run = ["--steps", STEPS, *FAST, "--ckpt-dir", str(ckpt), "--ckpt-every", "4", "--log-dir", str(logs)]
+    run = ["--steps", STEPS, *FAST, "--ckpt-dir", str(ckpt), "--ckpt-every", "4", "--log-dir", str(logs),
+           "--ckpt-writer", writer]
     p = gem_popen(*run)
     deadline = time.time() + 300
     while not _committed(ckpt, 8) and time.time() < deadline and p.poll() is None:

@@ -25,6 +25,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "precision": tuple(getattr(_config, "PRECISIONS", ())),
     "sparse_sharding": tuple(getattr(_config, "SPARSE_SHARDINGS", ())),
     "comms": tuple(getattr(_config, "COMMS", ())),
+    "ckpt_writer": tuple(getattr(_config, "CKPT_WRITERS", ())),
 }
 # Extra words for a few flags (the docstring says what the field is; this says how to use it).
 _EXTRA = {
@@ -34,6 +35,8 @@ _EXTRA = {
                 "instead; --no-progress turns off both",
     "export_teacher": "Score with it: python3 -m gem_transfer --teacher PATH",
     "sparse_mp": "Below the world size: 2-D sparse parallelism (DMPCollection)",
+    "ckpt_writer": "process: a 3.3 GB save's write no longer waits on the training thread's GIL "
+                   "(not yet measured on the GPU; see checkpoint/BENCHMARKS.md)",
 }
 
 

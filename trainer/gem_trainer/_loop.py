@@ -498,7 +498,11 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     det = _preflight.determinism(device, deterministic)
     for note in _preflight.slow_run_notices(cfg, device):
         _preflight.say(note, rank)
-    ckpt = Checkpointer(cfg.ckpt_dir, keep_last=cfg.keep_last) if cfg.ckpt_dir else None
+    if cfg.ckpt_writer == "process" and world > 1:
+        raise ValueError(f"ckpt_writer='process' works in a single process; this run has {world} ranks "
+                         "(use ckpt_writer='thread')")
+    ckpt = (Checkpointer(cfg.ckpt_dir, keep_last=cfg.keep_last, writer=cfg.ckpt_writer)  # type: ignore[arg-type]
+            if cfg.ckpt_dir else None)
     _preflight.check_checkpoints(cfg, ckpt.latest() if ckpt is not None else None, rank)
     _seed_all(cfg.seed)
 
@@ -741,7 +745,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             t4 = time.perf_counter()
             if step > 0 and ckpt.latest() != step:
                 ckpt.save(step, state)
-            ckpt.wait()
+            ckpt.close()  # waits for the write; stops a writer process
             timers.extra["ckpt_final_wait_s"] = time.perf_counter() - t4
     finally:
         sync_debug.stop()

@@ -27,6 +27,8 @@ class TrainConfig:
         ckpt_dir: where checkpoints go; "" disables checkpointing.
         ckpt_every: save every K steps (and at the end, and on SIGTERM).
         keep_last: checkpoints to keep.
+        ckpt_writer: "thread" (DCP writes from a thread of the training process) or
+            "process" (from a child process with its own GIL; one process only).
         resume: continue from the newest good checkpoint in ckpt_dir.
         precision: "bf16" (GPU autocast) / "fp32", or a low-precision recipe ("fp8_block": faster
             than bf16 on Hopper; "mxfp8_rceil", ...: MX numerics; precision/README.md).
@@ -73,6 +75,7 @@ class TrainConfig:
     ckpt_dir: str = ""
     ckpt_every: int = 50
     keep_last: int = 3
+    ckpt_writer: str = "thread"
     resume: bool = False
     precision: str = "fp32"
     log_dir: str = ""
@@ -121,6 +124,8 @@ class TrainConfig:
                              "(it sizes the group the tables are sharded over)")
         if not (self.sparse_lr > 0):
             raise ValueError(f"sparse_lr={self.sparse_lr} must be > 0")
+        if self.ckpt_writer not in CKPT_WRITERS:
+            raise ValueError(f"ckpt_writer={self.ckpt_writer!r} must be one of {CKPT_WRITERS}")
         if self.comms not in COMMS:
             raise ValueError(f"comms={self.comms!r} must be one of {COMMS}")
         if self.precision not in PRECISIONS:
@@ -134,6 +139,7 @@ class TrainConfig:
 
 
 COMMS = ("nccl", "copy_engine", "auto")
+CKPT_WRITERS = ("thread", "process")
 SPARSE_SHARDINGS = ("none", "table_wise", "row_wise", "column_wise")
 # The mxfp8_* / fp8_block* values are gem_precision recipe names (`gem_precision.convert`),
 # passed through as is. fp8_block: the fast one on Hopper; mxfp8_*: MX numerics (precision/README.md).

@@ -30,6 +30,7 @@ def test_presets_are_frozen_and_valid() -> None:
     ("preset", "huge", "preset='huge' must be one of"),
     ("sparse_mp", -1, "sparse_mp=-1 must be an int >= 0 (0 = every rank)"),
     ("sparse_mp", 2, "sparse_mp=2 needs sparse_sharding other than 'none'"),
+    ("ckpt_writer", "fork", "ckpt_writer='fork' must be one of"),
 ])
 def test_bad_fields_name_the_field_and_rule(field: str, value: object, rule: str) -> None:
     cfg = dataclasses.replace(TrainConfig(), **{field: value})
