@@ -12,6 +12,9 @@
 #   PART=final the issue command uncut and `--ckpt-every 50` to disk with gem-checkpoint
 #              0.1.3 (record crc off, Python's switch interval at 0.5 ms while a write runs),
 #              then the same with the writes at the default 5 ms interval (the A/B).
+#   PART=next  for the next session (not run here: the device budget was spent): the stall
+#              bench with each writer at the trainer's state size, then `--ckpt-every 50` with
+#              `--ckpt-writer process` (keeps it a save every 50 steps?) and the thread writer.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 TR="-m gem_trainer --preset h200 --steps 300 --eval-batches 0 --no-progress"
@@ -46,6 +49,15 @@ final)
   st tr_ckpt_disk 130 python3 $TR --ckpt-every 50 --ckpt-dir /tmp/gem_ck
   rm -rf /tmp/gem_ck
   st tr_ckpt_5ms 130 python3 -c "$SW5" --preset h200 --steps 300 --eval-batches 0 --no-progress --ckpt-every 50 --ckpt-dir /tmp/gem_ck
+  rm -rf /tmp/gem_ck ;;
+next)
+  st stall_crc_on 60 python3 -m gem_checkpoint.bench.stall --size-gb 3.3 --saves 3 --writer process --dir /tmp/gem_st1
+  rm -rf /tmp/gem_st1
+  st stall_crc_off 60 python3 -m gem_checkpoint.bench.stall --size-gb 3.3 --saves 3 --dir /tmp/gem_st2
+  rm -rf /tmp/gem_st2
+  st tr_ckpt_disk 240 python3 $TR --ckpt-every 50 --ckpt-dir /tmp/gem_ck --ckpt-writer process
+  rm -rf /tmp/gem_ck
+  st tr_ckpt_5ms 130 python3 $TR --ckpt-every 50 --ckpt-dir /tmp/gem_ck
   rm -rf /tmp/gem_ck ;;
 esac
 gpu_end

@@ -62,6 +62,8 @@ def main() -> None:
     ap.add_argument("--saves", type=int, default=None, help="async saves (default 3, quick 2)")
     ap.add_argument("--dir", default=None, help="checkpoint directory (default: a fresh temp dir, removed after)")
     ap.add_argument("--quick", action="store_true", help="smaller state, fewer saves")
+    ap.add_argument("--writer", choices=["thread", "process"], default="thread",
+                    help="the async saves' writer (process: a child with its own GIL)")
     args = ap.parse_args()
     size_gb = args.size_gb if args.size_gb is not None else ((0.5 if args.quick else 2.0) if cuda else (0.1 if args.quick else 0.25))
     saves = args.saves if args.saves is not None else (2 if args.quick else 3)
@@ -93,7 +95,7 @@ def main() -> None:
     shutil.rmtree(os.path.join(root, "sync"), ignore_errors=True)
 
     # Async saves inside a training loop.
-    ckpt = Checkpointer(os.path.join(root, "async"), keep_last=2, async_save=True)
+    ckpt = Checkpointer(os.path.join(root, "async"), keep_last=2, async_save=True, writer=args.writer)
     stalls, writes, steps_during = [], [], []
     snapshot: dict[str, torch.Tensor] = {}
     for i in range(saves):
@@ -116,6 +118,7 @@ def main() -> None:
         if n:
             steps_during.append((time.perf_counter() - t0) / n)
     loaded = ckpt.load(state)
+    ckpt.close()
     verified = loaded == 100 + saves - 1 and all(torch.equal(v, snapshot[k]) for k, v in model.state_dict().items())
     if owns_root:
         shutil.rmtree(root, ignore_errors=True)
@@ -126,6 +129,7 @@ def main() -> None:
     write_s = statistics.median(writes)
     res = {
         "bench": "checkpoint_stall",
+        "writer": args.writer,
         "device": torch.cuda.get_device_name() if cuda else f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
         "cpu_run": not cuda,
         "torch": torch.__version__,
