@@ -22,8 +22,8 @@ CRC_ON="import contextlib, runpy, sys; import gem_checkpoint._checkpointer as c;
 # the same run with the writes at Python's default 5 ms switch interval (gem-checkpoint before 0.1.3's change)
 SW5="import runpy, sys; import gem_checkpoint._checkpointer as c; c.WRITE_SWITCH_INTERVAL_S = 0.005; sys.argv = ['gem_trainer', *sys.argv[1:]]; runpy.run_module('gem_trainer', run_name='__main__')"
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
-  for r in 300 ckpt_disk ckpt_5ms default; do echo "=== $r"; [ -f "$OUT/tr_$r.log" ] && python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -1 | cut -c1-1000; done
-  for r in crc_on crc_off; do echo "=== stall_$r"; [ -f "$OUT/stall_$r.log" ] && grep '^{' "$OUT/stall_$r.log" | tail -1 | cut -c1-600; done
+  for r in 300 ckpt_disk ckpt_5ms default ckpt_process ckpt_thread; do echo "=== $r"; [ -f "$OUT/tr_$r.log" ] && python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -1 | cut -c1-1000; done
+  for r in crc_on crc_off process thread; do echo "=== stall_$r"; [ -f "$OUT/stall_$r.log" ] && grep '^{' "$OUT/stall_$r.log" | tail -1 | cut -c1-600; done
   echo "=== probe"; [ -f "$OUT/probe.log" ] && sed -n '/=== table/,$p' "$OUT/probe.log" | cut -c1-220
   echo "=== profile"; [ -f "$OUT/prof.log" ] && tail -n 44 "$OUT/prof.log" | cut -c1-150
 }
@@ -51,13 +51,13 @@ final)
   st tr_ckpt_5ms 130 python3 -c "$SW5" --preset h200 --steps 300 --eval-batches 0 --no-progress --ckpt-every 50 --ckpt-dir /tmp/gem_ck
   rm -rf /tmp/gem_ck ;;
 next)
-  st stall_crc_on 60 python3 -m gem_checkpoint.bench.stall --size-gb 3.3 --saves 3 --writer process --dir /tmp/gem_st1
+  st stall_process 60 python3 -m gem_checkpoint.bench.stall --size-gb 3.3 --saves 3 --writer process --dir /tmp/gem_st1
   rm -rf /tmp/gem_st1
-  st stall_crc_off 60 python3 -m gem_checkpoint.bench.stall --size-gb 3.3 --saves 3 --dir /tmp/gem_st2
+  st stall_thread 60 python3 -m gem_checkpoint.bench.stall --size-gb 3.3 --saves 3 --dir /tmp/gem_st2
   rm -rf /tmp/gem_st2
-  st tr_ckpt_disk 240 python3 $TR --ckpt-every 50 --ckpt-dir /tmp/gem_ck --ckpt-writer process
+  st tr_ckpt_process 240 python3 $TR --ckpt-every 50 --ckpt-dir /tmp/gem_ck --ckpt-writer process
   rm -rf /tmp/gem_ck
-  st tr_ckpt_5ms 130 python3 $TR --ckpt-every 50 --ckpt-dir /tmp/gem_ck
+  st tr_ckpt_thread 130 python3 $TR --ckpt-every 50 --ckpt-dir /tmp/gem_ck
   rm -rf /tmp/gem_ck ;;
 esac
 gpu_end
