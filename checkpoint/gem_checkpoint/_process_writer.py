@@ -197,10 +197,12 @@ def _serve(conn: Connection, parent: int) -> None:
         if msg is None:
             return
         tmp, plain, new = msg
-        cache = {k: v for k, v in cache.items() if k in _ref_keys(plain)}
-        cache.update(new)
-        state_dict = _resolve(plain, cache)
+        state_dict: Any = None
         try:
+            keys = _ref_keys(plain)
+            cache = {k: v for k, v in cache.items() if k in keys}  # the parent dropped the others
+            cache.update(new)
+            state_dict = _resolve(plain, cache)
             writer = _Writer(Path(tmp), _env_fault)
             with warnings.catch_warnings(), _while_writing():
                 warnings.simplefilter("ignore")
