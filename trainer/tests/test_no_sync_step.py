@@ -196,7 +196,9 @@ def test_a_steps_time_holds_its_wait_for_the_device(monkeypatch: pytest.MonkeyPa
     the step's (the tenth session found checkpointed H200 runs reporting 0.186 s steps, 46 %
     MFU, for steps whose device time was ~0.24 s: the waits of the steps read at their ends
     fell between two step windows). Read late, the wait falls in the next step's window."""
-    wait = 0.5
+    # Long enough that a loaded 2-core CI box's tiny step (up to ~1.5 s seen) stays below it:
+    # one wait plus the step's work < 2 waits <= a window holding two waits.
+    wait = 2.5
     with monkeypatch.context() as m:
         _slow_reads(m, wait)
         if every_step:
@@ -204,8 +206,9 @@ def test_a_steps_time_holds_its_wait_for_the_device(monkeypatch: pytest.MonkeyPa
         s = train(presets_tiny(steps=WARMUP_STEPS + 4, batch_size=16, eval_batches=0, progress=False))
     assert s["steps"] == WARMUP_STEPS + 4, s
     assert s["step_s_median"] >= wait and s["time_to_first_step_s"] >= wait, s
-    # every window holds one wait, not two
-    assert s["step_s_median"] < 2 * wait + 1.0, s
+    # every window holds one wait, not two (a CI run measured 2.05 s against the old bound of
+    # 2 * 0.5 + 1.0 s: the step's own work, not a second wait)
+    assert s["step_s_median"] < 2 * wait, s
 
 
 def test_a_delayed_save_keeps_the_loop_reading_late(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
