@@ -234,7 +234,6 @@ class Checkpointer:
         self.writer = writer
         self._stager = Stager(shared=writer == "process")
         self._process: ProcessWriter | None = ProcessWriter() if writer == "process" else None
-        self._closed = False
         self._thread: threading.Thread | None = None
         self._inflight: int | None = None
         self._error: tuple[int, BaseException, str] | None = None
@@ -266,7 +265,7 @@ class Checkpointer:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step={step!r} must be an int >= 0")
         check_state(state)
-        if self._closed:
+        if self.writer == "process" and self._process is None:  # close()d
             raise CheckpointError(f"save(step={step}) after close(): the writer process of {self.root} is stopped")
         t0 = time.perf_counter()
         self._finish_previous(step)
@@ -309,7 +308,6 @@ class Checkpointer:
             if self._process is not None:
                 self._process.close()
                 self._process = None
-                self._closed = True
 
     def wait(self) -> None:
         """Blocks until the in-flight save ends; raises CheckpointWriteError if it failed."""

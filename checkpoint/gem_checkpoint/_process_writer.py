@@ -28,7 +28,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -74,21 +74,15 @@ class ProcessWriter:
         new: dict[int, torch.Tensor] = {}
         used: dict[int, torch.Tensor] = {}
 
-        def swap(obj: Any) -> Any:
-            if isinstance(obj, torch.Tensor):
-                key = id(obj)
-                used[key] = obj
-                if key not in self._sent:
-                    new[key] = obj
-                return _Ref(key)
-            if isinstance(obj, dict):
-                return {k: swap(v) for k, v in obj.items()}
-            if isinstance(obj, (list, tuple)):
-                items = [swap(v) for v in obj]
-                return items if isinstance(obj, list) else tuple(items)
-            return obj
+        def swap(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor):
+                return t
+            used[id(t)] = t
+            if id(t) not in self._sent:
+                new[id(t)] = t
+            return _Ref(id(t))
 
-        plain = swap(state_dict)
+        plain = _map_leaves(state_dict, swap)
         self._sent = used  # keeps each mapped tensor alive, so its id is not reused meanwhile
         return plain, new
 
@@ -133,25 +127,14 @@ class _Ref:
     key: int
 
 
-def _ref_keys(obj: Any) -> set[int]:
-    if isinstance(obj, _Ref):
-        return {obj.key}
+def _map_leaves(obj: Any, fn: Callable[[Any], Any]) -> Any:
+    """`obj` with `fn` applied to every value that is not a dict, list or tuple."""
     if isinstance(obj, dict):
-        return set().union(*(_ref_keys(v) for v in obj.values()))
+        return {k: _map_leaves(v, fn) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return set().union(*(_ref_keys(v) for v in obj))
-    return set()
-
-
-def _resolve(obj: Any, cache: dict[int, torch.Tensor]) -> Any:
-    if isinstance(obj, _Ref):
-        return cache[obj.key]
-    if isinstance(obj, dict):
-        return {k: _resolve(v, cache) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        items = [_resolve(v, cache) for v in obj]
+        items = [_map_leaves(v, fn) for v in obj]
         return items if isinstance(obj, list) else tuple(items)
-    return obj
+    return fn(obj)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -173,9 +156,7 @@ def _portable(err: BaseException) -> BaseException:
     err = _unwrap(err, 0)
     os_err = _os_error_in(err)
     if os_err is not None:
-        out = OSError(os_err.errno or errno.EIO, os_err.strerror or str(os_err), os_err.filename)
-        out.__context__ = RuntimeError(repr(err))
-        return out
+        return OSError(os_err.errno or errno.EIO, os_err.strerror or str(os_err), os_err.filename)
     return RuntimeError(repr(err))
 
 
@@ -199,10 +180,15 @@ def _serve(conn: Connection, parent: int) -> None:
         tmp, plain, new = msg
         state_dict: Any = None
         try:
-            keys = _ref_keys(plain)
-            cache = {k: v for k, v in cache.items() if k in keys}  # the parent dropped the others
-            cache.update(new)
-            state_dict = _resolve(plain, cache)
+            known, cache = {**cache, **new}, {}
+
+            def resolve(leaf: Any) -> Any:
+                if not isinstance(leaf, _Ref):
+                    return leaf
+                cache[leaf.key] = known[leaf.key]  # only what this save uses: the parent dropped the rest
+                return cache[leaf.key]
+
+            state_dict = _map_leaves(plain, resolve)
             writer = _Writer(Path(tmp), _env_fault)
             with warnings.catch_warnings(), _while_writing():
                 warnings.simplefilter("ignore")
@@ -210,4 +196,4 @@ def _serve(conn: Connection, parent: int) -> None:
             conn.send(_fs.digests(Path(tmp), writer.written))
         except BaseException as e:  # noqa: BLE001 - sent to the parent, which reports it
             conn.send(_portable(e))
-        del msg, state_dict, new
+        del msg, state_dict, new, known
