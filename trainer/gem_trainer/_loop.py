@@ -36,7 +36,7 @@ from gem_checkpoint import Checkpointer, RNGState
 from gem_trainer._metrics import WARMUP_STEPS, MetricLog, Timers, mfu
 from gem_trainer._optim import Optimizers, RowWiseAdagrad, dense_adamw, embedding_tables
 from gem_trainer._stats import task_metrics
-from gem_trainer.config import TrainConfig
+from gem_trainer.config import TrainConfig, resolve_ckpt_writer
 
 
 class _AppState:
@@ -267,6 +267,7 @@ def _ckpt_summary(ckpt: Checkpointer | None, timers: Timers, steps: int) -> dict
     ran = steps - timers.start_step
     loop_s = timers.compute + timers.optimizer + timers.data_wait + timers.ckpt_stall
     return {
+        "ckpt_writer": ckpt.writer,
         "ckpt_saves": len(saves),
         "ckpt_steps_between_saves": ran / len(saves) if saves else None,
         "ckpt_stall_per_save_s": statistics.median(saves) if saves else None,
@@ -500,8 +501,9 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         _preflight.say(note, rank)
     if cfg.ckpt_writer == "process" and world > 1:
         raise ValueError(f"ckpt_writer='process' works in a single process; this run has {world} ranks "
-                         "(use ckpt_writer='thread')")
-    ckpt = (Checkpointer(cfg.ckpt_dir, keep_last=cfg.keep_last, writer=cfg.ckpt_writer)  # type: ignore[arg-type]
+                         "(use ckpt_writer='thread' or 'auto')")
+    writer = resolve_ckpt_writer(cfg.ckpt_writer, world, device)
+    ckpt = (Checkpointer(cfg.ckpt_dir, keep_last=cfg.keep_last, writer=writer)  # type: ignore[arg-type]
             if cfg.ckpt_dir else None)
     _preflight.check_checkpoints(cfg, ckpt.latest() if ckpt is not None else None, rank)
     _seed_all(cfg.seed)

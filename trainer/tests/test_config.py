@@ -61,3 +61,19 @@ def test_cli_sparse_mp_selects_2d() -> None:
     assert (cfg.sparse_sharding, cfg.sparse_mp) == ("row_wise", 2)
     cfg.validate()
     assert parse_args([]).sparse_mp == 0  # default: 1-D over every rank
+
+
+@pytest.mark.parametrize("writer,world,device,expect", [
+    ("auto", 1, "cuda", "process"),   # one process on a GPU: its own GIL (kept --ckpt-every 50 on the H200)
+    ("auto", 2, "cuda", "thread"),    # several ranks: the process writer is single-process only
+    ("auto", 1, "cpu", "thread"),     # CPU runs: small states, torch ops drop the GIL
+    ("thread", 1, "cuda", "thread"),  # an explicit choice is kept
+    ("process", 1, "cpu", "process"),
+])
+def test_auto_ckpt_writer_resolves_by_world_and_device(writer: str, world: int, device: str, expect: str) -> None:
+    import torch
+
+    from gem_trainer.config import resolve_ckpt_writer
+    assert resolve_ckpt_writer(writer, world, torch.device(device)) == expect
+    assert TrainConfig().ckpt_writer == "auto"
+    assert parse_args(["--ckpt-writer", writer]).ckpt_writer == writer

@@ -247,6 +247,7 @@ def test_the_save_cadence_counts_from_the_resumed_step(tmp_path: Path) -> None:
     kw: dict[str, Any] = {"batch_size": 16, "eval_batches": 0, "progress": False,
                           "ckpt_dir": str(tmp_path / "ck"), "ckpt_every": 2}
     first = train(presets_tiny(steps=4, **kw))
+    assert first["ckpt_writer"] == ("process" if torch.cuda.is_available() else "thread"), first  # "auto"
     assert first["ckpt_saves"] >= 1 and first["ckpt_steps_between_saves"] == 4 / first["ckpt_saves"], first
     again = train(presets_tiny(steps=10, resume=True, **kw))
     assert again["steps"] == 10 and again["ckpt_saves"] >= 1, again
