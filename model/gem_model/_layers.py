@@ -140,9 +140,9 @@ class SeqAttention(nn.Module):
         """comb `[Tc, d]` (CLS rows filled) → comb + attention `[Tc, d]`."""
         tc = comb.shape[0]
         qkv = self.wqkv(self.norm(comb)).reshape(tc, 3, self.heads, self.dh)
-        q, k = _jagged.rope(qkv[:, :2], lay.cos, lay.sin).unbind(1)
+        q, k, v = _jagged.rope_qkv(qkv, lay.cos, lay.sin)
         o = _jagged.attention(
-            q, k, qkv[:, 2], lay.offsets, lay.offsets, lay.max_len, lay.max_len,
+            q, k, v, lay.offsets, lay.offsets, lay.max_len, lay.max_len,
             window=self.window, backend=self.backend,
         )
         out: torch.Tensor = comb + self.wo(o.reshape(tc, self.d))

@@ -283,3 +283,44 @@ def test_event_tokens_built_in_the_layout(stream: str) -> None:
     for n in want_g:
         torch.testing.assert_close(got_g[n], want_g[n], rtol=1e-5, atol=1e-6, msg=n)
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_rope_qkv_matches_autograd_of_the_sliced_form(dtype: torch.dtype, compiled: bool) -> None:
+    """`rope_qkv`'s values and qkv gradient = autograd through `rope(qkv[:, :2])` and
+    `qkv[:, 2]` (its hand-written backward is the rotation by -θ); views of qkv / one tensor."""
+    g = torch.Generator().manual_seed(int(compiled) * 2 + (dtype == torch.bfloat16))
+    t, h, d = 37, 3, 16
+    qkv = torch.randn(t, 3, h, d, generator=g).to(dtype)
+    pos = torch.randint(-4, 300, (t,), generator=g)
+    cos, sin = _jagged.rope_tables(pos, d, 10000.0)
+    ups = [torch.randn(t, h, d, generator=g).to(dtype) for _ in range(3)]
+
+    def old(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q, k = _jagged.rope(x[:, :2], cos, sin).unbind(1)
+        return q, k, x[:, 2]
+
+    def new(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return _jagged.rope_qkv(x, cos, sin)
+
+    grads, outs = [], []
+    for fn in (old, new):
+        f = torch.compile(fn, fullgraph=True) if compiled else fn
+        x = qkv.clone().requires_grad_()
+        o = f(x)
+        sum((oi.float() * u.float()).sum() for oi, u in zip(o, ups, strict=True)).backward()
+        outs.append([oi.detach() for oi in o])
+        grads.append(x.grad)
+    # Compiled bf16: inductor keeps the product x*cos in fp32 in one form and rounds it in
+    # the other: one bf16 rounding apart (the v view is exact either way).
+    tol = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1.6e-2, 2e-2)}[dtype]
+    exact = not compiled or dtype == torch.float32
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(b, a, rtol=0 if exact else tol[0], atol=0 if exact else tol[1])
+    torch.testing.assert_close(outs[1][2], outs[0][2], rtol=0, atol=0)
+    assert grads[1].dtype == dtype and grads[1].shape == qkv.shape
+    torch.testing.assert_close(grads[1], grads[0], rtol=tol[0], atol=tol[1])
+    torch.testing.assert_close(grads[1][:, 2], ups[2], rtol=0, atol=0)  # v passes through
+    with pytest.raises(ValueError, match=r"qkv must be \[T, 3, H, D\]"):
+        _jagged.rope_qkv(qkv[:, :2], cos, sin)
