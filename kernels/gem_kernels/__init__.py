@@ -1,5 +1,6 @@
 """gem_kernels: jagged attention kernels (Triton) with plain-PyTorch references, and the
-embedding tables' row-wise Adagrad update in one pass.
+embedding tables' row-wise Adagrad update in one pass, and the rotary q/k/v projection's
+gradient in one pass (`rope_qkv_grad`).
 
 Every attention op takes jagged values `[T, H, D]` + int64 offsets `[B+1]` + host-int max
 lengths; every op offers `backend="auto" | "triton" | "reference"`. The attention ops are
@@ -11,8 +12,9 @@ from gem_kernels._jfa import jagged_flash_attention, jfa_backward_rule
 from gem_kernels._gdpa import generalized_dot_product_attention
 from gem_kernels._block import block_attention
 from gem_kernels._rowwise_adagrad import rowwise_adagrad_, rowwise_adagrad_reference_
+from gem_kernels._rope import rope_qkv_grad
 
-__version__ = "0.2.2"
+__version__ = "0.2.3"
 
 # One import line and one entry per op, so op files merge without conflicts.
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "jagged_flash_attention",
     "jfa_backward_rule",
     "pad_jagged",
+    "rope_qkv_grad",
     "rowwise_adagrad_",
     "rowwise_adagrad_reference_",
     "unpad_jagged",

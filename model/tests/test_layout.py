@@ -324,3 +324,27 @@ def test_rope_qkv_matches_autograd_of_the_sliced_form(dtype: torch.dtype, compil
     torch.testing.assert_close(grads[1][:, 2], ups[2], rtol=0, atol=0)  # v passes through
     with pytest.raises(ValueError, match=r"qkv must be \[T, 3, H, D\]"):
         _jagged.rope_qkv(qkv[:, :2], cos, sin)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (the Triton backward)")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_rope_qkv_gpu_backward_matches_the_sliced_form(compiled: bool) -> None:
+    """On CUDA the backward is gem_kernels' rope_qkv_grad kernel: the h200 layer's size, bf16."""
+    g = torch.Generator().manual_seed(11)
+    t, h, d = 20_011, 8, 128
+    qkv = torch.randn(t, 3, h, d, generator=g).to(torch.bfloat16).cuda()
+    cos, sin = (x.cuda() for x in _jagged.rope_tables(torch.randint(0, 9000, (t,), generator=g), d, 10000.0))
+    ups = [torch.randn(t, h, d, generator=g).to(torch.bfloat16).cuda() for _ in range(3)]
+
+    def old(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q, k = _jagged.rope(x[:, :2], cos, sin).unbind(1)
+        return q, k, x[:, 2]
+
+    grads = []
+    for fn in (old, lambda x: _jagged.rope_qkv(x, cos, sin)):
+        f = torch.compile(fn, fullgraph=True) if compiled else fn
+        x = qkv.clone().requires_grad_()
+        sum((o.float() * u.float()).sum() for o, u in zip(f(x), ups, strict=True)).backward()
+        grads.append(x.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1.6e-2, atol=2e-2)
+    torch.testing.assert_close(grads[1][:, 2], ups[2], rtol=0, atol=0)
