@@ -91,8 +91,12 @@ def _check(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tens
         raise ValueError(f"dq, dk, dv must share one floating dtype, got {dq.dtype}, {dk.dtype}, {dv.dtype}")
 
 
+# Rows per program and warps (the bench's sweep: `python3 -m gem_kernels.bench.rope`).
+BLOCK_T, NUM_WARPS = 16, 4
+
+
 def rope_qkv_grad_triton(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor,
-                         sin: torch.Tensor) -> torch.Tensor:
+                         sin: torch.Tensor, block_t: int = 0, num_warps: int = 0) -> torch.Tensor:
     t, h, d = dq.shape
     half = d // 2
     if half & (half - 1):
@@ -105,12 +109,12 @@ def rope_qkv_grad_triton(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, c
     out = dq.new_empty((t, 3, h, d))
     if t == 0:
         return out
-    block_t = 16
+    block_t = block_t or BLOCK_T
     _rope_qkv_grad_kernel[(triton.cdiv(t, block_t), h)](
         dq, dk, dv, cos, sin, out, t,
         dq.stride(0), dq.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         cos.stride(0), out.stride(0), out.stride(1), out.stride(2),
-        HALF=half, BLOCK_T=block_t, num_warps=4,
+        HALF=half, BLOCK_T=block_t, num_warps=num_warps or NUM_WARPS,
     )
     return out
 
