@@ -92,7 +92,7 @@ def _check(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tens
 
 
 # Rows per program and warps (the bench's sweep: `python3 -m gem_kernels.bench.rope`).
-BLOCK_T, NUM_WARPS = 16, 4
+BLOCK_T, NUM_WARPS = 32, 4
 
 
 def rope_qkv_grad_triton(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor,
