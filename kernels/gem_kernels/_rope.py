@@ -42,21 +42,9 @@ def rope_qkv_grad_reference(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor
 
 
 @triton.jit
-def _rope_qkv_grad_kernel(
-    DQ, DK, DV, COS, SIN, OUT, T,
-    s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ct, s_ot, s_os, s_oh,
-    HALF: tl.constexpr, BLOCK_T: tl.constexpr,
-):
-    pid_t = tl.program_id(0)
-    h = tl.program_id(1)
-    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.arange(0, HALF)
-    ok = rows[:, None] < T
-    r64 = rows.to(tl.int64)[:, None]
+def _one_head(DQ, DK, DV, OUT, h, r64, cols, ok, c, s, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_os, s_oh,
+              HALF: tl.constexpr):
     dt = OUT.dtype.element_ty
-    # Tables: cos[:, :HALF] == cos[:, HALF:], sin[:, HALF:] == -sin[:, :HALF] == +sin θ.
-    c = tl.load(COS + r64 * s_ct + cols[None, :], mask=ok, other=0.0).to(dt).to(tl.float32)
-    s = tl.load(SIN + r64 * s_ct + HALF + cols[None, :], mask=ok, other=0.0).to(dt).to(tl.float32)
     o_row = OUT + r64 * s_ot + h * s_oh + cols[None, :]
     # dq -> slot 0, dk -> slot 1: (g1, g2) -> (g1 c + g2 s, g2 c - g1 s)
     q_row = DQ + r64 * s_qt + h * s_qh + cols[None, :]
@@ -75,6 +63,32 @@ def _rope_qkv_grad_kernel(
     tl.store(o_row + 2 * s_os + HALF, tl.load(v_row + HALF, mask=ok, other=0.0).to(dt), mask=ok)
 
 
+@triton.jit
+def _rope_qkv_grad_kernel(
+    DQ, DK, DV, COS, SIN, OUT, T, H,
+    s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ct, s_ot, s_os, s_oh,
+    HALF: tl.constexpr, BLOCK_T: tl.constexpr, HEAD_LOOP: tl.constexpr,
+):
+    """HEAD_LOOP: one program per row block walks every head (the tables are read once per
+    row); else one program per (row block, head) (the tables are read once per head)."""
+    pid_t = tl.program_id(0)
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, HALF)
+    ok = rows[:, None] < T
+    r64 = rows.to(tl.int64)[:, None]
+    dt = OUT.dtype.element_ty
+    # Tables: cos[:, :HALF] == cos[:, HALF:], sin[:, HALF:] == -sin[:, :HALF] == +sin θ.
+    c = tl.load(COS + r64 * s_ct + cols[None, :], mask=ok, other=0.0).to(dt).to(tl.float32)
+    s = tl.load(SIN + r64 * s_ct + HALF + cols[None, :], mask=ok, other=0.0).to(dt).to(tl.float32)
+    if HEAD_LOOP:
+        for h in range(0, H):
+            _one_head(DQ, DK, DV, OUT, h, r64, cols, ok, c, s, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh,
+                      s_ot, s_os, s_oh, HALF)
+    else:
+        _one_head(DQ, DK, DV, OUT, tl.program_id(1), r64, cols, ok, c, s, s_qt, s_qh, s_kt, s_kh, s_vt,
+                  s_vh, s_ot, s_os, s_oh, HALF)
+
+
 def _check(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     for name, g in (("dk", dk), ("dv", dv)):
         if g.shape != dq.shape:
@@ -91,12 +105,14 @@ def _check(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tens
         raise ValueError(f"dq, dk, dv must share one floating dtype, got {dq.dtype}, {dk.dtype}, {dv.dtype}")
 
 
-# Rows per program and warps (the bench's sweep: `python3 -m gem_kernels.bench.rope`).
-BLOCK_T, NUM_WARPS = 32, 4
+# Rows per program, warps, and whether a program walks every head of its rows (the bench's
+# sweep: `python3 -m gem_kernels.bench.rope`; H200: 32 rows, 4 warps, one head per program).
+BLOCK_T, NUM_WARPS, HEAD_LOOP = 32, 4, False
 
 
 def rope_qkv_grad_triton(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor,
-                         sin: torch.Tensor, block_t: int = 0, num_warps: int = 0) -> torch.Tensor:
+                         sin: torch.Tensor, block_t: int = 0, num_warps: int = 0,
+                         head_loop: bool | None = None) -> torch.Tensor:
     t, h, d = dq.shape
     half = d // 2
     if half & (half - 1):
@@ -110,11 +126,12 @@ def rope_qkv_grad_triton(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, c
     if t == 0:
         return out
     block_t = block_t or BLOCK_T
-    _rope_qkv_grad_kernel[(triton.cdiv(t, block_t), h)](
-        dq, dk, dv, cos, sin, out, t,
+    loop = HEAD_LOOP if head_loop is None else head_loop
+    _rope_qkv_grad_kernel[(triton.cdiv(t, block_t), 1 if loop else h)](
+        dq, dk, dv, cos, sin, out, t, h,
         dq.stride(0), dq.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         cos.stride(0), out.stride(0), out.stride(1), out.stride(2),
-        HALF=half, BLOCK_T=block_t, num_warps=num_warps or NUM_WARPS,
+        HALF=half, BLOCK_T=block_t, HEAD_LOOP=loop, num_warps=num_warps or NUM_WARPS,
     )
     return out
 

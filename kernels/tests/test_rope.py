@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import gem_kernels
-from gem_kernels._rope import rope_qkv_grad_reference
+from gem_kernels._rope import rope_qkv_grad_reference, rope_qkv_grad_triton
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 GPU = torch.cuda.is_available()
@@ -53,11 +53,14 @@ def test_reference_is_the_transpose_of_the_rotation() -> None:
 
 @pytest.mark.skipif(not INTERPRET and not GPU, reason="needs TRITON_INTERPRET=1 or a GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_loop", [False, True])
 @pytest.mark.parametrize("t,h,d,strided", [(1, 1, 2, False), (37, 3, 16, True), (16, 2, 32, False), (0, 2, 8, False)])
-def test_triton_matches_the_reference(t: int, h: int, d: int, strided: bool, dtype: torch.dtype) -> None:
+def test_triton_matches_the_reference(t: int, h: int, d: int, strided: bool, dtype: torch.dtype,
+                                      head_loop: bool) -> None:
     dev = "cuda" if GPU and not INTERPRET else "cpu"
     _, dq, dk, dv, cos, sin = _grads(t, h, d, dtype, dev, t * 7 + d, strided)
-    got = gem_kernels.rope_qkv_grad(dq, dk, dv, cos, sin, backend="triton")
+    got = rope_qkv_grad_triton(dq, dk, dv, cos, sin, block_t=16, head_loop=head_loop)
+    torch.testing.assert_close(got, gem_kernels.rope_qkv_grad(dq, dk, dv, cos, sin, backend="triton"), rtol=0, atol=0)
     want = rope_qkv_grad_reference(dq, dk, dv, cos, sin)
     assert got.shape == (t, 3, h, d) and got.dtype == dtype
     # The same roundings (tables to dtype, fp32 products, one rounding at the store); bf16 may

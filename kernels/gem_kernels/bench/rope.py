@@ -3,7 +3,8 @@
     cd kernels && PYTHONPATH=. python3 -m gem_kernels.bench.rope [--iters N] [--out DIR]
 
 dq, dk, dv `[263,661, 8, 128]` bf16 (the h200 preset's tokens + CLS rows per step), fp32 rope
-tables `[T, 128]` → dqkv `[T, 3, 8, 128]`. Paths: ours at several rows-per-program / warps;
+tables `[T, 128]` → dqkv `[T, 3, 8, 128]`. Paths: ours at several rows-per-program / warps, one head per program or all heads of its
+rows per program (`, all heads`: the tables read once per row instead of once per head);
 torch eager (the reference); `torch.compile` of one stack of the three slots (what inductor
 made of model 0.3.4's first backward); `torch.compile` of autograd's form (the rotation's
 backward into a sliced gradient plus v's select_backward: model 0.3.3). `GB/s` counts the
@@ -37,6 +38,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--tokens", type=int, default=263_661)
     p.add_argument("--out", default=os.environ.get("OUT"))
+    p.add_argument("--only-ours", action="store_true", help="our configs only (no torch.compile paths)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("rope bench needs CUDA")
@@ -68,8 +70,14 @@ def main() -> None:
                      "max_abs_err": err})
         print(json.dumps(rows[-1]), flush=True)
 
-    for bt, w in CONFIGS:
-        add(f"ours {bt} rows, {w} warps", lambda bt=bt, w=w: rope_qkv_grad_triton(dq, dk, dv, cos, sin, bt, w))
+    for loop in (False, True):
+        for bt, w in CONFIGS:
+            name = f"ours {bt} rows, {w} warps" + (", all heads" if loop else "")
+            add(name, lambda bt=bt, w=w, loop=loop: rope_qkv_grad_triton(dq, dk, dv, cos, sin, bt, w, loop))
+    if args.only_ours:
+        rows.sort(key=lambda r: float(r["ms"]))  # type: ignore[arg-type]
+        print_table(rows, ["path", "ms", "GB/s", "max_abs_err"])
+        return
     add("torch eager (reference)", lambda: rope_qkv_grad_reference(dq, dk, dv, cos, sin))
     add("torch.compile stack", lambda: stack(dq, dk, dv))
     add("torch.compile autograd form (model 0.3.3)", ag)
