@@ -78,6 +78,8 @@ def test_gpu_real_size_and_compiled() -> None:
     want = rope_qkv_grad_reference(dq, dk, dv, cos, sin)
     got = gem_kernels.rope_qkv_grad(dq, dk, dv, cos, sin)
     torch.testing.assert_close(got, want, rtol=8e-3, atol=8e-3)
+    for loop in (False, True):  # both launch shapes, bitwise alike
+        torch.testing.assert_close(rope_qkv_grad_triton(dq, dk, dv, cos, sin, head_loop=loop), got, rtol=0, atol=0)
     f = torch.compile(lambda *a: gem_kernels.rope_qkv_grad(*a) * 2, fullgraph=True)
     torch.testing.assert_close(f(dq, dk, dv, cos, sin), 2 * got, rtol=0, atol=0)
 
