@@ -238,7 +238,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 class _RopeQKV(torch.autograd.Function):
     """q, k rotated and v passed through, from the fused projection `[T, 3, H, D]`; the
-    backward writes the projection's gradient in one stack of the three slots."""
+    backward writes the projection's gradient in one pass (see `rope_qkv`)."""
 
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, qkv: torch.Tensor, cos: torch.Tensor,
@@ -252,7 +252,6 @@ class _RopeQKV(torch.autograd.Function):
     def backward(ctx: torch.autograd.function.FunctionCtx, dq: torch.Tensor, dk: torch.Tensor,
                  dv: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         cos, sin = ctx.saved_tensors  # type: ignore[attr-defined]
-        # The rotation's transpose is the rotation by -θ: the same tables with sin negated.
         dt = ctx.dtype  # type: ignore[attr-defined]
         dq, dk, dv = dq.to(dt), dk.to(dt), dv.to(dt)
         half = dq.shape[-1] // 2

@@ -144,6 +144,8 @@ class TrainConfig:
 
 
 COMMS = ("nccl", "copy_engine", "auto")
+CKPT_WRITERS = ("auto", "thread", "process")
+SPARSE_SHARDINGS = ("none", "table_wise", "row_wise", "column_wise")
 
 
 def resolve_ckpt_writer(writer: str, world: int, device: torch.device) -> str:
@@ -158,8 +160,8 @@ def resolve_ckpt_writer(writer: str, world: int, device: torch.device) -> str:
     if writer != "auto":
         return writer
     return "process" if world == 1 and device.type == "cuda" else "thread"
-CKPT_WRITERS = ("auto", "thread", "process")
-SPARSE_SHARDINGS = ("none", "table_wise", "row_wise", "column_wise")
+
+
 # The mxfp8_* / fp8_block* values are gem_precision recipe names (`gem_precision.convert`),
 # passed through as is. fp8_block: the fast one on Hopper; mxfp8_*: MX numerics (precision/README.md).
 PRECISIONS = ("fp32", "bf16", "mxfp8_floor", "mxfp8_rceil", "mxfp8_rceil_wgrad_bf16",
