@@ -15,10 +15,14 @@
 #              issue's command uncut, `--ckpt-every 50` with the default (auto: process)
 #              writer, our one-pass JFA backward instead of FlashAttention-2's (100 steps, the
 #              A/B), and the steady step's kernel table.
+#   PART=next  for the next session (not run: device time spent): rope_qkv_grad's launch sweep
+#              with the head-loop variant (tables read once per row) and its GPU tests; then
+#              the issue's command (set `_rope.HEAD_LOOP` by the bench's verdict first).
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 TR="-m gem_trainer --preset h200 --steps 300 --eval-batches 0 --no-progress"
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
+  echo "=== rope"; [ -f "$OUT/rope.log" ] && grep -A20 "^rope_qkv_grad at" "$OUT/rope.log" | cut -c1-120
   echo "=== tests"; [ -f "$OUT/tests.log" ] && tail -n 4 "$OUT/tests.log" | cut -c1-300
   for r in ckpt_process ckpt_thread a b 300 ckpt_auto one_pass; do echo "=== $r"; [ -f "$OUT/tr_$r.log" ] && python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -1 | cut -c1-1200; done
   for r in process thread; do echo "=== stall_$r"; [ -f "$OUT/stall_$r.log" ] && grep '^{' "$OUT/stall_$r.log" | tail -1 | cut -c1-700; done
