@@ -105,6 +105,17 @@ def _check(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tens
         raise ValueError(f"dq, dk, dv must share one floating dtype, got {dq.dtype}, {dk.dtype}, {dv.dtype}")
 
 
+def _triton_rule_broken(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> str | None:
+    """Why the Triton kernel cannot take these gradients (None: it can)."""
+    d = dq.shape[-1]
+    if (d // 2) & (d // 2 - 1):
+        return f"backend='triton' needs D/2 a power of two, got D={d} (use backend='reference')"
+    for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
+        if g.stride(2) != 1:
+            return f"{name} must have a unit stride on D, got strides {g.stride()}"
+    return None
+
+
 # Rows per program, warps, and whether a program walks every head of its rows (the bench's
 # sweep: `python3 -m gem_kernels.bench.rope`; H200: 32 rows, 4 warps, one head per program).
 BLOCK_T, NUM_WARPS, HEAD_LOOP = 32, 4, False
@@ -113,13 +124,11 @@ BLOCK_T, NUM_WARPS, HEAD_LOOP = 32, 4, False
 def rope_qkv_grad_triton(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor,
                          sin: torch.Tensor, block_t: int = 0, num_warps: int = 0,
                          head_loop: bool | None = None) -> torch.Tensor:
+    reason = _triton_rule_broken(dq, dk, dv)
+    if reason:
+        raise ValueError(reason)
     t, h, d = dq.shape
     half = d // 2
-    if half & (half - 1):
-        raise ValueError(f"backend='triton' needs D/2 a power of two, got D={d} (use backend='reference')")
-    for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
-        if g.stride(2) != 1:
-            raise ValueError(f"{name} must have a unit stride on D, got strides {g.stride()}")
     check_triton_device(dq.device)
     cos, sin = cos.contiguous(), sin.contiguous()
     out = dq.new_empty((t, 3, h, d))
@@ -153,11 +162,14 @@ def rope_qkv_grad(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: tor
                   *, backend: str = "auto") -> torch.Tensor:
     """`dqkv [T, 3, H, D]` = (rope⁻¹(dq), rope⁻¹(dk), dv) (see the module docstring).
 
-    backend: "auto" (Triton on CUDA, the reference elsewhere), "triton", "reference".
+    backend: "auto" (Triton on CUDA when the kernel's rules hold — D/2 a power of two, a unit
+    stride on D — the reference otherwise), "triton", "reference".
     Not differentiable itself (it is a backward).
     """
     _check(dq, dk, dv, cos, sin)
     b = resolve_backend(backend, dq.device)
+    if backend == "auto" and b == "triton" and _triton_rule_broken(dq, dk, dv):
+        b = "reference"
     if b == "reference":
         return rope_qkv_grad_reference(dq, dk, dv, cos, sin)
     if b != "triton":

@@ -99,3 +99,17 @@ def test_bad_inputs_name_the_argument_and_rule() -> None:
     if not INTERPRET:
         with pytest.raises(ValueError, match=r"backend='triton' needs CUDA tensors"):
             gem_kernels.rope_qkv_grad(dq, dk, dv, cos, sin, backend="triton")
+
+
+def test_auto_takes_the_reference_where_the_kernels_rules_break() -> None:
+    """backend='auto': an input the kernel refuses (D/2 not a power of two; a strided D) goes to
+    the reference instead of failing (on a GPU, where auto would pick the kernel); backend='triton'
+    still refuses it with the rule."""
+    _, dq, dk, dv, cos, sin = _grads(11, 2, 12, torch.float32, "cuda" if GPU else "cpu", 4)
+    want = rope_qkv_grad_reference(dq, dk, dv, cos, sin)
+    torch.testing.assert_close(gem_kernels.rope_qkv_grad(dq, dk, dv, cos, sin), want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"needs D/2 a power of two, got D=12"):
+        rope_qkv_grad_triton(dq, dk, dv, cos, sin)
+    wide = torch.randn(11, 2, 16, device=dq.device)[..., ::2]  # D=8 with a stride of 2
+    with pytest.raises(ValueError, match=r"dq must have a unit stride on D"):
+        rope_qkv_grad_triton(wide, dk[..., :8], dv[..., :8], cos[:, :8], sin[:, :8])

@@ -253,15 +253,10 @@ class _RopeQKV(torch.autograd.Function):
                  dv: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         cos, sin = ctx.saved_tensors  # type: ignore[attr-defined]
         dt = ctx.dtype  # type: ignore[attr-defined]
-        dq, dk, dv = dq.to(dt), dk.to(dt), dv.to(dt)
-        half = dq.shape[-1] // 2
-        if (dq.is_cuda and dq.shape[-1] == 2 * half and half & (half - 1) == 0
-                and dq.stride(-1) == dk.stride(-1) == dv.stride(-1) == 1):
-            # One Triton pass (gem_kernels.rope_qkv_grad): inductor's stack of the three slots ran
-            # at ~2.6 TB/s on the H200 (1.23 ms per layer on the h200 preset).
-            return gem_kernels.rope_qkv_grad(dq, dk, dv, cos, sin, backend="triton"), None, None
-        # The rotation's transpose is the rotation by -θ: the same tables with sin negated.
-        return torch.stack((rope(dq, cos, -sin), rope(dk, cos, -sin), dv), dim=1), None, None
+        # The rotation's transpose (the rotation by -θ) and v's slot, in one pass: the Triton
+        # kernel on CUDA (inductor's stack of the three slots ran at ~2.6 TB/s on the H200,
+        # 1.23 ms per layer on the h200 preset), its plain-PyTorch reference elsewhere.
+        return gem_kernels.rope_qkv_grad(dq.to(dt), dk.to(dt), dv.to(dt), cos, sin), None, None
 
 
 def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -270,8 +265,8 @@ def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[t
     The same values and gradients as `rope(qkv[:, :2], ...).unbind(1)` plus `qkv[:, 2]`, but
     autograd's form of that (the rotation's backward into a sliced gradient, then v's
     `select_backward` added) compiled on the H200 to two passes over the `[T, 3, H, D]`
-    gradient per layer (~0.8 ms each on the h200 preset); this backward is one pass: on CUDA
-    gem_kernels' `rope_qkv_grad` kernel, elsewhere one `stack` of the three slots.
+    gradient per layer (~0.8 ms each on the h200 preset); this backward is gem_kernels'
+    `rope_qkv_grad`: one Triton pass on CUDA, its plain-PyTorch reference elsewhere.
     """
     if qkv.dim() != 4 or qkv.shape[1] != 3:
         raise ValueError(f"qkv must be [T, 3, H, D], got {tuple(qkv.shape)}")
