@@ -10,15 +10,20 @@
 #              of the compiled blocks (which glue kernels are what), and 150 steps with
 #              inductor's coordinate-descent tuning of its kernels' launch configs (recompiles).
 #   (PART=rope's profile stage was cut: profiling right after a cold compile outlasted 145 s.)
-#   PART=final the issue's command, `--ckpt-every 50`, and the steady step's kernel table.
+#   PART=final model 0.3.5 (the CLS rows replaced by a per-row select, the stream reads'
+#              gradient gathered per row: inductor fuses both with their neighbours): its GPU
+#              tests, an A/B on one box (tree A = ./snap_a, an untracked `git archive` of the
+#              commit before it, 100 steps; then this tree with the issue's command uncut), the
+#              steady step's kernel table, `--ckpt-every 50`.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
+T100="-m gem_trainer --preset h200 --steps 100 --eval-batches 0 --no-progress"
 TR="-m gem_trainer --preset h200 --steps 300 --eval-batches 0 --no-progress"
 HL="import runpy, sys, gem_kernels._rope as r; r.HEAD_LOOP = True; sys.argv[0] = 'gem_trainer'; runpy.run_module('gem_trainer', run_name='__main__')"
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   echo "=== rope"; [ -f "$OUT/rope.log" ] && grep -A24 "^rope_qkv_grad at" "$OUT/rope.log" | cut -c1-120
   echo "=== tests"; [ -f "$OUT/tests.log" ] && tail -n 4 "$OUT/tests.log" | cut -c1-300
-  for r in 300 300_hl cd ckpt; do echo "=== $r"; [ -f "$OUT/tr_$r.log" ] && python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -1 | cut -c1-1200; done
+  for r in a 300 300_hl cd ckpt; do echo "=== $r"; [ -f "$OUT/tr_$r.log" ] && python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -1 | cut -c1-1200; done
   echo "=== code"; cat "$OUT/code_count.txt" 2>/dev/null
   echo "=== profile"; [ -f "$OUT/prof.log" ] && grep -E "triton_|nvjet|flash|jfa|gdpa|rope|Self CUDA time|kernel_s_total|busy|aten::(copy_|mm|addmm|index|cat|fill_|add|mul)" "$OUT/prof.log" | cut -c1-72,165-200 | head -110
 }
@@ -37,10 +42,12 @@ prof)
     [ "$(stat -c %s "$f")" -gt 20000 ] && cp "$f" "$OUT/code/"; done; ls "$OUT/code" | wc -l > "$OUT/code_count.txt"
   TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 st tr_cd 170 python3 -m gem_trainer --preset h200 --steps 150 --eval-batches 0 --no-progress ;;
 final)
-  st tr_300 200 python3 $TR
+  st tests 70 python3 -m pytest -q -p no:cacheprovider -rf model/tests/test_layout.py kernels/tests/test_rope.py
+  PA=$(cd snap_a && ls -d */gem_* | xargs -n1 dirname | sed "s|^|$(pwd)/|" | paste -sd:):$PWD/snap_a/tests
+  (cd snap_a && PYTHONPATH=$PA st tr_a 120 python3 $T100)
+  st tr_300 190 python3 $TR
+  st prof 55 python3 tools/profile_trainer.py --preset h200 --steps 18 --skip 8 --compile --rows 200
   rm -rf /tmp/gem_ck
-  st tr_ckpt 140 python3 $TR --ckpt-every 50 --ckpt-dir /tmp/gem_ck
-  rm -rf /tmp/gem_ck
-  st prof 70 python3 tools/profile_trainer.py --preset h200 --steps 18 --skip 8 --compile --rows 160 ;;
+  st tr_ckpt 130 python3 $TR --ckpt-every 50 --ckpt-dir /tmp/gem_ck ;;
 esac
 gpu_end

@@ -131,6 +131,55 @@ def recent_rows(offsets: torch.Tensor, k: int, prefix: int = 0) -> tuple[torch.T
     return idx.clamp(min=0), valid
 
 
+def _row_roles(off: torch.Tensor, sample: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row r of a `PrefixLayout` stream (offsets `off`, `sample` `[Tc]`, n CLS rows each):
+    (is_cls `[Tc]`, its CLS index `s*n + j` (clamped to 0 on event rows), its distance from
+    the newest event of its sequence `off[s+1] - 1 - r`). Pointwise with one gather of `off`:
+    inductor fuses it into the kernel that uses it."""
+    r = torch.arange(sample.shape[0], device=sample.device)
+    j = r - off[sample]
+    is_cls = j < n
+    return is_cls, torch.where(is_cls, sample * n + j, 0), off[sample + 1] - 1 - r
+
+
+class _WithCls(torch.autograd.Function):
+    """The stream with its CLS rows replaced by this layer's CLS tokens (see `with_cls`)."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, cls: torch.Tensor,
+                off: torch.Tensor, sample: torch.Tensor, cls_rows: torch.Tensor, n: int) -> torch.Tensor:
+        ctx.save_for_backward(off, sample, cls_rows)
+        ctx.n = n  # type: ignore[attr-defined]
+        if not torch.compiler.is_compiling():  # eager: a scatter of the few CLS rows, in place
+            ctx.mark_dirty(x)
+            return x.index_copy_(0, cls_rows, cls)
+        # compiled: one select per row, which inductor fuses with the add that made x and the
+        # layer norm that reads the result (a scatter in between kept them three passes).
+        is_cls, cls_idx, _ = _row_roles(off, sample, n)
+        return torch.where(is_cls[:, None], cls.index_select(0, cls_idx), x)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        off, sample, cls_rows = ctx.saved_tensors  # type: ignore[attr-defined]
+        is_cls, _, _ = _row_roles(off, sample, ctx.n)  # type: ignore[attr-defined]
+        return torch.where(is_cls[:, None], 0, g), g.index_select(0, cls_rows), None, None, None, None
+
+
+def with_cls(x: torch.Tensor, cls: torch.Tensor, lay: PrefixLayout) -> torch.Tensor:
+    """x `[Tc, d]` in `lay` with its CLS rows replaced by `cls` `[B*n, d]` (sample-major).
+
+    Eager it writes into x (an activation nothing else needs: the FFN's fresh output), compiled
+    it returns a new tensor; use the result. The values of `x.index_copy(0, lay.cls_rows, cls)`; the gradient of x is g with the CLS
+    rows zeroed, that of cls the CLS rows of g (gathered, never accumulated). Compiled, the
+    replacement is a per-row select (`torch.where`) so inductor fuses it with its neighbours.
+    """
+    if cls.shape != (lay.cls_rows.shape[0], x.shape[1]):
+        raise ValueError(f"cls must be [B*n, d] = {(lay.cls_rows.shape[0], x.shape[1])}, got {tuple(cls.shape)}")
+    out: torch.Tensor = _WithCls.apply(x, cls.to(x.dtype), lay.offsets, lay.sample,  # type: ignore[no-untyped-call]
+                                       lay.cls_rows, lay.n)
+    return out
+
+
 class _StreamReads(torch.autograd.Function):
     """A block's reads of the stream after its attention, with one backward.
 
@@ -138,29 +187,46 @@ class _StreamReads(torch.autograd.Function):
     sequence is shorter), and optionally every event row, each an `index_select`, the same
     values as `unique_rows` / `recent_tokens`. Backward: read separately, each read writes a
     dense `[Tc, d]` gradient (a zero fill and a scatter) that autograd then adds into the
-    stream's gradient. Here the one gradient is written once: when the event rows are read,
-    events and CLS rows cover every row, so it starts uninitialized and needs no zero fill;
-    the recent tokens are then added into their rows (`index_put_` accumulating: a masked
-    slot adds zero to whatever row its clamped index names).
+    stream's gradient. Here the one gradient is written once. Eager: when the event rows are
+    read, events and CLS rows cover every row, so it starts uninitialized and needs no zero
+    fill; the recent tokens are then added into their rows (`index_put_` accumulating: a masked
+    slot adds zero to whatever row its clamped index names). Compiled: each row gathers what
+    it receives (its CLS token's or its event's gradient, plus its recent slot's when it is
+    one of the k newest events), a pointwise form with no scatter, so inductor writes it in
+    the same pass as autograd's sum with the stream's other gradient.
     """
 
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, comb: torch.Tensor, cls_rows: torch.Tensor,
                 recent_rows: torch.Tensor, recent_valid: torch.Tensor,
-                seq_rows: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+                seq_rows: torch.Tensor | None, off: torch.Tensor, sample: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
         b, k = recent_rows.shape
         cls = comb.index_select(0, cls_rows)
         recent = comb.index_select(0, recent_rows.reshape(-1)).reshape(b, k, -1) * recent_valid
-        ctx.save_for_backward(cls_rows, recent_rows, recent_valid, seq_rows)  # type: ignore[arg-type]
-        ctx.num_rows = comb.shape[0]  # type: ignore[attr-defined]
+        ctx.save_for_backward(cls_rows, recent_rows, recent_valid, seq_rows, off, sample)  # type: ignore[arg-type]
+        ctx.num_rows, ctx.n = comb.shape[0], n  # type: ignore[attr-defined]
         if seq_rows is None:
             return cls, recent
         return cls, recent, comb.index_select(0, seq_rows)
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        cls_rows, recent_rows, recent_valid, seq_rows = ctx.saved_tensors  # type: ignore[attr-defined]
+        cls_rows, recent_rows, recent_valid, seq_rows, off, sample = ctx.saved_tensors  # type: ignore[attr-defined]
         g_cls, g_recent = grads[0], grads[1]
+        nones = (None,) * 7
+        if torch.compiler.is_compiling():
+            n, (b, k) = ctx.n, recent_rows.shape  # type: ignore[attr-defined]
+            is_cls, cls_idx, back = _row_roles(off, sample, n)
+            if seq_rows is None:
+                base = torch.where(is_cls[:, None], g_cls.index_select(0, cls_idx), 0)
+            else:  # event row r is event r - (s+1)*n (`prefix_layout`'s seq_rows inverted)
+                ev = torch.where(is_cls, 0, torch.arange(sample.shape[0], device=sample.device) - (sample + 1) * n)
+                g_ev = grads[2].index_select(0, ev) if grads[2].shape[0] else 0  # no events: all CLS
+                base = torch.where(is_cls[:, None], g_cls.index_select(0, cls_idx), g_ev)
+            is_recent = ~is_cls & (back < k)
+            slot = torch.where(is_recent, sample * k + (k - 1) - back, 0)
+            rec = g_recent.reshape(b * k, -1).index_select(0, slot)
+            return (base + torch.where(is_recent[:, None], rec, 0), *nones)
         shape = (ctx.num_rows, *g_cls.shape[1:])  # type: ignore[attr-defined]
         if seq_rows is None:
             out = g_cls.new_zeros(shape)
@@ -169,7 +235,7 @@ class _StreamReads(torch.autograd.Function):
         out.index_copy_(0, cls_rows, g_cls)
         rec = (g_recent * recent_valid).reshape(-1, *g_cls.shape[1:])
         out.index_put_((recent_rows.reshape(-1),), rec, accumulate=True)
-        return out, None, None, None, None
+        return (out, *nones)
 
 
 def stream_reads(comb: torch.Tensor, lay: PrefixLayout, k: int, *, events: bool
@@ -184,7 +250,7 @@ def stream_reads(comb: torch.Tensor, lay: PrefixLayout, k: int, *, events: bool
                          f"non-empty stream ({comb.shape[0]} rows); use the separate reads")
     rows, valid = recent_rows(lay.offsets, k, lay.n)
     out = _StreamReads.apply(comb, lay.cls_rows, rows, valid,  # type: ignore[no-untyped-call]
-                             lay.seq_rows if events else None)
+                             lay.seq_rows if events else None, lay.offsets, lay.sample, lay.n)
     return out[0], out[1], (out[2] if events else None)
 
 

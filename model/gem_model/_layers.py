@@ -330,8 +330,7 @@ class InterFormerLayer(nn.Module):
         recent: torch.Tensor | None = None
         events: torch.Tensor | None = None
         if self.seq_attention is not None:
-            # In place on the FFN's fresh output (its add saves nothing for backward).
-            comb = comb.index_copy_(0, lay.cls_rows, x_sum.reshape(-1, x_sum.shape[2]).to(comb.dtype))
+            comb = _jagged.with_cls(comb, x_sum.reshape(-1, x_sum.shape[2]), lay)
             comb = self.seq_attention(comb, lay)
             if self.merged_reads and lay.n > 0 and comb.shape[0] > 0:
                 cls_flat, recent, events = _jagged.stream_reads(

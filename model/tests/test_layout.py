@@ -245,6 +245,44 @@ def test_stream_reads_match_the_separate_reads(dtype: torch.dtype, events: bool,
         assert not got_g[~read].any()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_with_cls_is_index_copy(dtype: torch.dtype, compiled: bool) -> None:
+    """`with_cls` = `index_copy` of the CLS rows: the same values bit for bit, x's gradient
+    with the CLS rows zeroed and the CLS tokens' gradient gathered (sequences of 0 and 1
+    events included), eager and compiled (where it is a per-row select)."""
+    g = torch.Generator().manual_seed(7 + compiled)
+    lengths = [0, 4, 1, 11, 0, 6]
+    offsets = torch.tensor([0] + lengths).cumsum(0)
+    lay = _jagged.prefix_layout(offsets, max(lengths), int(offsets[-1]), 3, head_dim=4, rope_base=100.0)
+    tc, d = lay.sample.shape[0], 5
+    x0 = torch.randn(tc, d, generator=g).to(dtype)
+    cls0 = torch.randn(len(lengths) * 3, d, generator=g).to(dtype)
+    up = torch.randn(tc, d, generator=g)
+
+    def ours(x: torch.Tensor, cls: torch.Tensor) -> torch.Tensor:
+        return _jagged.with_cls(x * 1, cls, lay)  # x * 1: a fresh activation, as in the layer
+
+    def plain(x: torch.Tensor, cls: torch.Tensor) -> torch.Tensor:
+        return x.index_copy(0, lay.cls_rows, cls)
+
+    def run(fn: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x, cls = x0.clone().requires_grad_(), cls0.clone().requires_grad_()
+        out = fn(x, cls)
+        (out.float() * up).sum().backward()
+        assert x.grad is not None and cls.grad is not None
+        return out.detach(), x.grad, cls.grad
+
+    fn: Any = ours
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(ours, fullgraph=True, dynamic=True, backend="aot_eager")
+    for a, b in zip(run(fn), run(plain)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="cls must be"):
+        _jagged.with_cls(x0, cls0[1:], lay)
+
+
 def test_stream_reads_refuse_what_it_cannot_read() -> None:
     offsets = torch.tensor([0, 3, 5])
     lay = _jagged.prefix_layout(offsets, 3, 5, 2, head_dim=4, rope_base=100.0)
