@@ -16,12 +16,22 @@ def _committed(ckpt: Path, step: int) -> bool:
     return (ckpt / f"step_{step}" / "COMMIT.json").exists()
 
 
-@pytest.mark.parametrize("writer", ["thread", "process"])
-def test_kill_and_resume_matches_uninterrupted(tmp_path: Path, writer: str) -> None:
-    ref = gem("--steps", STEPS, *FAST, "--log-dir", str(tmp_path / "ref"))
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    """The uninterrupted run's losses: the same command (no checkpoints, so no writer) for
+    both writers' kill-and-resume runs, trained once per module."""
+    log = tmp_path_factory.mktemp("ref")
+    ref = gem("--steps", STEPS, *FAST, "--log-dir", str(log))
     assert ref.returncode == 0, ref.stderr[-3000:]
-    want = losses(tmp_path / "ref")
+    want = losses(log)
     assert sorted(want) == list(range(1, 13))
+    return want
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_kill_and_resume_matches_uninterrupted(tmp_path: Path, writer: str,
+                                               uninterrupted: dict[int, float]) -> None:
+    want = uninterrupted
 
     ckpt, logs = tmp_path / "ckpt", tmp_path / "run"
     run = ["--steps", STEPS, *FAST, "--ckpt-dir", str(ckpt), "--ckpt-every", "4", "--log-dir", str(logs),
