@@ -48,18 +48,20 @@ def _step(model: torch.nn.Module, batch: object) -> tuple[torch.Tensor, dict[str
 TRITON = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@pytest.mark.parametrize("backend", [
-    "reference",
+@pytest.mark.parametrize("backend,select", [
+    ("reference", False),
+    # GEMConfig.select_stream_rows: compiled, the per-row selects; eager, the scatters
+    ("reference", True),
     # The kernels' custom ops inside the compiled blocks (Triton's interpreter on CPU, ~30 s).
-    pytest.param("triton", marks=pytest.mark.skipif(not TRITON, reason="needs TRITON_INTERPRET=1")),
+    pytest.param("triton", False, marks=pytest.mark.skipif(not TRITON, reason="needs TRITON_INTERPRET=1")),
 ])
-def test_compiled_blocks_match_eager_without_breaks_or_unbounded_recompiles(backend: str) -> None:
+def test_compiled_blocks_match_eager_without_breaks_or_unbounded_recompiles(backend: str, select: bool) -> None:
     torch._dynamo.reset()
     torch.manual_seed(0)
     # gdpa + hierarchical pooling + window + computation skip: two block kinds (with and
     # without pooling), every Kunlun path through the layout.
     cfg = tiny_config(gdpa_ffn=True, hierarchical_pooling=True, window=4, computation_skip=True,
-                      num_layers=2, attention_backend=backend)
+                      num_layers=2, attention_backend=backend, select_stream_rows=select)
     model = GEMModel(cfg)
     eager = copy.deepcopy(model)
     done = gem_parallel.parallelize(model, None, compile="aot_eager")

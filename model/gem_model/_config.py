@@ -74,6 +74,16 @@ class GEMConfig:
             forward values; the gradient's sums in another order. On by default since
             0.3.3 (H200, h200 preset, 300 steps: 0.2429 s vs 0.2454 s per step; the quality
             bench's AUCs equal within 0.0002); False restores the separate reads.
+        select_stream_rows: when compiled, each layer's CLS rows are replaced by a per-row
+            select (`_jagged.with_cls`) instead of a scatter, and the merged stream reads'
+            gradient is gathered per row instead of scattered into a fresh buffer, so
+            inductor can fuse both with their neighbours (the FFN's residual add and the
+            attention's layer norm; autograd's sum of the stream's gradients): on the H200
+            those were four separate 0.38 ms add passes per layer in the h200 step. The same
+            values bit for bit, the same gradients (tests/test_layout.py). Off by default
+            until it is measured in the trainer on the GPU (one run of the new form on one
+            box, without a same-box run of the old one, could not tell: trainer/BENCHMARKS.md);
+            `python3 tools/with_model.py select_stream_rows=true -- -m gem_trainer ...` runs it.
 
     Precision (MXFP8), activation checkpointing, compile and sharding are not model config:
     `gem_parallel.parallelize(model, ..., precision="mxfp8_rceil")` applies them from outside.
@@ -114,6 +124,7 @@ class GEMConfig:
     use_torchrec: bool | None = None
     stream_dtype: str = "compute"
     merged_stream_reads: bool = True
+    select_stream_rows: bool = False
 
     def __post_init__(self) -> None:
         positive = (
@@ -129,8 +140,9 @@ class GEMConfig:
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, int) or val < 0:
                 raise ValueError(f"GEMConfig.{name}={val!r} must be an int >= 0")
-        if not isinstance(self.merged_stream_reads, bool):
-            raise ValueError(f"GEMConfig.merged_stream_reads={self.merged_stream_reads!r} must be a bool")
+        for name in ("merged_stream_reads", "select_stream_rows"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"GEMConfig.{name}={getattr(self, name)!r} must be a bool")
         if not self.tasks:
             raise ValueError(f"GEMConfig.tasks={self.tasks!r} must name at least one task")
         if len(set(self.tasks)) != len(self.tasks):

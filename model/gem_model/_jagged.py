@@ -190,7 +190,8 @@ class _StreamReads(torch.autograd.Function):
     stream's gradient. Here the one gradient is written once. Eager: when the event rows are
     read, events and CLS rows cover every row, so it starts uninitialized and needs no zero
     fill; the recent tokens are then added into their rows (`index_put_` accumulating: a masked
-    slot adds zero to whatever row its clamped index names). Compiled: each row gathers what
+    slot adds zero to whatever row its clamped index names). Compiled with `gather_grad`
+    (GEMConfig.select_stream_rows): each row gathers what
     it receives (its CLS token's or its event's gradient, plus its recent slot's when it is
     one of the k newest events), a pointwise form with no scatter, so inductor writes it in
     the same pass as autograd's sum with the stream's other gradient.
@@ -199,12 +200,13 @@ class _StreamReads(torch.autograd.Function):
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, comb: torch.Tensor, cls_rows: torch.Tensor,
                 recent_rows: torch.Tensor, recent_valid: torch.Tensor,
-                seq_rows: torch.Tensor | None, off: torch.Tensor, sample: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+                seq_rows: torch.Tensor | None, off: torch.Tensor, sample: torch.Tensor, n: int,
+                gather_grad: bool) -> tuple[torch.Tensor, ...]:
         b, k = recent_rows.shape
         cls = comb.index_select(0, cls_rows)
         recent = comb.index_select(0, recent_rows.reshape(-1)).reshape(b, k, -1) * recent_valid
         ctx.save_for_backward(cls_rows, recent_rows, recent_valid, seq_rows, off, sample)  # type: ignore[arg-type]
-        ctx.num_rows, ctx.n = comb.shape[0], n  # type: ignore[attr-defined]
+        ctx.num_rows, ctx.n, ctx.gather = comb.shape[0], n, gather_grad  # type: ignore[attr-defined]
         if seq_rows is None:
             return cls, recent
         return cls, recent, comb.index_select(0, seq_rows)
@@ -213,8 +215,8 @@ class _StreamReads(torch.autograd.Function):
     def backward(ctx: torch.autograd.function.FunctionCtx, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         cls_rows, recent_rows, recent_valid, seq_rows, off, sample = ctx.saved_tensors  # type: ignore[attr-defined]
         g_cls, g_recent = grads[0], grads[1]
-        nones = (None,) * 7
-        if torch.compiler.is_compiling():
+        nones = (None,) * 8
+        if ctx.gather and torch.compiler.is_compiling():  # type: ignore[attr-defined]
             n, (b, k) = ctx.n, recent_rows.shape  # type: ignore[attr-defined]
             is_cls, cls_idx, back = _row_roles(off, sample, n)
             if seq_rows is None:
@@ -238,19 +240,21 @@ class _StreamReads(torch.autograd.Function):
         return (out, *nones)
 
 
-def stream_reads(comb: torch.Tensor, lay: PrefixLayout, k: int, *, events: bool
+def stream_reads(comb: torch.Tensor, lay: PrefixLayout, k: int, *, events: bool, gather_grad: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(CLS rows `[B*n, d]`, the k recent tokens `[B, k, d]`, the event rows `[T, d]` or None)
     of the stream in `lay`: `unique_rows(comb, lay.cls_rows)`,
     `recent_tokens(comb, lay.offsets, k, lay.n)` and `events_of(comb, lay)` in one autograd
     node whose backward writes the stream's gradient once (`_StreamReads`). The same values;
-    the gradient differs from the three separate reads only in the order of its sums."""
+    the gradient differs from the three separate reads only in the order of its sums.
+    `gather_grad`: when compiled, the backward gathers per row instead of scattering
+    (`_StreamReads`; GEMConfig.select_stream_rows)."""
     if lay.n == 0 or k == 0 or comb.shape[0] == 0:
         raise ValueError(f"stream_reads needs CLS rows (lay.n={lay.n}), k >= 1 (k={k}) and a "
                          f"non-empty stream ({comb.shape[0]} rows); use the separate reads")
     rows, valid = recent_rows(lay.offsets, k, lay.n)
     out = _StreamReads.apply(comb, lay.cls_rows, rows, valid,  # type: ignore[no-untyped-call]
-                             lay.seq_rows if events else None, lay.offsets, lay.sample, lay.n)
+                             lay.seq_rows if events else None, lay.offsets, lay.sample, lay.n, gather_grad)
     return out[0], out[1], (out[2] if events else None)
 
 

@@ -304,6 +304,7 @@ class InterFormerLayer(nn.Module):
         super().__init__()
         self.num_recent = cfg.num_recent
         self.merged_reads = cfg.merged_stream_reads and cfg.num_recent > 0
+        self.select_rows = cfg.select_stream_rows
         self.nonseq_summary = NonSeqSummary(cfg)
         self.seq_ffn: GDPAFFN | PersonalizedFFN = GDPAFFN(cfg) if cfg.gdpa_ffn else PersonalizedFFN(cfg)
         self.seq_attention = SeqAttention(cfg) if cfg.sequence_attention else None
@@ -330,11 +331,16 @@ class InterFormerLayer(nn.Module):
         recent: torch.Tensor | None = None
         events: torch.Tensor | None = None
         if self.seq_attention is not None:
-            comb = _jagged.with_cls(comb, x_sum.reshape(-1, x_sum.shape[2]), lay)
+            cls_in = x_sum.reshape(-1, x_sum.shape[2])
+            if self.select_rows:
+                comb = _jagged.with_cls(comb, cls_in, lay)
+            else:  # in place on the FFN's fresh output (its add saves nothing for backward)
+                comb = comb.index_copy_(0, lay.cls_rows, cls_in.to(comb.dtype))
             comb = self.seq_attention(comb, lay)
             if self.merged_reads and lay.n > 0 and comb.shape[0] > 0:
                 cls_flat, recent, events = _jagged.stream_reads(
-                    comb, lay, self.num_recent, events=self.pooling is not None)
+                    comb, lay, self.num_recent, events=self.pooling is not None,
+                    gather_grad=self.select_rows)
             else:
                 cls_flat = _jagged.unique_rows(comb, lay.cls_rows)
             cls_out = cls_flat.reshape(x_sum.shape)

@@ -101,12 +101,14 @@ def _config(name: str, **extra: Any) -> Any:
     return tiny_config(**KUNLUN[name], **extra)
 
 
-@pytest.mark.parametrize("name,seed,merged", [(n, s, False) for n in CASES for s in (0, 1)]
+@pytest.mark.parametrize("name,seed,merged,select", [(n, s, False, False) for n in CASES for s in (0, 1)]
                          # merged_stream_reads: pooled and skip layers, windows, Kunlun at once
-                         + [("skip", 0, True), ("all", 1, True), ("interformer", 1, True)])
-def test_layout_matches_per_layer_prefix_copies(name: str, seed: int, merged: bool) -> None:
+                         + [("skip", 0, True, False), ("all", 1, True, False), ("interformer", 1, True, False)]
+                         # select_stream_rows (eager: the same scatters; compiled: test_*_compiled)
+                         + [("all", 0, True, True), ("skip", 1, False, True)])
+def test_layout_matches_per_layer_prefix_copies(name: str, seed: int, merged: bool, select: bool) -> None:
     torch.manual_seed(100 + seed)
-    model = GEMModel(_config(name, merged_stream_reads=merged))
+    model = GEMModel(_config(name, merged_stream_reads=merged, select_stream_rows=select))
     g = torch.Generator().manual_seed(seed)
     lengths = [0, 1, 17, 2] + torch.randint(0, 12, (4,), generator=g).tolist()
     batch = make_batch(len(lengths), lengths=lengths, seed=seed)
@@ -196,8 +198,8 @@ def test_unique_rows_matches_index_select_forward_and_backward(dtype: torch.dtyp
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("events", [False, True])
-@pytest.mark.parametrize("compiled", [False, True])
-def test_stream_reads_match_the_separate_reads(dtype: torch.dtype, events: bool, compiled: bool) -> None:
+@pytest.mark.parametrize("compiled,gather", [(False, False), (True, False), (True, True)])
+def test_stream_reads_match_the_separate_reads(dtype: torch.dtype, events: bool, compiled: bool, gather: bool) -> None:
     """`stream_reads` = `unique_rows` of the CLS rows + `recent_tokens` + `events_of`: the same
     values bit for bit, and the gradient of any upstream to the sums' rounding (sequences of
     0, 1 and 2 events included, shorter than k = 3)."""
@@ -215,7 +217,7 @@ def test_stream_reads_match_the_separate_reads(dtype: torch.dtype, events: bool,
                 _jagged.events_of(c, lay) if events else None)
 
     def merged(c: torch.Tensor) -> tuple[Any, ...]:
-        return _jagged.stream_reads(c, lay, k, events=events)
+        return _jagged.stream_reads(c, lay, k, events=events, gather_grad=gather)
 
     def run(fn: Any) -> tuple[list[torch.Tensor], torch.Tensor]:
         comb.grad = None
