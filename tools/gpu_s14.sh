@@ -17,7 +17,7 @@
 #              steady step's kernel table, `--ckpt-every 50`.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
-T100="-m gem_trainer --preset h200 --steps 100 --eval-batches 0 --no-progress"
+T60="-m gem_trainer --preset h200 --steps 60 --eval-batches 0 --no-progress"
 TR="-m gem_trainer --preset h200 --steps 300 --eval-batches 0 --no-progress"
 HL="import runpy, sys, gem_kernels._rope as r; r.HEAD_LOOP = True; sys.argv[0] = 'gem_trainer'; runpy.run_module('gem_trainer', run_name='__main__')"
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
@@ -42,12 +42,10 @@ prof)
     [ "$(stat -c %s "$f")" -gt 20000 ] && cp "$f" "$OUT/code/"; done; ls "$OUT/code" | wc -l > "$OUT/code_count.txt"
   TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 st tr_cd 170 python3 -m gem_trainer --preset h200 --steps 150 --eval-batches 0 --no-progress ;;
 final)
-  st tests 70 python3 -m pytest -q -p no:cacheprovider -rf model/tests/test_layout.py kernels/tests/test_rope.py
-  PA=$(cd snap_a && ls -d */gem_* | xargs -n1 dirname | sed "s|^|$(pwd)/|" | paste -sd:):$PWD/snap_a/tests
-  (cd snap_a && PYTHONPATH=$PA st tr_a 120 python3 $T100)
+  st tests 35 python3 -m pytest -q -p no:cacheprovider -rf model/tests/test_layout.py kernels/tests/test_rope.py
   st tr_300 190 python3 $TR
-  st prof 55 python3 tools/profile_trainer.py --preset h200 --steps 18 --skip 8 --compile --rows 200
-  rm -rf /tmp/gem_ck
-  st tr_ckpt 130 python3 $TR --ckpt-every 50 --ckpt-dir /tmp/gem_ck ;;
+  PA=$(cd snap_a && ls -d */gem_* | xargs -n1 dirname | sed "s|^|$(pwd)/|" | paste -sd:):$PWD/snap_a/tests
+  (cd snap_a && PYTHONPATH=$PA st tr_a 90 python3 $T60)
+  st prof 50 python3 tools/profile_trainer.py --preset h200 --steps 18 --skip 8 --compile --rows 200 ;;
 esac
 gpu_end
