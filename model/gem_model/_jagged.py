@@ -169,9 +169,10 @@ def with_cls(x: torch.Tensor, cls: torch.Tensor, lay: PrefixLayout) -> torch.Ten
     """x `[Tc, d]` in `lay` with its CLS rows replaced by `cls` `[B*n, d]` (sample-major).
 
     Eager it writes into x (an activation nothing else needs: the FFN's fresh output), compiled
-    it returns a new tensor; use the result. The values of `x.index_copy(0, lay.cls_rows, cls)`; the gradient of x is g with the CLS
-    rows zeroed, that of cls the CLS rows of g (gathered, never accumulated). Compiled, the
-    replacement is a per-row select (`torch.where`) so inductor fuses it with its neighbours.
+    it returns a new tensor; use the result. The values of `x.index_copy(0, lay.cls_rows, cls)`;
+    the gradient of x is g with the CLS rows zeroed, that of cls the CLS rows of g (gathered,
+    never accumulated). Compiled, the replacement is a per-row select (`torch.where`) so
+    inductor fuses it with its neighbours (GEMConfig.select_stream_rows).
     """
     if cls.shape != (lay.cls_rows.shape[0], x.shape[1]):
         raise ValueError(f"cls must be [B*n, d] = {(lay.cls_rows.shape[0], x.shape[1])}, got {tuple(cls.shape)}")
@@ -191,10 +192,10 @@ class _StreamReads(torch.autograd.Function):
     read, events and CLS rows cover every row, so it starts uninitialized and needs no zero
     fill; the recent tokens are then added into their rows (`index_put_` accumulating: a masked
     slot adds zero to whatever row its clamped index names). Compiled with `gather_grad`
-    (GEMConfig.select_stream_rows): each row gathers what
-    it receives (its CLS token's or its event's gradient, plus its recent slot's when it is
-    one of the k newest events), a pointwise form with no scatter, so inductor writes it in
-    the same pass as autograd's sum with the stream's other gradient.
+    (GEMConfig.select_stream_rows): each row gathers what it receives (its CLS token's or its
+    event's gradient, plus its recent slot's when it is one of the k newest events), a
+    pointwise form with no scatter, so inductor writes it in the same pass as autograd's sum
+    with the stream's other gradient.
     """
 
     @staticmethod
