@@ -131,15 +131,18 @@ def recent_rows(offsets: torch.Tensor, k: int, prefix: int = 0) -> tuple[torch.T
     return idx.clamp(min=0), valid
 
 
-def _row_roles(off: torch.Tensor, sample: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _row_roles(off: torch.Tensor, sample: torch.Tensor, n: int
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per row r of a `PrefixLayout` stream (offsets `off`, `sample` `[Tc]`, n CLS rows each):
-    (is_cls `[Tc]`, its CLS index `s*n + j` (clamped to 0 on event rows), its distance from
-    the newest event of its sequence `off[s+1] - 1 - r`). Pointwise with one gather of `off`:
-    inductor fuses it into the kernel that uses it."""
+    (is_cls `[Tc]`, its CLS index `s*n + j` (0 on event rows), its event index `r - (s+1)*n`
+    (`prefix_layout`'s seq_rows inverted; 0 on CLS rows), its distance from the newest event
+    of its sequence `off[s+1] - 1 - r`). Pointwise with one gather of `off`: inductor fuses it
+    into the kernel that uses it."""
     r = torch.arange(sample.shape[0], device=sample.device)
     j = r - off[sample]
     is_cls = j < n
-    return is_cls, torch.where(is_cls, sample * n + j, 0), off[sample + 1] - 1 - r
+    return (is_cls, torch.where(is_cls, sample * n + j, 0), torch.where(is_cls, 0, r - (sample + 1) * n),
+            off[sample + 1] - 1 - r)
 
 
 class _WithCls(torch.autograd.Function):
@@ -155,13 +158,13 @@ class _WithCls(torch.autograd.Function):
             return x.index_copy_(0, cls_rows, cls)
         # compiled: one select per row, which inductor fuses with the add that made x and the
         # layer norm that reads the result (a scatter in between kept them three passes).
-        is_cls, cls_idx, _ = _row_roles(off, sample, n)
+        is_cls, cls_idx, _, _ = _row_roles(off, sample, n)
         return torch.where(is_cls[:, None], cls.index_select(0, cls_idx), x)
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         off, sample, cls_rows = ctx.saved_tensors  # type: ignore[attr-defined]
-        is_cls, _, _ = _row_roles(off, sample, ctx.n)  # type: ignore[attr-defined]
+        is_cls = _row_roles(off, sample, ctx.n)[0]  # type: ignore[attr-defined]
         return torch.where(is_cls[:, None], 0, g), g.index_select(0, cls_rows), None, None, None, None
 
 
@@ -219,11 +222,10 @@ class _StreamReads(torch.autograd.Function):
         nones = (None,) * 8
         if ctx.gather and torch.compiler.is_compiling():  # type: ignore[attr-defined]
             n, (b, k) = ctx.n, recent_rows.shape  # type: ignore[attr-defined]
-            is_cls, cls_idx, back = _row_roles(off, sample, n)
+            is_cls, cls_idx, ev, back = _row_roles(off, sample, n)
             if seq_rows is None:
                 base = torch.where(is_cls[:, None], g_cls.index_select(0, cls_idx), 0)
-            else:  # event row r is event r - (s+1)*n (`prefix_layout`'s seq_rows inverted)
-                ev = torch.where(is_cls, 0, torch.arange(sample.shape[0], device=sample.device) - (sample + 1) * n)
+            else:
                 g_ev = grads[2].index_select(0, ev) if grads[2].shape[0] else 0  # no events: all CLS
                 base = torch.where(is_cls[:, None], g_cls.index_select(0, cls_idx), g_ev)
             is_recent = ~is_cls & (back < k)
