@@ -91,7 +91,10 @@ def jfa_backward_rule() -> str:
 
 
 FWD_ENV = "GEM_JFA_FWD"
-_FWD_CHOICES = ("pointer", "tma", "flash")
+_FWD_CHOICES = ("pointer", "tma", "flash", "flash4")
+# `GEM_JFA_FWD=flash4`: FlashAttention-4's forward (`_flash4`, the optional flash-attn-4
+# package) where it runs; FLASH4_FWD_DEFAULT makes it the choice when the switch is unset.
+FLASH4_FWD_DEFAULT = False
 # Short mixes run torch's FlashAttention-2 forward (gem_kernels._flash2), long ones ours: on the
 # H200 (kernels/BENCHMARKS.md, 2026-12-01, 8 heads, D=128, ~262k tokens) FlashAttention-2's
 # forward is 1.94x ours at mean length 112 and 1.26x at 297, ours 1.12x it at 935 and 1.05x
@@ -99,6 +102,18 @@ _FWD_CHOICES = ("pointer", "tma", "flash")
 # (tokens / sequences, host ints: no sync) must be below FLASH_FWD_MAX_MEAN.
 FLASH_FWD_DEFAULT = True
 FLASH_FWD_MAX_MEAN = 512
+
+
+def fwd_uses_flash4(q: torch.Tensor, k: torch.Tensor, window: int | None) -> bool:
+    """Whether the forward is FlashAttention-4's: `GEM_JFA_FWD=flash4` (or unset with
+    FLASH4_FWD_DEFAULT), never under `force_config`, only where it runs (`_flash4`)."""
+    from gem_kernels._flash4 import unavailable_reason
+    from gem_kernels._triton_jfa import _FORCED, env_choice
+
+    value = env_choice(FWD_ENV, _FWD_CHOICES)
+    if _FORCED or (value != "flash4" and not (value is None and FLASH4_FWD_DEFAULT)):
+        return False
+    return unavailable_reason(q, window, k=k) is None
 
 
 def fwd_uses_flash(q: torch.Tensor, k: torch.Tensor, q_offsets: torch.Tensor, window: int | None) -> bool:
@@ -109,7 +124,7 @@ def fwd_uses_flash(q: torch.Tensor, k: torch.Tensor, q_offsets: torch.Tensor, wi
     from gem_kernels._triton_jfa import _FORCED, env_choice
 
     value = env_choice(FWD_ENV, _FWD_CHOICES)
-    if _FORCED or value in ("pointer", "tma") or (value is None and not FLASH_FWD_DEFAULT):
+    if _FORCED or value in ("pointer", "tma", "flash4") or (value is None and not FLASH_FWD_DEFAULT):
         return False
     if value is None:
         b = max(q_offsets.numel() - 1, 1)
@@ -137,7 +152,12 @@ def _run_forward(
     max_q_len: int, max_kv_len: int, causal: bool, window: int | None, scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, log2 lse `[Tq, H]`): torch's FlashAttention-2 forward where `fwd_uses_flash`, else
-    the Triton forward `_forward_impl` picks. Both give the backward the same contract."""
+    the Triton forward `_forward_impl` picks, or FlashAttention-4's where `fwd_uses_flash4`.
+    All give the backward the same contract."""
+    if fwd_uses_flash4(q, k, window):
+        from gem_kernels._flash4 import flash4_forward
+
+        return flash4_forward(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, scale)
     if fwd_uses_flash(q, k, q_offsets, window):
         from gem_kernels._flash2 import flash_forward
 

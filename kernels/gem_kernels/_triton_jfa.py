@@ -130,7 +130,11 @@ _BWD_CHOICES = {"one_pass": True, "two_pass": False}
 # `GEM_JFA_BWD=flash` asks for it whatever FLASH_DEFAULT says; one_pass / two_pass ask for ours.
 FLASH_DEFAULT = True
 BWD_FLASH = "flash"
-_ENV_VALUES = (*_BWD_CHOICES, BWD_FLASH)
+# `GEM_JFA_BWD=flash4`: FlashAttention-4's Hopper/Blackwell backward (`_flash4`, the optional
+# flash-attn-4 package) where it runs; FLASH4_DEFAULT makes it the choice when the switch is unset.
+FLASH4_DEFAULT = False
+BWD_FLASH4 = "flash4"
+_ENV_VALUES = (*_BWD_CHOICES, BWD_FLASH, BWD_FLASH4)
 
 
 def env_choice(name: str, choices: Sequence[str]) -> str | None:
@@ -163,6 +167,19 @@ def bwd_one_pass_from_env(max_kv_len: int | None = None) -> bool:
     return long_enough and _default_two_pass_reason() is None
 
 
+def bwd_uses_flash4(q: torch.Tensor, k: torch.Tensor, window: int | None) -> bool:
+    """Whether `jfa_backward` hands this call to FlashAttention-4's backward: `GEM_JFA_BWD=flash4`
+    (or unset with FLASH4_DEFAULT), not under `force_config`, and only where it runs."""
+    if _FORCED:
+        return False
+    value = env_choice(BWD_ENV, _ENV_VALUES)
+    if value != BWD_FLASH4 and not (value is None and FLASH4_DEFAULT):
+        return False
+    from gem_kernels._flash4 import unavailable_reason
+
+    return unavailable_reason(q, window, k=k) is None
+
+
 def bwd_uses_flash(q: torch.Tensor, window: int | None) -> bool:
     """Whether `jfa_backward` hands this call to torch's FlashAttention-2 backward: not under
     `force_config`, not when `GEM_JFA_BWD` names one of ours, and only where it runs."""
@@ -181,6 +198,14 @@ def bwd_rule() -> str:
     value = env_choice(BWD_ENV, _ENV_VALUES)
     if value in _BWD_CHOICES:
         return f"{value} ({BWD_ENV}, {value})"
+    if value == BWD_FLASH4 or (value is None and FLASH4_DEFAULT):
+        src = f" ({BWD_ENV}, flash4)" if value == BWD_FLASH4 else ""
+        return (f"flash4{src} (FlashAttention-4's backward) on CUDA fp16/bf16 SM90/SM100 without a window "
+                "where flash-attn-4 imports; else " + _rule_without_flash4(value))
+    return _rule_without_flash4(value)
+
+
+def _rule_without_flash4(value: str | None) -> str:
     why = _default_two_pass_reason()
     ours = f"one_pass from {ONE_PASS_MIN_LEN} keys, two_pass below"
     if why == "the default":
@@ -951,6 +976,10 @@ def jfa_backward(
     b = q_offsets.numel() - 1
     if tq == 0 or k.shape[0] == 0 or b == 0 or h == 0 or max_q_len == 0 or max_kv_len == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    if bwd_uses_flash4(q, k, window):
+        from gem_kernels._flash4 import flash4_backward
+
+        return flash4_backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, scale)
     if bwd_uses_flash(q, window):
         from gem_kernels._flash2 import flash_backward
 

@@ -23,78 +23,15 @@ import torch
 from gem_kernels import _flash2, _jfa, _triton_jfa, jagged_flash_attention
 from gem_kernels._triton_jfa import BWD_ENV, JfaConfig, JfaTiles, force_config
 
-CUDA = torch.cuda.is_available()
+from _flash_ref import (CUDA, DEVICE, _assert_near_reference, _case, _check_vs_ours_and_reference, _fa2_fwd_stand_in,
+                        _fa2_stand_in, _grads, _lognormal, _offsets, _ours, _rel)
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 needs_triton = pytest.mark.skipif(
     not (CUDA or INTERPRET), reason="Triton needs CUDA or TRITON_INTERPRET=1 (set by Bazel)"
 )
-DEVICE = "cuda" if CUDA else "cpu"
 _T16 = JfaTiles(block_m=16, block_n=16)
 TWO = JfaConfig(fwd=_T16, dkdv=_T16, dq=_T16)
-
-
-def _offsets(lengths: list[int]) -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64, device=DEVICE)
-
-
-def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    if want.numel() == 0:
-        return 0.0
-    return float((got.float() - want.float()).abs().max()) / max(1.0, float(want.float().abs().max()))
-
-
-def _fa2_stand_in(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                  lse: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int,
-                  dropout_p: float, causal: bool, seed: torch.Tensor, offset: torch.Tensor, *,
-                  scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """FlashAttention-2's varlen backward in plain PyTorch, to its contract: int32 cu_seqlens,
-    natural-log lse [H, Tq], causal bottom-right aligned, P recomputed from the given lse."""
-    assert cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32
-    assert lse.shape == (q.shape[1], q.shape[0]) and lse.dtype == torch.float32 and lse.is_contiguous()
-    assert dropout_p == 0.0 and seed.dtype == torch.uint64 and offset.dtype == torch.uint64
-    assert all(t.stride(-1) == 1 for t in (dout, q, k, v, out))
-    dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in (q, k, v))
-    for b in range(cu_q.numel() - 1):
-        qs, qe, ks, ke = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
-        assert qe - qs <= max_q and ke - ks <= max_k
-        if qe == qs or ke == ks:
-            continue
-        qb, kb, vb, ob, dob = (x.float().transpose(0, 1) for x in (q[qs:qe], k[ks:ke], v[ks:ke], out[qs:qe],
-                                                                    dout[qs:qe]))
-        s = qb @ kb.transpose(1, 2) * scale  # [H, lq, lk]
-        if causal:
-            i = torch.arange(qe - qs, device=q.device)[:, None] + (ke - ks) - (qe - qs)
-            s = s.masked_fill(torch.arange(ke - ks, device=q.device)[None, :] > i, float("-inf"))
-        p = torch.exp(s - lse[:, qs:qe, None])
-        dp = dob @ vb.transpose(1, 2)
-        ds = p * (dp - (dob * ob).sum(-1, keepdim=True))
-        dq[qs:qe] = (ds @ kb * scale).transpose(0, 1)
-        dk[ks:ke] = (ds.transpose(1, 2) @ qb * scale).transpose(0, 1)
-        dv[ks:ke] = (p.transpose(1, 2) @ dob).transpose(0, 1)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
-
-
-def _case(lq: list[int], lk: list[int], *, h: int = 2, d: int = 16, dtype: torch.dtype = torch.float32,
-          seed: int = 0) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator(device=DEVICE).manual_seed(seed)
-    q, k, v = (torch.randn(sum(n), h, d, generator=g, device=DEVICE).to(dtype) for n in (lq, lk, lk))
-    dout = torch.randn(sum(lq), h, d, generator=g, device=DEVICE).to(dtype)
-    return q, k, v, dout, _offsets(lq), _offsets(lk)
-
-
-def _grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, qo: torch.Tensor,
-           ko: torch.Tensor, causal: bool, backend: str = "triton") -> list[torch.Tensor]:
-    mq, mk = int((qo[1:] - qo[:-1]).max()), int((ko[1:] - ko[:-1]).max())
-    xq, xk, xv = (x.detach().requires_grad_() for x in (q, k, v))
-    out = jagged_flash_attention(xq, xk, xv, qo, ko, mq, mk, causal=causal, backend=backend)
-    return [out.detach(), *torch.autograd.grad(out, (xq, xk, xv), dout)]
-
-
-def _assert_near_reference(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
-    """out, dq, dk, dv finite and within 5e-5 (relative to the largest) of the fp32 reference."""
-    for name, a, r in zip(("out", "dq", "dk", "dv"), got, want):
-        assert torch.isfinite(a).all(), name
-        assert _rel(a, r) <= 5e-5, f"{name}: {_rel(a, r):.3g}"
 
 
 def _count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
@@ -149,34 +86,6 @@ def test_unavailable_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
             assert _flash2.unavailable_reason(qc, None, backward=False) is None  # its forward is deterministic
         finally:
             torch.use_deterministic_algorithms(was)
-
-
-def _fa2_fwd_stand_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
-                      max_q: int, max_k: int, dropout_p: float, causal: bool, debug: bool, *,
-                      scale: float) -> tuple[torch.Tensor, ...]:
-    """FlashAttention-2's varlen forward in plain PyTorch, to its contract: int32 cu_seqlens,
-    out `[Tq, H, D]`, natural-log lse `[H, Tq]`; a row that sees no key gets out 0 and lse
-    -inf (what its split-kv path writes; the non-split path writes +inf)."""
-    assert cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32 and dropout_p == 0.0 and not debug
-    assert all(t.stride(-1) == 1 for t in (q, k, v))
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device)
-    for b in range(cu_q.numel() - 1):
-        qs, qe, ks, ke = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
-        assert qe - qs <= max_q and ke - ks <= max_k
-        if qe == qs or ke == ks:
-            continue
-        qb, kb, vb = (x.float().transpose(0, 1) for x in (q[qs:qe], k[ks:ke], v[ks:ke]))
-        sc = qb @ kb.transpose(1, 2) * scale
-        if causal:
-            i = torch.arange(qe - qs, device=q.device)[:, None] + (ke - ks) - (qe - qs)
-            sc = sc.masked_fill(torch.arange(ke - ks, device=q.device)[None, :] > i, float("-inf"))
-        row = torch.logsumexp(sc, dim=-1)  # -inf where no key is visible
-        p = torch.exp(sc - torch.where(torch.isinf(row), 0.0, row)[..., None])
-        out[qs:qe] = (p @ vb).transpose(0, 1)
-        lse[:, qs:qe] = row
-    empty = torch.empty(0, device=q.device)
-    return out.to(q.dtype), lse, empty, empty, empty
 
 
 @needs_triton
@@ -272,20 +181,6 @@ def test_when_flash_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 # --- GPU: torch's real kernel ---------------------------------------------------------------------
 
 
-def _lognormal(n: int = 64, cap: int = 4096, seed: int = 62) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.exp(torch.randn(n, generator=g, dtype=torch.float64) + 6.5)
-    return [int(t) for t in x.clamp(64, cap).long().tolist()]
-
-
-def _ours(monkeypatch: pytest.MonkeyPatch, *args: Any) -> list[torch.Tensor]:
-    monkeypatch.setenv(BWD_ENV, "two_pass")
-    try:
-        return _grads(*args)
-    finally:
-        monkeypatch.delenv(BWD_ENV)
-
-
 @pytest.mark.skipif(not CUDA, reason="GPU test")
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_real_size_default_is_flash(monkeypatch: pytest.MonkeyPatch, causal: bool) -> None:
@@ -298,22 +193,6 @@ def test_gpu_real_size_default_is_flash(monkeypatch: pytest.MonkeyPatch, causal:
     got = _grads(q, k, v, dout, off, off, causal)
     base = _ours(monkeypatch, q, k, v, dout, off, off, causal)
     _check_vs_ours_and_reference(got, base, (q, k, v, dout), lengths, causal)
-
-
-def _check_vs_ours_and_reference(got: list[torch.Tensor], base: list[torch.Tensor], qkvd: tuple[torch.Tensor, ...],
-                                 lengths: list[int], causal: bool) -> None:
-    """The GPU tests' checks: `got` (the default path) finite and within 1e-2 of `base` (ours),
-    and the default path within 2e-2 of the fp32 reference on the first 8 samples (the padded
-    reference of all of them would be large)."""
-    for name, a, b in zip(("out", "dq", "dk", "dv"), got, base):
-        assert torch.isfinite(a).all(), name
-        assert _rel(a, b) <= 1e-2, f"{name}: flash vs ours {_rel(a, b):.3g}"
-    sub = _offsets(lengths[:8])
-    q8, k8, v8, do8 = (x[:int(sub[-1])] for x in qkvd)
-    got8 = _grads(q8, k8, v8, do8, sub, sub, causal)
-    ref8 = _grads(q8.float(), k8.float(), v8.float(), do8.float(), sub, sub, causal, "reference")
-    for name, a, r in zip(("out", "dq", "dk", "dv"), got8, ref8):
-        assert _rel(a, r) <= 2e-2, f"{name}: flash vs fp32 reference {_rel(a, r):.3g}"
 
 
 @pytest.mark.skipif(not CUDA, reason="GPU test")
