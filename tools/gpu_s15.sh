@@ -5,6 +5,10 @@
 #              its GPU tests, the issue's trainer command (300 steps) with FlashAttention-4's
 #              forward and backward, then with the default, on one box; then the flash4 bench
 #              beside the JFA default paths.
+#   PART=final (FlashAttention-4 the default where it runs) the trainer's 300 steps with the
+#              held-out evaluation (cold: inductor and FlashAttention-4's JIT), --ckpt-every 50,
+#              the old default (our forward + FlashAttention-2's backward) with evaluation on
+#              the same box, and the model's local-MFU bench compiled.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
@@ -12,7 +16,8 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   echo "=== import"; tail -n 8 "$OUT/import.log" 2>/dev/null | cut -c1-400
   echo "=== tests"; [ -f "$OUT/tests.log" ] && tail -n 12 "$OUT/tests.log" | cut -c1-300
   echo "=== flash4"; [ -f "$OUT/flash4.log" ] && grep -v '^{' "$OUT/flash4.log" | tail -n 16 | cut -c1-260
-  for r in fa4 def; do echo "=== $r"; [ -f "$OUT/tr_$r.log" ] && { python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -1 | cut -c1-900; grep -iE "error|Traceback" "$OUT/tr_$r.log" | head -3 | cut -c1-300; }; done
+  echo "=== mfu"; [ -f "$OUT/mfu.log" ] && grep -v '^{' "$OUT/mfu.log" | tail -n 30 | cut -c1-200
+  for r in fa4 def new ckpt old; do echo "=== $r"; [ -f "$OUT/tr_$r.log" ] && { python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -2 | cut -c1-900; grep -iE "error|Traceback" "$OUT/tr_$r.log" | head -3 | cut -c1-300; }; done
 }
 gpu_begin "${WATCH:-570}"
 TR="-m gem_trainer --preset h200 --eval-batches 0 --no-progress"

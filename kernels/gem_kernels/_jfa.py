@@ -92,9 +92,15 @@ def jfa_backward_rule() -> str:
 
 FWD_ENV = "GEM_JFA_FWD"
 _FWD_CHOICES = ("pointer", "tma", "flash", "flash4")
-# `GEM_JFA_FWD=flash4`: FlashAttention-4's forward (`_flash4`, the optional flash-attn-4
-# package) where it runs; FLASH4_FWD_DEFAULT makes it the choice when the switch is unset.
-FLASH4_FWD_DEFAULT = False
+# FlashAttention-4's forward (`_flash4`, the optional flash-attn-4 package) where it runs:
+# `GEM_JFA_FWD=flash4` asks for it; unset, FLASH4_FWD_DEFAULT picks it when the mean query
+# length (tokens / sequences, host ints) is at least FLASH4_FWD_MIN_MEAN. On the H200
+# (kernels/BENCHMARKS.md, 2026-12-03, D=128, bf16) it is 571 vs 395 (ours) useful TFLOP/s on
+# the trainer's self-attention batch, 340 vs 256 (FlashAttention-2) at mean length 297, but
+# below FlashAttention-2 at mean 112 (96 vs 124) and below ours for the pooling's 32 seed
+# queries per sample (57 vs 67): those keep the rule below (`fwd_uses_flash`).
+FLASH4_FWD_DEFAULT = True
+FLASH4_FWD_MIN_MEAN = 256
 # Short mixes run torch's FlashAttention-2 forward (gem_kernels._flash2), long ones ours: on the
 # H200 (kernels/BENCHMARKS.md, 2026-12-01, 8 heads, D=128, ~262k tokens) FlashAttention-2's
 # forward is 1.94x ours at mean length 112 and 1.26x at 297, ours 1.12x it at 935 and 1.05x
@@ -104,14 +110,17 @@ FLASH_FWD_DEFAULT = True
 FLASH_FWD_MAX_MEAN = 512
 
 
-def fwd_uses_flash4(q: torch.Tensor, k: torch.Tensor, window: int | None) -> bool:
-    """Whether the forward is FlashAttention-4's: `GEM_JFA_FWD=flash4` (or unset with
-    FLASH4_FWD_DEFAULT), never under `force_config`, only where it runs (`_flash4`)."""
+def fwd_uses_flash4(q: torch.Tensor, k: torch.Tensor, q_offsets: torch.Tensor, window: int | None) -> bool:
+    """Whether the forward is FlashAttention-4's: `GEM_JFA_FWD=flash4`, or unset with
+    FLASH4_FWD_DEFAULT and a mean query length >= FLASH4_FWD_MIN_MEAN; never under
+    `force_config`; only where it runs (`_flash4.unavailable_reason`)."""
     from gem_kernels._flash4 import unavailable_reason
     from gem_kernels._triton_jfa import _FORCED, env_choice
 
     value = env_choice(FWD_ENV, _FWD_CHOICES)
     if _FORCED or (value != "flash4" and not (value is None and FLASH4_FWD_DEFAULT)):
+        return False
+    if value is None and q.shape[0] < FLASH4_FWD_MIN_MEAN * max(q_offsets.numel() - 1, 1):
         return False
     return unavailable_reason(q, window, k=k) is None
 
@@ -154,7 +163,7 @@ def _run_forward(
     """(out, log2 lse `[Tq, H]`): torch's FlashAttention-2 forward where `fwd_uses_flash`, else
     the Triton forward `_forward_impl` picks, or FlashAttention-4's where `fwd_uses_flash4`.
     All give the backward the same contract."""
-    if fwd_uses_flash4(q, k, window):
+    if fwd_uses_flash4(q, k, q_offsets, window):
         from gem_kernels._flash4 import flash4_forward
 
         return flash4_forward(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, scale)

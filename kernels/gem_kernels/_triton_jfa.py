@@ -130,9 +130,12 @@ _BWD_CHOICES = {"one_pass": True, "two_pass": False}
 # `GEM_JFA_BWD=flash` asks for it whatever FLASH_DEFAULT says; one_pass / two_pass ask for ours.
 FLASH_DEFAULT = True
 BWD_FLASH = "flash"
-# `GEM_JFA_BWD=flash4`: FlashAttention-4's Hopper/Blackwell backward (`_flash4`, the optional
-# flash-attn-4 package) where it runs; FLASH4_DEFAULT makes it the choice when the switch is unset.
-FLASH4_DEFAULT = False
+# FlashAttention-4's Hopper/Blackwell backward (`_flash4`, the optional flash-attn-4 package)
+# comes first where it runs (`GEM_JFA_BWD=flash4` asks for it; unset, FLASH4_DEFAULT): on the
+# H200 the fastest backward on all 8 cases of `bench.flash4` (1.5-1.9x FlashAttention-2's fed
+# with the same forward), and the compiled h200 trainer step 0.1847 s against 0.2370 s
+# (kernels/ and trainer/BENCHMARKS.md, 2026-12-03).
+FLASH4_DEFAULT = True
 BWD_FLASH4 = "flash4"
 _ENV_VALUES = (*_BWD_CHOICES, BWD_FLASH, BWD_FLASH4)
 

@@ -31,6 +31,14 @@ needs_triton = pytest.mark.skipif(
     not (CUDA or INTERPRET), reason="Triton needs CUDA or TRITON_INTERPRET=1 (set by Bazel)"
 )
 _T16 = JfaTiles(block_m=16, block_n=16)
+
+
+@pytest.fixture(autouse=True)
+def _no_flash4_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about FlashAttention-2's path: FlashAttention-4, first where it runs
+    (a GPU with flash-attn-4), is off here unless a test names it (test_jfa_flash4.py)."""
+    monkeypatch.setattr(_triton_jfa, "FLASH4_DEFAULT", False)
+    monkeypatch.setattr(_jfa, "FLASH4_FWD_DEFAULT", False)
 TWO = JfaConfig(fwd=_T16, dkdv=_T16, dq=_T16)
 
 

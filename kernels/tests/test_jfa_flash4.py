@@ -92,27 +92,35 @@ def test_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     """flash4 only when asked (or its default is on), never under a forced config, only where it
     runs; where it cannot run the other rules decide."""
     q = torch.zeros(4, 2, 16)
+    off1 = torch.tensor([0, 4])
+    monkeypatch.setattr(_triton_jfa, "FLASH4_DEFAULT", False)
+    monkeypatch.setattr(_jfa, "FLASH4_FWD_DEFAULT", False)
     monkeypatch.delenv(BWD_ENV, raising=False)
     monkeypatch.delenv(_jfa.FWD_ENV, raising=False)
-    assert not _triton_jfa.bwd_uses_flash4(q, q, None) and not _jfa.fwd_uses_flash4(q, q, None)
+    assert not _triton_jfa.bwd_uses_flash4(q, q, None) and not _jfa.fwd_uses_flash4(q, q, off1, None)
     monkeypatch.setenv(BWD_ENV, "flash4")
     monkeypatch.setenv(_jfa.FWD_ENV, "flash4")
     assert not _triton_jfa.bwd_uses_flash4(q, q, None)  # CPU: cannot run
     monkeypatch.setattr(_flash4, "unavailable_reason", lambda *a, **kw: None)
-    assert _triton_jfa.bwd_uses_flash4(q, q, None) and _jfa.fwd_uses_flash4(q, q, None)
+    assert _triton_jfa.bwd_uses_flash4(q, q, None) and _jfa.fwd_uses_flash4(q, q, off1, None)
     assert not _jfa.fwd_uses_flash(q, q, torch.zeros(2, dtype=torch.int64), None)  # flash4 asked: not FA2
     assert "flash4" in _triton_jfa.bwd_rule()
     t16 = _triton_jfa.JfaTiles(block_m=16, block_n=16)
     with _triton_jfa.force_config(_triton_jfa.JfaConfig(fwd=t16, dkdv=t16, dq=t16)):
-        assert not _triton_jfa.bwd_uses_flash4(q, q, None) and not _jfa.fwd_uses_flash4(q, q, None)
+        assert not _triton_jfa.bwd_uses_flash4(q, q, None) and not _jfa.fwd_uses_flash4(q, q, off1, None)
     monkeypatch.setenv(BWD_ENV, "two_pass")
     monkeypatch.setenv(_jfa.FWD_ENV, "pointer")
-    assert not _triton_jfa.bwd_uses_flash4(q, q, None) and not _jfa.fwd_uses_flash4(q, q, None)
+    assert not _triton_jfa.bwd_uses_flash4(q, q, None) and not _jfa.fwd_uses_flash4(q, q, off1, None)
     monkeypatch.delenv(BWD_ENV)
     monkeypatch.delenv(_jfa.FWD_ENV)
     monkeypatch.setattr(_triton_jfa, "FLASH4_DEFAULT", True)
     monkeypatch.setattr(_jfa, "FLASH4_FWD_DEFAULT", True)
-    assert _triton_jfa.bwd_uses_flash4(q, q, None) and _jfa.fwd_uses_flash4(q, q, None)
+    assert _triton_jfa.bwd_uses_flash4(q, q, None)
+    n = _jfa.FLASH4_FWD_MIN_MEAN  # the default forward goes by the mean query length
+    long_q, short_q, off2 = torch.zeros(2 * n, 2, 16), torch.zeros(2 * n - 1, 2, 16), torch.tensor([0, n, 2 * n])
+    assert _jfa.fwd_uses_flash4(long_q, q, off2, None) and not _jfa.fwd_uses_flash4(short_q, q, off2, None)
+    monkeypatch.setenv(_jfa.FWD_ENV, "flash4")  # asked for: whatever the length
+    assert _jfa.fwd_uses_flash4(short_q, q, off2, None)
     monkeypatch.setenv(BWD_ENV, "flash7")
     with pytest.raises(ValueError, match="GEM_JFA_BWD"):
         _triton_jfa.bwd_uses_flash4(q, q, None)

@@ -459,6 +459,10 @@ def test_backward_rule_in_words(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(BWD_ENV, raising=False)
     ours = f"one_pass from {ONE_PASS_MIN_LEN} keys, two_pass below"
     flash = "flash (torch's FlashAttention-2 backward) on CUDA fp16/bf16 without a window; else "
+    flash4 = ("flash4 (FlashAttention-4's backward) on CUDA fp16/bf16 SM90/SM100 without a window where "
+              "flash-attn-4 imports; else ")
+    assert _triton_jfa.FLASH4_DEFAULT and jfa_backward_rule() == flash4 + flash + ours
+    monkeypatch.setattr(_triton_jfa, "FLASH4_DEFAULT", False)
     assert jfa_backward_rule() == flash + ours
     monkeypatch.setattr(_triton_jfa, "FLASH_DEFAULT", False)
     assert jfa_backward_rule() == ours
