@@ -30,5 +30,12 @@ fa4)
   GEM_JFA_FWD=flash4 GEM_JFA_BWD=flash4 st tr_fa4 190 python3 $TR --steps 300
   st tr_def 110 python3 $TR --steps 300
   (cd kernels && PYTHONPATH=.:$PYTHONPATH st flash4 100 python3 -m gem_kernels.bench.flash4 --iters 5) ;;
+final)
+  st setup 40 bash tools/fa4_setup.sh
+  export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
+  st tr_new 190 python3 -m gem_trainer --preset h200 --steps 300 --no-progress
+  st tr_ckpt 100 python3 $TR --steps 300 --ckpt-every 50 --ckpt-dir /tmp/gem_ck
+  GEM_JFA_FWD=pointer GEM_JFA_BWD=flash st tr_old 105 python3 -m gem_trainer --preset h200 --steps 300 --no-progress
+  st mfu 60 python3 -m gem_model.bench.local_mfu --compile --no-reference ;;
 esac
 gpu_end
