@@ -13,7 +13,9 @@ same `dcp.save` through the same `_Writer` (so `GEM_CKPT_FAULT` works there: the
 inherited) and the whole-file checksums, and sends back the file digests or the exception. The
 commit (rename, marker, retention) stays in the parent's writer thread, which waits on the pipe
 without the GIL. The child dies with its parent (Linux `PR_SET_PDEATHSIG`): a killed trainer
-leaves a `.tmp` folder, never a writer that outlives it.
+leaves a `.tmp` folder, never a writer that outlives it. It ignores SIGINT and SIGTERM, which
+a terminal or a scheduler sends to the whole process group: the trainer's answer to them is a
+last checkpoint, written by this child.
 
 Single process only: with several ranks DCP's save plan is a collective over the ranks' own
 process group, which the child does not have.
@@ -162,6 +164,11 @@ def _portable(err: BaseException) -> BaseException:
 
 def _serve(conn: Connection, parent: int) -> None:
     _die_with_parent(parent)
+    # A stop aimed at the training job (Ctrl-C's SIGINT, a scheduler's or `timeout`'s SIGTERM)
+    # is sent to the whole process group, this child too. The trainer answers it with a last
+    # save, which needs this child alive: the parent alone ends it (close(), or its death).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import warnings
 
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save

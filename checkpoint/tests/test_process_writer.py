@@ -152,6 +152,27 @@ def test_child_dies_with_its_parent(tmp_path: Path) -> None:
         pytest.fail(f"writer process {child} outlived its killed parent")
 
 
+def test_group_stop_signals_leave_the_writer_to_its_parent(tmp_path: Path) -> None:
+    """SIGTERM / SIGINT sent to the whole process group (`timeout`, a scheduler, Ctrl-C) reach the
+    child too: it must live on to write the trainer's last save (on the H200 a `timeout`'s
+    SIGTERM killed it and the trainer's save on SIGTERM failed), and end at close()."""
+    state = _state(random.randrange(1 << 30))
+    ckpt = Checkpointer(tmp_path, writer="process")
+    ckpt.save(1, state)
+    ckpt.wait()
+    assert ckpt._process is not None
+    proc = ckpt._process._proc
+    assert proc.pid is not None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        os.kill(proc.pid, sig)
+    time.sleep(0.5)
+    assert proc.is_alive()
+    ckpt.save(2, state)
+    ckpt.wait()
+    ckpt.close()
+    assert ckpt.steps() == [1, 2] and not proc.is_alive()
+
+
 def test_bad_writer_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="writer='x' must be 'thread' or 'process'"):
         Checkpointer(tmp_path, writer="x")  # type: ignore[arg-type]
