@@ -203,8 +203,11 @@ def bwd_rule() -> str:
         return f"{value} ({BWD_ENV}, {value})"
     if value == BWD_FLASH4 or (value is None and FLASH4_DEFAULT):
         src = f" ({BWD_ENV}, flash4)" if value == BWD_FLASH4 else ""
+        from gem_kernels._flash4 import _import_error
+
+        here = "imports here" if _import_error() is None else "does not import here"
         return (f"flash4{src} (FlashAttention-4's backward) on CUDA fp16/bf16 SM90/SM100 without a window "
-                "where flash-attn-4 imports; else " + _rule_without_flash4(value))
+                f"where flash-attn-4 imports (it {here}); else " + _rule_without_flash4(value))
     return _rule_without_flash4(value)
 
 

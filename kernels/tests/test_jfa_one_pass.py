@@ -459,8 +459,11 @@ def test_backward_rule_in_words(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(BWD_ENV, raising=False)
     ours = f"one_pass from {ONE_PASS_MIN_LEN} keys, two_pass below"
     flash = "flash (torch's FlashAttention-2 backward) on CUDA fp16/bf16 without a window; else "
+    from gem_kernels import _flash4
+
+    here = "imports here" if _flash4._import_error() is None else "does not import here"
     flash4 = ("flash4 (FlashAttention-4's backward) on CUDA fp16/bf16 SM90/SM100 without a window where "
-              "flash-attn-4 imports; else ")
+              f"flash-attn-4 imports (it {here}); else ")
     assert _triton_jfa.FLASH4_DEFAULT and jfa_backward_rule() == flash4 + flash + ours
     monkeypatch.setattr(_triton_jfa, "FLASH4_DEFAULT", False)
     assert jfa_backward_rule() == flash + ours

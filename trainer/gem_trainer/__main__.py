@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 import shlex
 import sys
@@ -152,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     from gem_trainer import _preflight
     from gem_trainer._loop import train
 
+    # FlashAttention-4 (gem_kernels' attention where flash-attn-4 is installed) JIT-compiles its
+    # kernels at first use; its on-disk cache spares a later run that time. Read when the
+    # package is imported (at the first attention call); an explicit setting wins.
+    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
     _preflight.render = cli_message  # notices name flags, like the errors
     try:
         summary = train(cfg, deterministic=deterministic)
