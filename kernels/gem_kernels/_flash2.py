@@ -58,6 +58,17 @@ def _cu(q_offsets: torch.Tensor, kv_offsets: torch.Tensor) -> tuple[torch.Tensor
     return cu_q, (cu_q if kv_offsets is q_offsets else kv_offsets.to(torch.int32))
 
 
+def lse_to_ours(lse: torch.Tensor) -> torch.Tensor:
+    """FlashAttention's natural-log lse `[H, Tq]` (±inf for a row that sees no key) -> our log2
+    lse `[Tq, H]` (+inf there). Shared with `_flash4`."""
+    return torch.where(torch.isinf(lse), math.inf, lse * (1.0 / _LN2)).t().contiguous()
+
+
+def lse_from_ours(lse2: torch.Tensor) -> torch.Tensor:
+    """Our log2 lse `[Tq, H]` -> FlashAttention's natural-log `[H, Tq]` (+inf rows stay +inf: P = 0)."""
+    return (lse2 * _LN2).t().contiguous()
+
+
 def flash_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -75,8 +86,7 @@ def flash_forward(
     out, lse = _fa2_forward(q, k, v, cu_q, cu_k, max(max_q_len, 1), max(max_kv_len, 1), 0.0, bool(causal),
                             False, scale=float(scale))[:2]
     # A row that sees no key: FlashAttention-2 writes +inf (-inf on its split-kv path); ours is +inf.
-    lse2 = torch.where(torch.isinf(lse), math.inf, lse * (1.0 / _LN2)).t().contiguous()
-    return out, lse2
+    return out, lse_to_ours(lse)
 
 
 def flash_backward(
@@ -95,7 +105,7 @@ def flash_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of softmax attention (no window) from our forward's out and log2 lse."""
     dout, q, k, v, out = (_last_dim_contiguous(t) for t in (dout, q, k, v, out))
-    lse = (lse2 * _LN2).t().contiguous()  # [H, Tq], natural log
+    lse = lse_from_ours(lse2)
     cu_q, cu_k = _cu(q_offsets, kv_offsets)
     # No dropout: the philox seed/offset are not read; their dtypes follow torch's meta.
     seed = torch.empty(2, dtype=torch.uint64, device=q.device)

@@ -22,11 +22,11 @@ output and lse from outside (its autograd Function does not), so the version is 
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
-_LN2 = math.log(2.0)
+from gem_kernels._flash2 import _cu, lse_from_ours, lse_to_ours
+
 PINNED = "4.0.0b36"  # the flash-attn-4 version these calls were written and measured against
 
 
@@ -59,11 +59,6 @@ def unavailable_reason(q: torch.Tensor, window: int | None, *, k: torch.Tensor |
     return _import_error()
 
 
-def _cu(q_offsets: torch.Tensor, kv_offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    cu_q = q_offsets.to(torch.int32)
-    return cu_q, (cu_q if kv_offsets is q_offsets else kv_offsets.to(torch.int32))
-
-
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -87,8 +82,7 @@ def flash4_forward(
         max_seqlen_k=max(max_kv_len, 1), softmax_scale=float(scale), causal=bool(causal), return_lse=True,
     )[:2]
     # A row that sees no key: -inf (or +inf) there; ours is +inf, with an output of 0.
-    lse2 = torch.where(torch.isinf(lse), math.inf, lse * (1.0 / _LN2)).t().contiguous()
-    return out, lse2
+    return out, lse_to_ours(lse)
 
 
 def flash4_backward(
@@ -107,7 +101,7 @@ def flash4_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of softmax attention (no window) from a forward's out and log2 lse."""
     dout, q, k, v, out = (_unit_last(t) for t in (dout, q, k, v, out))
-    lse = (lse2 * _LN2).t().contiguous()  # [H, Tq], natural log; +inf rows stay +inf (P = 0)
+    lse = lse_from_ours(lse2)
     cu_q, cu_k = _cu(q_offsets, kv_offsets)
     dq, dk, dv = _fa4_backward(
         q, k, v, out, dout, lse, softmax_scale=float(scale), causal=bool(causal),

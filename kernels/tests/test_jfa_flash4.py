@@ -21,7 +21,7 @@ from gem_kernels import _flash4, _jfa, _triton_jfa, jagged_flash_attention
 from gem_kernels._triton_jfa import BWD_ENV
 
 from _flash_ref import (CUDA, DEVICE, _assert_near_reference, _case, _check_vs_ours_and_reference, _fa2_fwd_stand_in,
-                        _fa2_stand_in, _grads, _lognormal, _ours, _rel)
+                        _fa2_stand_in, _grads, _lognormal, _offsets, _ours, _rel)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 needs_triton = pytest.mark.skipif(not (CUDA or INTERPRET), reason="Triton needs CUDA or TRITON_INTERPRET=1")
@@ -187,7 +187,7 @@ def test_gpu_strided_cross_empty_and_pooling(monkeypatch: pytest.MonkeyPatch) ->
         return got
 
     lengths = _lognormal(16, 2048, seed=5)
-    off = _offsets_cuda(lengths)
+    off = _offsets(lengths)
     g = torch.Generator(device=DEVICE).manual_seed(int(torch.randint(0, 10**6, ())))
     qkv = torch.randn(sum(lengths), 3, 8, 128, generator=g, device=DEVICE).to(torch.bfloat16)
     dout = torch.randn(sum(lengths), 8, 128, generator=g, device=DEVICE).to(torch.bfloat16)
@@ -204,10 +204,6 @@ def test_gpu_strided_cross_empty_and_pooling(monkeypatch: pytest.MonkeyPatch) ->
     q, k, v, dout, qo, ko = _case([32] * len(lk), lk, h=8, d=128, dtype=torch.bfloat16, seed=8)
     got = vs_ours((q, k, v, dout, qo, ko), False, "pooling")
     assert torch.count_nonzero(got[0][96:128]) == 0
-
-
-def _offsets_cuda(lengths: list[int]) -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64, device=DEVICE)
 
 
 @needs_gpu
