@@ -27,9 +27,12 @@ def gem(*args: str, cwd: Path | None = None, timeout: float = 600,
                           capture_output=True, text=True, timeout=timeout)
 
 
-def gem_popen(*args: str) -> subprocess.Popen[str]:
+def gem_popen(*args: str, new_session: bool = False) -> subprocess.Popen[str]:
+    """The trainer as a child; `new_session`: in its own process group (`os.killpg(p.pid, ...)`
+    then signals it and its children, as a terminal or a scheduler does)."""
     return subprocess.Popen([sys.executable, "-m", "gem_trainer", *args], env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=new_session)
 
 
 def torchrun_cmd(nproc: int, *args: str) -> list[str]:

@@ -1,6 +1,7 @@
 """Train → kill -9 → resume repeats the uninterrupted run's losses bitwise (CPU)."""
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -52,15 +53,18 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path: Path, writer: str,
     assert summary(res.stdout)["steps"] == 12
 
 
-def test_sigterm_checkpoints_and_exits_zero(tmp_path: Path) -> None:
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_sigterm_checkpoints_and_exits_zero(tmp_path: Path, writer: str) -> None:
+    """SIGTERM to the trainer's whole process group (as `timeout`, a scheduler or a terminal
+    send it; the process writer is in the group too): a last checkpoint, exit 0."""
     ckpt = tmp_path / "ckpt"
     p = gem_popen("--steps", "100000", *FAST, "--ckpt-dir", str(ckpt), "--ckpt-every", "1000",
-                  "--log-dir", str(tmp_path / "log"))
+                  "--log-dir", str(tmp_path / "log"), "--ckpt-writer", writer, new_session=True)
     deadline = time.time() + 300
     log = tmp_path / "log" / "metrics.jsonl"
     while (not log.exists() or log.stat().st_size == 0) and time.time() < deadline:
         time.sleep(0.05)
-    p.send_signal(signal.SIGTERM)
+    os.killpg(p.pid, signal.SIGTERM)
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err[-3000:]
     s = summary(out)

@@ -30,6 +30,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -45,7 +46,7 @@ class ProcessWriter:
         ctx = mp.get_context("spawn")  # no fork of a process holding CUDA state and threads
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child, os.getpid()), name="gem-ckpt-writer", daemon=True)
-        with _main_hidden():
+        with _main_hidden(), _stop_signals_ignored_in_child():
             self._proc.start()
         child.close()
         self._sent: dict[int, torch.Tensor] = {}  # id -> tensor the child holds a mapping of
@@ -98,6 +99,31 @@ class ProcessWriter:
             if self._proc.is_alive():
                 self._proc.kill()
         self._conn.close()
+
+
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def _stop_signals_ignored_in_child() -> Iterator[None]:
+    """The child starts with SIGINT and SIGTERM ignored: an ignored disposition survives the
+    exec of the spawned interpreter (a blocked mask does not), so a stop sent to the process
+    group while the child still imports torch (seconds) cannot kill it before `_serve` runs.
+    Meanwhile this thread blocks them, so one that arrives here is delivered to this process's
+    own handler when it is restored, not lost. Python sets handlers only from the main thread:
+    elsewhere (and for a handler Python did not install) nothing changes here."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = [s for s in _STOP_SIGNALS if signal.getsignal(s) is not None]
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
 
 
 @contextlib.contextmanager
@@ -167,8 +193,8 @@ def _serve(conn: Connection, parent: int) -> None:
     # A stop aimed at the training job (Ctrl-C's SIGINT, a scheduler's or `timeout`'s SIGTERM)
     # is sent to the whole process group, this child too. The trainer answers it with a last
     # save, which needs this child alive: the parent alone ends it (close(), or its death).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for sig in _STOP_SIGNALS:  # (already ignored since the start when started from the main thread)
+        signal.signal(sig, signal.SIG_IGN)
     import warnings
 
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save

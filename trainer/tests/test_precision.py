@@ -73,7 +73,9 @@ def test_run_info_says_how_the_jfa_backward_is_picked(monkeypatch: pytest.Monkey
     info = _preflight.run_info(cfg, torch.device("cuda"), False, None)
     from gem_kernels._triton_jfa import ONE_PASS_MIN_LEN
 
-    assert info["jfa_backward"].startswith("flash (torch's FlashAttention-2 backward)")
+    # FlashAttention-4 first (where flash-attn-4 imports), then torch's FlashAttention-2, then ours
+    assert info["jfa_backward"].startswith("flash4 (FlashAttention-4's backward)")
+    assert "; else flash (torch's FlashAttention-2 backward)" in info["jfa_backward"]
     assert info["jfa_backward"].endswith(f"else one_pass from {ONE_PASS_MIN_LEN} keys, two_pass below")
     monkeypatch.setenv("GEM_JFA_BWD", "two_pass")
     info = _preflight.run_info(cfg, torch.device("cuda"), False, None)
