@@ -49,7 +49,8 @@ MODULES = sorted(p.parent.name for p in ROOT.glob("*/pyproject.toml") if (p.pare
 VENV_PY = Path(sys.executable)
 # Import names whose distribution name differs from the name, or that the lock installs under
 # a CPU variant name: any of the listed distributions satisfies the import.
-ALIASES = {"fbgemm_gpu": {"fbgemm-gpu", "fbgemm-gpu-cpu"}, "yaml": {"pyyaml"}}
+# flash_attn.cute (gem_kernels._flash4) comes with the flash-attn-4 distribution (flash-attn 2.x has no cute)
+ALIASES = {"fbgemm_gpu": {"fbgemm-gpu", "fbgemm-gpu-cpu"}, "yaml": {"pyyaml"}, "flash_attn": {"flash-attn-4"}}
 # Triton must pair with the installed torch (inductor and Triton move together), so pip may
 # not pick a newer one than the lock pins; the GPU box runs torch 2.11 with triton 3.6.0.
 TRITON_MUST_ADMIT = ["3.6.0"]
