@@ -964,8 +964,9 @@ def jfa_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward. Returns dq, dk, dv (zeros for rows of empty or invisible sequences).
 
-    Where `bwd_uses_flash` says so, torch's FlashAttention-2 varlen backward
-    (`_flash2.flash_backward`, dQ by atomics); otherwise one of ours:
+    Where `bwd_uses_flash4` says so, FlashAttention-4's backward (`_flash4.flash4_backward`, the
+    optional flash-attn-4 package); else where `bwd_uses_flash` says so, torch's FlashAttention-2
+    varlen backward (`_flash2.flash_backward`, dQ by atomics); otherwise one of ours:
 
     Two-pass (FlashAttention-2 §3.2): delta, then a dK/dV kernel per kv block and a dQ kernel
     per q block, each recomputing S = QKᵀ and P (7 matmuls per tile pair), no atomics.
