@@ -8,8 +8,8 @@
 # the caller then exports
 #   PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
 # (the second path is what the nvidia-cutlass-dsl wheel's .pth would add in a site dir).
-# tools/fa4_wheels.sh builds both folders. A machine with pip access needs none of this: `pip install flash-attn-4==4.0.0b36
-# 'nvidia-cutlass-dsl[cu13]'` (or `pip install ./kernels[flash4]`).
+# tools/fa4_wheels.sh builds both folders. A machine with pip access needs none of this:
+# `pip install flash-attn-4==4.0.0b36 'nvidia-cutlass-dsl[cu13]'` (or `pip install ./kernels[flash4]`).
 set -e
 S=/tmp/site
 A=${FA4A:-/tmp/fa4a}

@@ -16,7 +16,8 @@ when torch's deterministic algorithms are on (semaphores order the sums: bitwise
 Optional: the package is not a dependency of gem-kernels (`pip install gem-kernels[flash4]`);
 where it is missing or cannot run, `unavailable_reason` says why and the callers keep their
 own path. Only the package's private `_flash_attn_fwd` / `_flash_attn_bwd` take a forward's
-output and lse from outside (its autograd Function does not), so the version is pinned.
+output and lse from outside (its autograd Function does not), so the version is pinned (the
+`[flash4]` extra in pyproject.toml).
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ import functools
 import torch
 
 from gem_kernels._flash2 import _cu, lse_from_ours, lse_to_ours
-
-PINNED = "4.0.0b36"  # the flash-attn-4 version these calls were written and measured against
+from gem_kernels._triton_jfa import _last_dim_contiguous
 
 
 @functools.lru_cache(maxsize=1)
@@ -59,10 +59,6 @@ def unavailable_reason(q: torch.Tensor, window: int | None, *, k: torch.Tensor |
     return _import_error()
 
 
-def _unit_last(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 def flash4_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -75,7 +71,7 @@ def flash4_forward(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """out `[Tq, H, D]` and our log2 lse `[Tq, H]` (no window) by FlashAttention-4's forward."""
-    q, k, v = (_unit_last(t) for t in (q, k, v))
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     cu_q, cu_k = _cu(q_offsets, kv_offsets)
     out, lse = _fa4_forward(
         q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(max_q_len, 1),
@@ -100,7 +96,7 @@ def flash4_backward(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of softmax attention (no window) from a forward's out and log2 lse."""
-    dout, q, k, v, out = (_unit_last(t) for t in (dout, q, k, v, out))
+    dout, q, k, v, out = (_last_dim_contiguous(t) for t in (dout, q, k, v, out))
     lse = lse_from_ours(lse2)
     cu_q, cu_k = _cu(q_offsets, kv_offsets)
     dq, dk, dv = _fa4_backward(
