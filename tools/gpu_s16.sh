@@ -5,14 +5,16 @@
 #           dynamo's compile-time table (tools/ttfs.py), the quality bench's GEM row (1,000 steps,
 #           the same samples and held-out set as every earlier row), the trainer command
 #           with --ckpt-every 50, then the warm start again.
-#   PART=c  the model's local-MFU bench compiled, on its full batch and on the trainer's batch.
+#   PART=c  the quality bench's GEM row (the b call's 250 s limit cut it: it needs ~400 s), then
+#           the model's local-MFU bench compiled on its full batch.
+#   PART=d  the local-MFU bench compiled on the trainer's batch.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   echo "=== setup"; tail -n 3 "$OUT/setup.log" 2>/dev/null | cut -c1-300
   for r in ttfs_cold ttfs_warm; do echo "=== $r"; [ -f "$OUT/$r.log" ] && { grep -E "^\{" "$OUT/$r.log" | tail -n 1 | cut -c1-700
     grep -E "compile_inner|call_user_compiler|compile_fx|_compile|inductor|codegen|aot" "$OUT/$r.log" | head -n 12 | cut -c1-160; }; done
-  echo "=== quality"; [ -f "$OUT/quality.log" ] && grep -v '^{' "$OUT/quality.log" | tail -n 14 | cut -c1-260
+  echo "=== quality"; [ -f "$OUT/quality.log" ] && grep -E " lr=[0-9.e+-]+: mean AUC|Error|^ *[a-z_]+ \||Bayes" "$OUT/quality.log" | cut -c1-220
   for f in mfu_full mfu_trainer; do echo "=== $f"; [ -f "$OUT/$f.log" ] && grep -v '^{' "$OUT/$f.log" | tail -n 22 | cut -c1-200; done
   for r in ckpt; do echo "=== $r"; [ -f "$OUT/tr_$r.log" ] && { python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -2 | cut -c1-1200; grep -iE "warn|error|Traceback" "$OUT/tr_$r.log" | head -4 | cut -c1-300; }; done
 }
@@ -26,7 +28,9 @@ b)
   st tr_ckpt 110 python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 300 --ckpt-every 50 --ckpt-dir /tmp/gem_ck
   st ttfs_warm 40 python3 tools/ttfs.py --preset h200 --steps 3 ;;
 c)
-  st mfu_full 250 python3 -m gem_model.bench.local_mfu --compile --no-reference
+  st quality 390 python3 -m gem_trainer.bench.quality --preset h200 --steps 1000 --models gem --eval-at 100,250,500,750,1000
+  st mfu_full 170 python3 -m gem_model.bench.local_mfu --compile --no-reference ;;
+d)
   st mfu_trainer 250 python3 -m gem_model.bench.local_mfu --compile --no-reference --tokens 262144 --cap 16384 ;;
 esac
 gpu_end
