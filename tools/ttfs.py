@@ -23,10 +23,8 @@ p.add_argument("--preset", default="h200")
 p.add_argument("--steps", type=int, default=3)
 p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
 p.add_argument("--compile-cache", default="", help="the trainer's --compile-cache file")
-p.add_argument("--prewarm", action=argparse.BooleanOptionalAction, default=True,
-               help="the trainer's kernel prewarm child (gem_trainer._prewarm)")
 a = p.parse_args()
-over: dict[str, object] = {"steps": a.steps, "eval_batches": 0, "progress": False, "prewarm": a.prewarm}
+over: dict[str, object] = {"steps": a.steps, "eval_batches": 0, "progress": False}
 if a.compile is not None:
     over["compile"] = a.compile
 if a.compile_cache:
@@ -37,7 +35,6 @@ wall = time.perf_counter() - t0
 print(torch._dynamo.utils.compile_times(repr="str", aggregate=True))
 print(json.dumps({"ttfs_s": s.get("time_to_first_step_s"), "wall_s": round(wall, 2),
                   "step_s_median": s.get("step_s_median"), "steps": s.get("steps"),
-                  "kernel_prewarm": s.get("kernel_prewarm"),
                   **{k: v for k, v in s.items() if k.startswith("compile_")},
                   # AOTAutograd's cache per block graph (hit / miss / saved / bypass) and
                   # dynamo's restarts of a whole analysis (0 since gem-parallel 0.3.2)

@@ -33,7 +33,6 @@ import torch.nn.functional as F
 import gem_data
 import gem_model
 from gem_checkpoint import Checkpointer, RNGState
-from gem_trainer import _prewarm
 from gem_trainer._metrics import WARMUP_STEPS, MetricLog, Timers, mfu
 from gem_trainer._optim import Optimizers, RowWiseAdagrad, dense_adamw, embedding_tables
 from gem_trainer._stats import task_metrics
@@ -508,8 +507,6 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             if cfg.ckpt_dir else None)
     _preflight.check_checkpoints(cfg, ckpt.latest() if ckpt is not None else None, rank)
     _seed_all(cfg.seed)
-    # The run's own kernels compile in a child meanwhile (compiled single-process CUDA runs).
-    prewarm = _prewarm.start(cfg, device, world, det)
 
     dcfg = data_config(cfg)
     mcfg = model_config(cfg, dcfg)
@@ -609,8 +606,6 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             step_hook(timers.steps_done)
         if timers.first_step is None:
             timers.first_step = t_end - t_start
-            if isinstance(prewarm, _prewarm.Prewarm):
-                prewarm.stop()  # its kernels are compiled or loaded by now
         timers.model_flops += 3.0 * p.flops
         timers.step_s.append(t_end - p.t0)
         if cfg.compile and timers.steps_done == WARMUP_STEPS:
@@ -755,8 +750,6 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             ckpt.close()  # waits for the write; stops a writer process
             timers.extra["ckpt_final_wait_s"] = time.perf_counter() - t4
     finally:
-        if isinstance(prewarm, _prewarm.Prewarm):
-            prewarm.stop()
         sync_debug.stop()
         stop.restore()
         if bar is not None:
@@ -791,7 +784,6 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         "optimizer_s": timers.optimizer,
         "data_wait_s": timers.data_wait,
         "time_to_first_step_s": timers.first_step,
-        "kernel_prewarm": prewarm.stop() if isinstance(prewarm, _prewarm.Prewarm) else prewarm,
         "world_size": world,
         "sparse": _sparse_summary(cfg, world, sparse_sync is not None),
         "device": str(device),

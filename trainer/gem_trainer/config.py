@@ -66,10 +66,6 @@ class TrainConfig:
         export_teacher: after training and evaluation, save the trained model to this file
             as a gem_transfer teacher (`gem_transfer.load_teacher`); "" disables. One
             process only: world > 1 or torchrec-sharded tables are refused at start-up.
-        prewarm: in a single-process compiled CUDA run, a child process compiles the run's
-            own kernels (Triton, FlashAttention-4) into their on-disk caches while
-            torch.compile compiles the blocks, so the first step loads them
-            (gem_trainer._prewarm); it changes no result.
     """
 
     preset: str = "tiny"
@@ -99,7 +95,6 @@ class TrainConfig:
     sparse_mp: int = 0
     comms: str = "nccl"
     export_teacher: str = ""
-    prewarm: bool = True
 
     def validate(self) -> None:
         """Raises ValueError naming the field and the rule."""
