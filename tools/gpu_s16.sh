@@ -11,7 +11,9 @@
 #   PART=e  time to first step cold with the kernel prewarm child (gem_trainer._prewarm), then
 #           without it, each with its own empty inductor / Triton / FlashAttention-4 cache
 #           folders (with first: the box's first run pays the imports' disk reads), the warm
-#           start with it, its GPU test, then PART=d's bench.
+#           start with it, its GPU test, then PART=d's bench. Run at commit ae744ff: the child
+#           made the start slower (trainer/BENCHMARKS.md) and was removed; at later commits
+#           tools/ttfs.py has no --no-prewarm.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"

@@ -36,7 +36,11 @@ def test_fresh_keeps_namedtuple_types() -> None:
 
 def test_token_budget_batch_like_the_trainer(capsys: pytest.CaptureFixture[str]) -> None:
     local_mfu.main(["--tokens", "150", "--no-reference"])
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    printed = capsys.readouterr().out
+    out = json.loads(printed.strip().splitlines()[-1])
+    # without a reference model nothing is compared, and neither the table nor the JSON says "ok"
+    assert "not compared with the reference model" in printed and "(ok)" not in printed
+    assert out["correct"] is None and out["logits_max_abs_diff"] is None
     # sequences are drawn until the budget is met: at least 150 tokens, each under the CPU cap
     assert 150 <= out["tokens"] < 150 + 64 and out["batch"] > 3
     assert out["kernels"]["e2e_ms"] > 0 and not out.get("reference")

@@ -45,8 +45,8 @@ def compile_notice(cfg: TrainConfig, device: torch.device, cache_loaded: bool) -
         return None
     if cache_loaded:
         return "compile=True: compiling with the loaded compile_cache (~25 s to the first step on an H200)"
-    return ("compile=True: the first step comes after torch.compile's warm-up (on an H200 ~70 s with "
-            "empty caches, ~20 s warm); compile_cache carries a compile to a fresh machine, "
+    return ("compile=True: the first step comes after torch.compile's warm-up (on an H200 ~65-100 s "
+            "with empty caches, ~12-18 s warm); compile_cache carries a compile to a fresh machine, "
             "compile=False starts at once with ~30 % slower steps")
 
 
