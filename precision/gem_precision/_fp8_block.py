@@ -257,15 +257,15 @@ class _FP8BlockFn(torch.autograd.Function):
             x2 = x.reshape(-1, K)
             M = x2.shape[0]
             pad = -M % BLOCK
-            if pad:
-                x2 = nn.functional.pad(x2, (0, 0, 0, pad))
             need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
             need_xt = need_dw and not wgrad_bf16
             xr: _Pair | None = None
             xt: _Pair | None = None
-            if fused:  # x read once for both layouts (x^T's codes are kept for the wgrad)
+            if fused:  # x read once for both layouts (x^T's codes are kept for the wgrad); the
+                # quantizer pads to 128 rows itself (zero rows, no padded copy of x)
                 xr, xt = _fused_quant(x2, True, need_xt)
-            xq, xs = xr if xr is not None else _quant(quantize_rows, be, compile_quant)(x2)
+            x2p = nn.functional.pad(x2, (0, 0, 0, pad)) if pad and (xr is None or need_xt and xt is None) else x2
+            xq, xs = xr if xr is not None else _quant(quantize_rows, be, compile_quant)(x2p)
             wq, ws = _quant(quantize_tiles, be, compile_quant)(weight)
             b = bias.to(torch.bfloat16) if bias is not None else None
             y = block_mm(xq, xs, wq, ws, b_tiles=True, out_dtype=torch.bfloat16, bias=b, backend=be)
@@ -273,9 +273,9 @@ class _FP8BlockFn(torch.autograd.Function):
             if need_dx:
                 saved += [wq.t().contiguous(), ws]  # W^T [K, N]: its tiles are W's, transposed
             if need_xt:  # FP8 x^T, not bf16 x
-                saved += list(xt if xt is not None else _quant(quantize_cols, be, compile_quant)(x2))
+                saved += list(xt if xt is not None else _quant(quantize_cols, be, compile_quant)(x2p))
             elif need_dw:
-                saved.append(x2)
+                saved.append(x2)  # (its M rows: the bf16 wgrad needs no padding)
             ctx.save_for_backward(*saved)
             ctx.cfg = (wgrad_bf16, be, compile_quant, fused, M, x.shape, _grad_dtype(x.dtype), weight.dtype,
                        bias is not None)
@@ -293,22 +293,21 @@ class _FP8BlockFn(torch.autograd.Function):
             if dy2.dtype not in _FLOATS:
                 dy2 = dy2.float()
             pad = -M % BLOCK
-            if pad:
-                dy2 = nn.functional.pad(dy2, (0, 0, 0, pad))
             dx = dw = db = None
             need_dyt = need_dw and not wgrad_bf16
             dyr: _Pair | None = None
             dyt: _Pair | None = None
-            if fused and (need_dx or need_dyt):  # dY read once for both layouts
+            if fused and (need_dx or need_dyt):  # dY read once for both layouts (padded inside)
                 dyr, dyt = _fused_quant(dy2, need_dx, need_dyt)
+            dy2p = nn.functional.pad(dy2, (0, 0, 0, pad)) if pad and not fused else dy2
             if need_dx:
                 wtq, ws = saved.pop(0), saved.pop(0)
-                dyq, dys = dyr if dyr is not None else _quant(quantize_rows, be, cq)(dy2)
+                dyq, dys = dyr if dyr is not None else _quant(quantize_rows, be, cq)(dy2p)
                 dx = block_mm(dyq, dys, wtq, ws.t(), b_tiles=True, out_dtype=x_dtype, backend=be)
                 dx = (dx[:M] if pad else dx).reshape(x_shape)
             if need_dyt:
                 xtq, xts = saved.pop(0), saved.pop(0)
-                dytq, dyts = dyt if dyt is not None else _quant(quantize_cols, be, cq)(dy2)
+                dytq, dyts = dyt if dyt is not None else _quant(quantize_cols, be, cq)(dy2p)
                 out = w_dtype if w_dtype in _FLOATS else torch.float32
                 dw = block_mm(dytq, dyts.t(), xtq, xts.t(), b_tiles=False, out_dtype=out, backend=be).to(w_dtype)
             elif need_dw:

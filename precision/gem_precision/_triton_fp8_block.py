@@ -64,23 +64,28 @@ TILES = (TILE, QuantTile(num_warps=4), QuantTile(bm=256, num_warps=8), QuantTile
 
 @triton.jit
 def _fp8_block_quant_kernel(
-    x_ptr, sxm, sxk, M,
+    x_ptr, sxm, sxk, M,  # M: the padded row count (a multiple of 128: the outputs' rows)
     qr_ptr, sr_ptr,  # rows: codes [M, K], scale [M, K/128] (both contiguous)
     qc_ptr, sc_ptr,  # cols: codes of t^T [K, M], scale [M/128, K] (both contiguous)
-    K,
+    K, M_IN,  # M_IN: t's rows; rows M_IN..M-1 read as zeros (MASK_M)
     BM: tl.constexpr, BK: tl.constexpr, BLOCK: tl.constexpr,
     ROWS: tl.constexpr,  # write the 1x128-along-K codes + scales (t's own layout)
     COLS: tl.constexpr,  # write t^T's codes + the 128-along-M scales
     INT_CVT: tl.constexpr,  # integer encode (interpreter) vs the GPU's fp8 conversion
     INF_CODE: tl.constexpr,  # torch's E4M3 code for +Inf (0x7E or 0x7F, by torch version)
     NAN_SIGN: tl.constexpr,  # a NaN element keeps its sign (torch on CPU) or not (on CUDA)
+    MASK_M: tl.constexpr,  # M_IN < M: the padding rows are masked loads, not a padded copy
 ):
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_m * BM + tl.arange(0, BM)
     cols = pid_k * BK + tl.arange(0, BK)
-    # No masks: the wrapper guarantees the tile divides [M, K].
-    xf = tl.load(x_ptr + rows[:, None].to(tl.int64) * sxm + cols[None, :] * sxk).to(tl.float32)
+    # The tile divides [M, K] (the wrapper's rule); only t's missing rows need a mask.
+    ptrs = x_ptr + rows[:, None].to(tl.int64) * sxm + cols[None, :] * sxk
+    if MASK_M:
+        xf = tl.load(ptrs, mask=rows[:, None] < M_IN, other=0.0).to(tl.float32)
+    else:
+        xf = tl.load(ptrs).to(tl.float32)
     bits = xf.to(tl.int32, bitcast=True)
     a = bits & 0x7FFFFFFF
     sign = (bits >> 31) & 1
@@ -161,6 +166,11 @@ def _nan_keeps_sign(device: torch.device) -> bool:
     return bool(_TORCH_CODES[key])
 
 
+def padded_rows(m: int) -> int:
+    """m rounded up to a multiple of 128 (the 1x128 blocks along the rows of t^T)."""
+    return (m + BLOCK - 1) // BLOCK * BLOCK
+
+
 def _fit(n: int, b: int) -> int:
     while n % b:
         b //= 2
@@ -174,10 +184,14 @@ def quantize_rows_cols_triton(t: torch.Tensor, rows: bool, cols: bool, *, tile: 
                               int_cvt: bool | None = None) -> tuple[Pair | None, Pair | None]:
     """One read of t [M, K] -> (`quantize_rows(t)` if rows, `quantize_cols(t)` if cols), bit for bit.
 
+    When M is not a multiple of 128 the outputs have Mp = M rounded up to 128 rows, equal to
+    those of t padded with zero rows (`quantize_rows(F.pad(t, (0, 0, 0, Mp - M)))`), without
+    the padded copy of t: the kernel reads the missing rows as zeros.
+
     Args:
-        t: [M, K] fp32 / bf16 / fp16, any strides; M and K multiples of 128 (the caller pads).
-        rows: return (codes [M, K] E4M3, scale [M, K/128] fp32): 1x128 blocks along K.
-        cols: return (codes of t^T [K, M] E4M3 contiguous, scale [M/128, K] fp32): 1x128
+        t: [M, K] fp32 / bf16 / fp16, any strides; K a multiple of 128, M any.
+        rows: return (codes [Mp, K] E4M3, scale [Mp, K/128] fp32): 1x128 blocks along K.
+        cols: return (codes of t^T [K, Mp] E4M3 contiguous, scale [Mp/128, K] fp32): 1x128
             blocks along M, laid out as `quantize_cols` returns them.
         tile: the program tile (QuantTile; the bench sweeps TILES).
         int_cvt: True: the integer encode; False: the GPU's fp8 conversion; None: the GPU's
@@ -189,15 +203,16 @@ def quantize_rows_cols_triton(t: torch.Tensor, rows: bool, cols: bool, *, tile: 
         raise TypeError(f"t must be a tensor, got {type(t).__name__}")
     if t.dtype not in _FLOATS:
         raise TypeError(f"t.dtype={t.dtype} must be one of {_FLOATS}")
-    if t.dim() != 2 or t.shape[0] % BLOCK or t.shape[1] % BLOCK:
-        raise ValueError(f"t.shape={tuple(t.shape)} must be 2-D [M, K] with M and K multiples of {BLOCK}")
+    if t.dim() != 2 or t.shape[1] % BLOCK:
+        raise ValueError(f"t.shape={tuple(t.shape)} must be 2-D [M, K] with K a multiple of {BLOCK}")
     if not (rows or cols):
         raise ValueError(f"{rows=}, {cols=}: ask for at least one")
     if not (t.is_cuda or interpreting()):
         raise ValueError(f"quantize_rows_cols_triton needs a CUDA tensor or TRITON_INTERPRET=1 (got device {t.device})")
     if tile.bm % BLOCK or tile.bk % BLOCK:
         raise ValueError(f"{tile=}: bm and bk must be multiples of {BLOCK}")
-    M, K = t.shape
+    m_in, K = t.shape
+    M = padded_rows(m_in)
     dev = t.device
     u8 = torch.uint8
     qr = torch.empty((M, K) if rows else (1,), dtype=u8, device=dev)
@@ -209,9 +224,9 @@ def quantize_rows_cols_triton(t: torch.Tensor, rows: bool, cols: bool, *, tile: 
             int_cvt = not (t.is_cuda and torch.cuda.get_device_capability(dev) >= (8, 9) and hw_cvt_ok(dev))
         bm, bk = _fit(M, tile.bm), _fit(K, tile.bk)
         _fp8_block_quant_kernel[(M // bm, K // bk)](
-            t, t.stride(0), t.stride(1), M, qr, sr, qc, sc, K,
+            t, t.stride(0), t.stride(1), M, qr, sr, qc, sc, K, m_in,
             BM=bm, BK=bk, BLOCK=BLOCK, ROWS=rows, COLS=cols, INT_CVT=int_cvt, INF_CODE=_inf_code(),
-            NAN_SIGN=_nan_keeps_sign(dev),
+            NAN_SIGN=_nan_keeps_sign(dev), MASK_M=m_in != M,
             num_warps=tile.num_warps)
     return ((qr.view(E4M3), sr) if rows else None), ((qc.view(E4M3), sc) if cols else None)
 
@@ -240,7 +255,7 @@ def _fp8_block_quant_op(t: torch.Tensor, rows: bool, cols: bool
 @_fp8_block_quant_op.register_fake
 def _fp8_block_quant_fake(t: torch.Tensor, rows: bool, cols: bool
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    M, K = t.shape
+    M, K = padded_rows(t.shape[0]), t.shape[1]
     u8, f32 = torch.uint8, torch.float32
     return (t.new_empty((M, K) if rows else (1,), dtype=u8), t.new_empty((M, K // BLOCK) if rows else (1,), dtype=f32),
             t.new_empty((K, M) if cols else (1,), dtype=u8), t.new_empty((M // BLOCK, K) if cols else (1,), dtype=f32))

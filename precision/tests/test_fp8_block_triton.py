@@ -49,6 +49,8 @@ def _same(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torc
 def _check(t: torch.Tensor, rows: bool = True, cols: bool = True, **kw: object) -> None:
     r, c = tfb.quantize_rows_cols_triton(t, rows, cols, **kw)  # type: ignore[arg-type]
     assert (r is not None) == rows and (c is not None) == cols
+    # t's rows padded to 128 with zeros: what the torch path quantizes (t itself when M fits)
+    t = nn.functional.pad(t, (0, 0, 0, tfb.padded_rows(t.shape[0]) - t.shape[0]))
     # the torch path defines a code where the element is NaN/Inf or its block is finite
     special = ~torch.isfinite(t)
     if r is not None:
@@ -88,6 +90,20 @@ def test_rows_only_cols_only_tiles_and_strides() -> None:
     assert r is not None and c is not None and r[0].shape == (0, 256) and c[0].shape == (256, 0)
 
 
+@pytest.mark.parametrize("m", [1, 200, 383])
+def test_rows_not_a_multiple_of_128_quantize_as_the_zero_padded_copy(m: int) -> None:
+    # The quantizer pads inside (masked loads): codes and scales of Mp = 128-rounded rows,
+    # equal to the torch quantizers' on t padded with zero rows; strided input too.
+    t = _hard((384, 256), torch.bfloat16, seed=m).to(DEV)[:m]
+    _check(t)
+    _check(t, rows=False, cols=True, tile=tfb.QuantTile(bm=256, num_warps=8))
+    _check(_hard((256, 384), torch.float32, seed=m + 1).to(DEV).t()[:m])  # non-contiguous [m, 256]
+    (q, s), (qt, st) = tfb.quantize_rows_cols_triton(t, True, True)  # type: ignore[misc]
+    mp = tfb.padded_rows(m)
+    assert q.shape == (mp, 256) and s.shape == (mp, 2) and qt.shape == (256, mp) and st.shape == (mp // 128, 256)
+    assert torch.all(q[m:].view(U8) == 0) and torch.all(s[m:] == 2.0**-126)  # the padding: zero blocks
+
+
 def test_known_answers() -> None:
     t = _hard((128, 256), torch.float32, seed=9).to(DEV)
     (q, s), (qt, st) = tfb.quantize_rows_cols_triton(t, True, True)  # type: ignore[misc]
@@ -104,8 +120,10 @@ def test_known_answers() -> None:
 
 
 def test_bad_arguments() -> None:
-    with pytest.raises(ValueError, match=r"t.shape=\(100, 128\) must be 2-D \[M, K\] with M and K multiples of 128"):
-        tfb.quantize_rows_cols_triton(torch.ones(100, 128, device=DEV), True, True)
+    with pytest.raises(ValueError, match=r"t.shape=\(128, 100\) must be 2-D \[M, K\] with K a multiple of 128"):
+        tfb.quantize_rows_cols_triton(torch.ones(128, 100, device=DEV), True, True)
+    with pytest.raises(ValueError, match=r"t.shape=\(128,\) must be 2-D"):
+        tfb.quantize_rows_cols_triton(torch.ones(128, device=DEV), True, True)
     with pytest.raises(TypeError, match="t.dtype=torch.int32"):
         tfb.quantize_rows_cols_triton(torch.ones(128, 128, dtype=torch.int32, device=DEV), True, False)
     with pytest.raises(ValueError, match="rows=False, cols=False: ask for at least one"):
@@ -126,7 +144,7 @@ def _run(lin: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> list[torch.Tensor
 
 @pytest.mark.skipif(CUDA, reason="the CPU emulation; the GPU runs test_gpu_linear_triton_equals_torch")
 @pytest.mark.parametrize("wgrad_bf16", [False, True])
-def test_linear_triton_quant_equals_torch(wgrad_bf16: bool) -> None:
+def test_linear_triton_quant_equals_torch(wgrad_bf16: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(0)
     base = nn.Linear(256, 384)
     x = torch.randn(2, 100, 256)  # 200 tokens: padded to 256 inside
@@ -134,7 +152,13 @@ def test_linear_triton_quant_equals_torch(wgrad_bf16: bool) -> None:
     want = _run(FP8BlockLinear.from_linear(base, FP8BlockConfig(wgrad_bf16=wgrad_bf16, quant="torch")), x, dy)
     lin = FP8BlockLinear.from_linear(base, FP8BlockConfig(wgrad_bf16=wgrad_bf16, quant="triton"))
     assert "quant=triton" in repr(lin)
-    got = _run(lin, x, dy)
+
+    def no_pad(*a: object, **k: object) -> None:
+        raise AssertionError("the fused quantizer pads x and dY itself: no padded copy")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(nn.functional, "pad", no_pad)
+        got = _run(lin, x, dy)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
     if not wgrad_bf16:  # and traced whole, the quantizer as the opaque op fp8_block_quant
@@ -168,6 +192,9 @@ def test_op_fake_shapes() -> None:
     assert shapes == [(384, 256), (384, 2), (1,), (1,)]
     shapes = [tuple(o.shape) for o in tfb._fp8_block_quant_fake(t, False, True)]
     assert shapes == [(1,), (1,), (256, 384), (3, 256)]
+    t = torch.empty(300, 256, device="meta", dtype=torch.bfloat16)  # padded to 384 rows inside
+    shapes = [tuple(o.shape) for o in tfb._fp8_block_quant_fake(t, True, True)]
+    assert shapes == [(384, 256), (384, 2), (256, 384), (3, 256)]
 
 
 # --- GPU --------------------------------------------------------------------------------------

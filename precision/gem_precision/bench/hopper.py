@@ -4,7 +4,8 @@
     bazel run //precision:bench_hopper -- --quick
 
 Per shape (tokens M, in K -> out N; the h200 preset's 262144 tokens through 1024 -> 4096,
-4096 -> 1024, 1024 -> 3072, and 8192^3): nn.Linear in bf16; FP8BlockLinear ("fp8_block":
+4096 -> 1024, 1024 -> 3072, 8192^3, and 262100 tokens through 1024 -> 4096: a token count
+that is not a multiple of 128, as a jagged batch's is): nn.Linear in bf16; FP8BlockLinear ("fp8_block":
 quantization included, FP8 wgrad; and "fp8_block_wgrad_bf16"), with the torch quantizers
 (quant="torch") and with the fused Triton quantizer (`*_triton`: quant="triton", what the
 default quant="auto" runs on CUDA; x and dY read once each);
@@ -37,7 +38,11 @@ from gem_precision import FP8BlockConfig, FP8BlockLinear, MXFP8Linear, MXLinearC
 from gem_precision import _fp8_block as fb
 from gem_precision import _triton_fp8_block as tfb
 
-SHAPES = [(262144, 4096, 1024), (262144, 1024, 4096), (262144, 3072, 1024), (8192, 8192, 8192)]  # M, N, K
+# M, N, K. 262,100 tokens: a jagged batch's count is rarely a multiple of 128, where fp8_block
+# pads x and dY to 128 rows (the fused quantizer inside, the torch quantizers by a copy).
+SHAPES = [(262144, 4096, 1024), (262144, 1024, 4096), (262144, 3072, 1024), (8192, 8192, 8192),
+          (262100, 4096, 1024)]
+TRAINER_M = (262144, 262100)
 
 
 def _bench(fn: Callable[[], Any], rep_ms: int = 100) -> float:
@@ -82,8 +87,8 @@ def row(M: int, N: int, K: int, mx: bool) -> dict[str, Any]:
         r[f"{name} TFLOP/s"] = 6 * M * N * K / t / 1e9
     for name in mods:
         r[f"{name} x"] = r["bf16 ms"] / r[f"{name} ms"]
-    # the forward GEMM alone, quantization excluded
-    xd = x.detach()
+    # the forward GEMM alone, quantization excluded (on the 128-padded rows fp8_block multiplies)
+    xd = nn.functional.pad(x.detach(), (0, 0, 0, tfb.padded_rows(M) - M))
     xq, xs = fb.quantize_rows(xd)
     wq, ws = fb.quantize_tiles(lin.weight.detach())
     t_bf = _bench(lambda: torch.mm(xd, lin.weight.t()))
@@ -165,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     where = (f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
              f"CUDA {torch.version.cuda}")
     print(where, flush=True)
-    shapes = [SHAPES[0], SHAPES[3]] if args.quick else SHAPES
+    shapes = [SHAPES[0], SHAPES[3], SHAPES[4]] if args.quick else SHAPES
     names = ["bf16", "fp8_block", "fp8_block_wgrad_bf16", "fp8_block_triton", "fp8_block_wgrad_bf16_triton"]
     names += [] if args.no_mxfp8 else ["mxfp8_rceil"]
     print("fwd+bwd of one linear: TFLOP/s, ms, speed-up vs bf16 (quantization included)")
@@ -181,12 +186,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'M x K':<14} | {'triton fused (ms)':<20} | {'torch pair (ms)':<20} | {'copy':>6} | "
           "fused/torch | % copy | bit-exact | GB/s per tile (best first)")
     quants = []
-    for M, K in dict.fromkeys((M, d) for M, N, K in shapes for d in (K, N)):
+    for M, K in dict.fromkeys((M, d) for M, N, K in shapes for d in (K, N) if M % 128 == 0):
         q = quant_row(M, K)
         quants.append(q)
         print(_fmt_quant(q), flush=True)
         torch.cuda.empty_cache()
-    trainer = [r for r in rows if r["M"] == 262144]
+    trainer = [r for r in rows if r["M"] in TRAINER_M]
     summary = {"where": where, "rows": rows, "quant": quants, "seconds": round(time.time() - t0, 1),
                "fp8_block_min_x_trainer_shapes": min((r["fp8_block x"] for r in trainer), default=None),
                "fp8_block_triton_min_x_trainer_shapes": min((r["fp8_block_triton x"] for r in trainer), default=None),
