@@ -25,7 +25,7 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"
     grep -E "compile_inner|call_user_compiler|compile_fx|_compile|inductor|codegen|aot" "$OUT/$r.log" | head -n 12 | cut -c1-160; }; done
   echo "=== gpu_test"; [ -f "$OUT/gpu_test.log" ] && tail -n 4 "$OUT/gpu_test.log" | cut -c1-300
   echo "=== quality"; [ -f "$OUT/quality.log" ] && grep -E " lr=[0-9.e+-]+: mean AUC|Error|^ *[a-z_]+ \||Bayes" "$OUT/quality.log" | cut -c1-220
-  echo "=== precision"; for f in prec_tests hopper; do [ -f "$OUT/$f.log" ] && grep -v '^{' "$OUT/$f.log" | tail -n 12 | cut -c1-260; done
+  echo "=== precision"; for f in prec_tests hopper; do [ -f "$OUT/$f.log" ] && grep -v "^{" "$OUT/$f.log" | tail -n 50 | cut -c1-200; done
   for r in fp8 bf16; do [ -f "$OUT/tr_$r.log" ] && { echo "--- $r"; python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -1 | cut -c1-500; }; done
   for f in mfu_full mfu_trainer; do echo "=== $f"; [ -f "$OUT/$f.log" ] && grep -v '^{' "$OUT/$f.log" | tail -n 22 | cut -c1-200; done
   for r in ckpt; do echo "=== $r"; [ -f "$OUT/tr_$r.log" ] && { python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -2 | cut -c1-1200; grep -iE "warn|error|Traceback" "$OUT/tr_$r.log" | head -4 | cut -c1-300; }; done
@@ -51,7 +51,7 @@ e)
   st mfu_trainer 170 python3 -m gem_model.bench.local_mfu --compile --no-reference --tokens 262144 --cap 16384 ;;
 f)
   st prec_tests 120 python3 -m pytest -q -p no:cacheprovider -rf precision/tests/test_fp8_block_triton.py precision/tests/test_fp8_block.py -k "gpu or opaque"
-  (cd precision && PYTHONPATH=.:$PYTHONPATH st hopper 120 python3 -m gem_precision.bench.hopper --quick --no-mxfp8)
+  (cd precision && PYTHONPATH=.:$PYTHONPATH st hopper 120 python3 -m gem_precision.bench.hopper --quick --no-mxfp8 --profile)
   st tr_fp8 150 python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 300 --precision fp8_block
   st tr_bf16 120 python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 300 ;;
 d)

@@ -153,10 +153,59 @@ def cpu_check() -> dict[str, Any]:
     return {"emulation_rel_err_vs_fp32": float((y - ref).norm() / ref.norm())}
 
 
+def profile_linear(m: nn.Module, x: torch.Tensor, dy: torch.Tensor, *, steps: int = 3, top: int = 15
+                   ) -> list[dict[str, Any]]:
+    """Where one fwd+bwd of `m` spends its time: torch.profiler's ops and kernels by self time
+    (the device's on CUDA, the host's on CPU), per step, largest first, the first `top`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = x.is_cuda
+    step = _step(m, x, dy)
+    step()  # warm (compiles, autotunes) outside the profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if us > 0:
+            rows.append({"name": e.key, "ms_per_step": us / 1e3 / steps, "calls_per_step": e.count / steps})
+    rows.sort(key=lambda r: -r["ms_per_step"])
+    return rows[:top]
+
+
+def _print_profile(name: str, M: int, N: int, K: int, rows: list[dict[str, Any]]) -> None:
+    print(f"profile: {name}, {M} tokens, {K}->{N}: self time per fwd+bwd step (ms), calls")
+    for r in rows:
+        print(f"  {r['ms_per_step']:8.3f} {r['calls_per_step']:5.1f}  {r['name'][:110]}")
+
+
+def _profiles(shapes: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
+    out = []
+    for M, N, K in shapes:
+        torch.manual_seed(0)
+        lin = nn.Linear(K, N, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        for name, m in (("bf16", lin), ("fp8_block_triton", FP8BlockLinear.from_linear(lin, FP8BlockConfig(quant="triton")))):
+            rows = profile_linear(m, x, dy)
+            _print_profile(name, M, N, K, rows)
+            out.append({"name": name, "M": M, "N": N, "K": K, "rows": rows})
+        del lin, x, dy
+        torch.cuda.empty_cache()
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--quick", action="store_true", help="the 8192^3 shape and one trainer shape only")
     p.add_argument("--no-mxfp8", action="store_true", help="leave the MXFP8 column out")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one fwd+bwd of bf16 and fp8_block (fused quantizer) at 1024->4096, "
+                        "262,144 and 262,100 tokens: each op's and kernel's device time per step")
     args = p.parse_args(argv)
     t0 = time.time()
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
@@ -201,6 +250,8 @@ def main(argv: list[str] | None = None) -> None:
     worst_t = summary["fp8_block_triton_min_x_trainer_shapes"]
     print(f"fp8_block vs bf16 at the trainer's shapes: min x{worst or 0:.2f}, with quant='triton' x{worst_t or 0:.2f} "
           f"(target >= 1.3); total {summary['seconds']} s")
+    if args.profile:
+        summary["profile"] = _profiles([SHAPES[0], SHAPES[4]])
     print(json.dumps(summary))
 
 
