@@ -264,7 +264,7 @@ class _FP8BlockFn(torch.autograd.Function):
             if fused:  # x read once for both layouts (x^T's codes are kept for the wgrad); the
                 # quantizer pads to 128 rows itself (zero rows, no padded copy of x)
                 xr, xt = _fused_quant(x2, True, need_xt)
-            x2p = nn.functional.pad(x2, (0, 0, 0, pad)) if pad and (xr is None or need_xt and xt is None) else x2
+            x2p = nn.functional.pad(x2, (0, 0, 0, pad)) if pad and not fused else x2  # the torch quantizers' input
             xq, xs = xr if xr is not None else _quant(quantize_rows, be, compile_quant)(x2p)
             wq, ws = _quant(quantize_tiles, be, compile_quant)(weight)
             b = bias.to(torch.bfloat16) if bias is not None else None

@@ -21,4 +21,3 @@ def test_profile_linear_names_the_matmuls_largest_first() -> None:
     fp8 = FP8BlockLinear.from_linear(lin, FP8BlockConfig(quant="torch"))
     rows8 = hopper.profile_linear(fp8, x, dy, steps=1, top=3)
     assert len(rows8) == 3
-

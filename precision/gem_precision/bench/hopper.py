@@ -61,11 +61,17 @@ def _step(m: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> Callable[[], None]
     return f
 
 
-def row(M: int, N: int, K: int, mx: bool) -> dict[str, Any]:
+def _operands(M: int, N: int, K: int) -> tuple[nn.Linear, torch.Tensor, torch.Tensor]:
+    """The bf16 linear K -> N, its input x [M, K] (requires grad) and an output gradient dy."""
     torch.manual_seed(0)
     lin = nn.Linear(K, N, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    return lin, x, dy
+
+
+def row(M: int, N: int, K: int, mx: bool) -> dict[str, Any]:
+    lin, x, dy = _operands(M, N, K)
     mods: dict[str, nn.Module] = {
         "bf16": lin,
         "fp8_block": FP8BlockLinear.from_linear(lin, FP8BlockConfig(quant="torch")),
@@ -186,10 +192,7 @@ def _print_profile(name: str, M: int, N: int, K: int, rows: list[dict[str, Any]]
 def _profiles(shapes: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
     out = []
     for M, N, K in shapes:
-        torch.manual_seed(0)
-        lin = nn.Linear(K, N, device="cuda", dtype=torch.bfloat16)
-        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        lin, x, dy = _operands(M, N, K)
         for name, m in (("bf16", lin), ("fp8_block_triton", FP8BlockLinear.from_linear(lin, FP8BlockConfig(quant="triton")))):
             rows = profile_linear(m, x, dy)
             _print_profile(name, M, N, K, rows)
@@ -201,7 +204,7 @@ def _profiles(shapes: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--quick", action="store_true", help="the 8192^3 shape and one trainer shape only")
+    p.add_argument("--quick", action="store_true", help="the 8192^3 shape and 1024 -> 4096 at 262,144 and 262,100 tokens only")
     p.add_argument("--no-mxfp8", action="store_true", help="leave the MXFP8 column out")
     p.add_argument("--profile", action="store_true",
                    help="also profile one fwd+bwd of bf16 and fp8_block (fused quantizer) at 1024->4096, "
