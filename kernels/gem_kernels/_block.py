@@ -190,16 +190,27 @@ class _BlockFunction(torch.autograd.Function):
 # --- Triton launchers ------------------------------------------------------------------------
 
 
-def _launch_common(q: torch.Tensor, offsets: torch.Tensor, max_len: int, block_size: int) -> tuple[tuple[int, int], dict[str, Any]]:
+# Launch layout, module-level so a sweep (tools/sweep_block.py) can try others on the GPU:
+# heads_inner puts the heads of one block in neighbouring programs of a 1-D grid (they read
+# neighbouring bytes of each token's [H, D] row); num_warps None picks by tile size.
+LAUNCH: dict[str, Any] = {"heads_inner": False, "num_warps": None, "num_warps_bwd": None}
+
+
+def _launch_common(
+    q: torch.Tensor, offsets: torch.Tensor, max_len: int, block_size: int, *, bwd: bool = False,
+) -> tuple[tuple[int, ...], dict[str, Any]]:
     from gem_kernels._gdpa import _block_b, _prec
 
     t, h, d = q.shape
     b = offsets.numel() - 1
-    grid = (min(t // block_size + b, b * max(1, -(-max_len // block_size))), h)
+    blocks = min(t // block_size + b, b * max(1, -(-max_len // block_size)))
+    heads_inner = bool(LAUNCH["heads_inner"])
+    grid: tuple[int, ...] = (blocks * h,) if heads_inner else (blocks, h)
     bsp = max(16, 1 << (block_size - 1).bit_length())
+    warps = LAUNCH["num_warps_bwd" if bwd else "num_warps"] or (4 if bsp * d <= 64 * 128 else 8)
     meta: dict[str, Any] = dict(
-        D=d, BS=block_size, BSP=bsp, BLOCK_B=_block_b(b), PREC=_prec(q.dtype),
-        num_warps=4 if bsp * d <= 64 * 128 else 8, num_stages=1,
+        D=d, BS=block_size, BSP=bsp, BLOCK_B=_block_b(b), PREC=_prec(q.dtype), HEADS_INNER=heads_inner,
+        num_warps=warps, num_stages=1,
     )
     return grid, meta
 
@@ -223,7 +234,7 @@ def block_forward_triton(
     _block_fwd_kernel[grid](
         q, k, v, out, cos_t, sin_t, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), cos_t.stride(0) if rope else 0, scale, b, ROPE=rope, **meta,
+        out.stride(0), out.stride(1), cos_t.stride(0) if rope else 0, scale, b, q.shape[1], ROPE=rope, **meta,
     )
     return out
 
@@ -240,7 +251,7 @@ def block_backward_triton(
     b = offsets.numel() - 1
     if q.shape[0] == 0 or b == 0:
         return dq, dk, dv
-    grid, meta = _launch_common(q, offsets, max_len, block_size)
+    grid, meta = _launch_common(q, offsets, max_len, block_size, bwd=True)
     rope = cos is not None and sin is not None
     cos_t = cos.contiguous() if cos is not None else q
     sin_t = sin.contiguous() if sin is not None else q
@@ -248,7 +259,7 @@ def block_backward_triton(
         q, k, v, dout, dq, dk, dv, cos_t, sin_t, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1), dk.stride(0), dk.stride(1),
-        dv.stride(0), dv.stride(1), cos_t.stride(0) if rope else 0, scale, b, ROPE=rope, **meta,
+        dv.stride(0), dv.stride(1), cos_t.stride(0) if rope else 0, scale, b, q.shape[1], ROPE=rope, **meta,
     )
     return dq, dk, dv
 

@@ -38,6 +38,17 @@ def _rope(x1, x2, c, s):
 
 
 @triton.jit
+def _block_head(H, HEADS_INNER: tl.constexpr):
+    """(block index, head) of this program: heads inner (a 1-D grid, the heads of one block in
+    neighbouring programs, so they read neighbouring bytes of each token's row) or a 2-D grid
+    (block, head)."""
+    if HEADS_INNER:
+        pid0 = tl.program_id(0)
+        return pid0 // H, pid0 % H
+    return tl.program_id(0), tl.program_id(1)
+
+
+@triton.jit
 def _block_setup(offsets, b, blk, BS: tl.constexpr, BSP: tl.constexpr):
     start = tl.load(offsets + b)
     length = (tl.load(offsets + b + 1) - start).to(tl.int32)
@@ -50,11 +61,10 @@ def _block_setup(offsets, b, blk, BS: tl.constexpr, BSP: tl.constexpr):
 @triton.jit
 def _block_fwd_kernel(Q, K, V, O, COS, SIN, offsets,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-                      stride_c, scale, B,
+                      stride_c, scale, B, H,
                       D: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, BLOCK_B: tl.constexpr,
-                      ROPE: tl.constexpr, PREC: tl.constexpr):
-    pid = tl.program_id(0)
-    h = tl.program_id(1)
+                      ROPE: tl.constexpr, PREC: tl.constexpr, HEADS_INNER: tl.constexpr):
+    pid, h = _block_head(H, HEADS_INNER)
     b, blk, total = _locate(offsets, pid, B, BS, BLOCK_B)
     if pid >= total:
         return
@@ -90,11 +100,10 @@ def _block_fwd_kernel(Q, K, V, O, COS, SIN, offsets,
 def _block_bwd_kernel(Q, K, V, DO, DQ, DK, DV, COS, SIN, offsets,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                       stride_dqt, stride_dqh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-                      stride_c, scale, B,
+                      stride_c, scale, B, H,
                       D: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, BLOCK_B: tl.constexpr,
-                      ROPE: tl.constexpr, PREC: tl.constexpr):
-    pid = tl.program_id(0)
-    h = tl.program_id(1)
+                      ROPE: tl.constexpr, PREC: tl.constexpr, HEADS_INNER: tl.constexpr):
+    pid, h = _block_head(H, HEADS_INNER)
     b, blk, total = _locate(offsets, pid, B, BS, BLOCK_B)
     if pid >= total:
         return
