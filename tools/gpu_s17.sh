@@ -7,6 +7,12 @@
 #   PART=g  the local-MFU bench compiled on its full batch with --cuda-graph (each fwd+bwd also
 #           replayed from a CUDA graph), its GPU tests and BlockAttention's GPU tests, then
 #           BlockAttention's launch-layout sweep (tools/sweep_block.py).
+#   PART=h  gem-precision 0.3.3 (the bias gradient without an fp32 copy of dY; the quantizer's
+#           K-loop tiles): its GPU tests, the Hopper bench (--quick --no-mxfp8 --profile: the
+#           quantizer's tile sweep with the K loops), BlockAttention's sweep again (heads-inner
+#           forward now the default).
+#   PART=i  the Hopper bench again and the trainer command with --precision fp8_block
+#           beside bf16 (the f call's 150 s stages cut both during the cold compile).
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
@@ -30,5 +36,13 @@ g)
   st gpu_test 120 python3 -m pytest -q -p no:cacheprovider -rf model/tests/test_bench_local_mfu.py kernels/tests/test_block.py -k "graph or gpu or heads_inner"
   st sweep_block 90 python3 tools/sweep_block.py
   st mfu_graph 280 python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph ;;
+h)
+  st prec_tests 100 python3 -m pytest -q -p no:cacheprovider -rf precision/tests/test_fp8_block_triton.py precision/tests/test_fp8_block.py -k "gpu or opaque or bias_grad"
+  (cd precision && PYTHONPATH=.:$PYTHONPATH st hopper 150 python3 -m gem_precision.bench.hopper --quick --no-mxfp8 --profile)
+  st sweep_block 60 python3 tools/sweep_block.py ;;
+i)
+  (cd precision && PYTHONPATH=.:$PYTHONPATH st hopper 80 python3 -m gem_precision.bench.hopper --quick --no-mxfp8)
+  st tr_fp8 240 python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 300 --precision fp8_block
+  st tr_bf16 200 python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 300 ;;
 esac
 gpu_end

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
             for warps_bwd in (4, 8):
                 if warps_bwd != warps and not inner:
                     continue
-                _block.LAUNCH.update(heads_inner=inner, num_warps=warps, num_warps_bwd=warps_bwd)
+                _block.LAUNCH.update(heads_inner=inner, heads_inner_bwd=inner, num_warps=warps, num_warps_bwd=warps_bwd)
                 try:
                     got = block_attention(q, k, v, off, mx, block_size=BS)
                     same = bool(torch.equal(got, want))

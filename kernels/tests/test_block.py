@@ -75,11 +75,13 @@ def test_edges_whole_tile(rope: bool) -> None:
 @needs_triton
 @pytest.mark.parametrize("rope", [False, True])
 def test_heads_inner_launch_layout(rope: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The 1-D heads-inner grid (and other warp counts) that tools/sweep_block.py tries on the
-    GPU computes the same forward and backward as the reference, with several heads."""
+    """The launch layouts other than the defaults (1-D heads-inner vs 2-D grid, other warp
+    counts) that tools/sweep_block.py tries on the GPU compute the same forward and backward
+    as the reference, with several heads (the defaults are checked by every other test)."""
     from gem_kernels import _block
 
-    monkeypatch.setitem(_block.LAUNCH, "heads_inner", True)
+    monkeypatch.setitem(_block.LAUNCH, "heads_inner", not _block.LAUNCH["heads_inner"])
+    monkeypatch.setitem(_block.LAUNCH, "heads_inner_bwd", not _block.LAUNCH["heads_inner_bwd"])
     monkeypatch.setitem(_block.LAUNCH, "num_warps", 8)
     monkeypatch.setitem(_block.LAUNCH, "num_warps_bwd", 2)
     _check([0, 1, 15, 16, 17, 40], block_size=16, rope=rope, h=3, seed=5)

