@@ -11,8 +11,9 @@
 #           K-loop tiles): its GPU tests, the Hopper bench (--quick --no-mxfp8 --profile: the
 #           quantizer's tile sweep with the K loops), BlockAttention's sweep again (heads-inner
 #           forward now the default).
-#   PART=i  the Hopper bench again and the trainer command with --precision fp8_block
-#           beside bf16 (the f call's 150 s stages cut both during the cold compile).
+#   PART=i  the trainer command (200 steps: the cold compile takes most of the call)
+#           with --precision fp8_block beside bf16 (the f call's 150 s stages cut both during
+#           the cold compile).
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
@@ -41,8 +42,7 @@ h)
   (cd precision && PYTHONPATH=.:$PYTHONPATH st hopper 150 python3 -m gem_precision.bench.hopper --quick --no-mxfp8 --profile)
   st sweep_block 60 python3 tools/sweep_block.py ;;
 i)
-  (cd precision && PYTHONPATH=.:$PYTHONPATH st hopper 80 python3 -m gem_precision.bench.hopper --quick --no-mxfp8)
-  st tr_fp8 240 python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 300 --precision fp8_block
-  st tr_bf16 200 python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 300 ;;
+  st tr_fp8 290 python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 200 --precision fp8_block
+  st tr_bf16 190 python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 200 ;;
 esac
 gpu_end
