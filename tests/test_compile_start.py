@@ -142,3 +142,54 @@ def test_the_flags_hold_only_inside_a_block_call() -> None:
     assert seen == [[value for _, _, value in flags]] * 2
     assert [getattr(mod, name) for mod, name, _ in flags] == before
     assert before != [value for _, _, value in flags]  # the test would see a leak
+
+
+_SEEN: list[bool] = []  # the coalescing flag at each graph the backend below compiled
+
+
+def _recording(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
+    import torch._inductor.config as inductor_config
+    from torch._dynamo.backends.debugging import aot_eager
+
+    _SEEN.append(inductor_config.triton.coalesce_tiling_analysis)
+    return aot_eager(gm, example_inputs)
+
+
+torch._dynamo.register_backend(_recording, name="gem_test_recording")
+
+
+class _Wide(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(128, 128)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.lin(x)
+
+
+@pytest.mark.parametrize("precision", ["fp8_block", "bf16"])
+def test_fp8_block_blocks_compile_without_the_coalescing_analysis(precision: str) -> None:
+    """parallelize(precision="fp8_block", compile=...) turns inductor's coalescing tiling
+    analysis off while the blocks compile (it failed the h200 preset's fp8_block layers on
+    the H200); other precisions keep torch's setting, and the flag is restored after."""
+    import torch._inductor.config as inductor_config
+
+    if not hasattr(inductor_config.triton, "coalesce_tiling_analysis"):
+        pytest.skip("this torch has no inductor coalescing analysis")  # pragma: no cover
+    torch._dynamo.reset()
+    default = inductor_config.triton.coalesce_tiling_analysis
+    _SEEN.clear()
+    torch.manual_seed(2)
+    net = nn.Module()
+    net.blocks = nn.ModuleList([_Wide(), _Wide()])
+    ref = copy.deepcopy(net)
+    done = gem_parallel.parallelize(net, None, precision=precision, compile="gem_test_recording",
+                                    mxfp8_min_features=128)
+    x = torch.randn(200, 128)
+    got = net.blocks[1](net.blocks[0](x))
+    assert _SEEN and all(v == (default if precision == "bf16" else False) for v in _SEEN), _SEEN
+    assert inductor_config.triton.coalesce_tiling_analysis == default
+    assert len(done.mxfp8_converted) == (2 if precision == "fp8_block" else 0)
+    want = ref.blocks[1](ref.blocks[0](x))
+    tol = 0.1 if precision == "fp8_block" else 1e-6  # E4M3 operands
+    assert float((got - want).norm() / want.norm()) < tol

@@ -57,7 +57,8 @@ class Parallelized:
         return {"graphs": int(c["stats"]["unique_graphs"]), "graph_breaks": int(sum(c["graph_break"].values()))}
 
 
-def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str) -> None:
+def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str, *,
+                   fp8_block: bool = False) -> None:
     """Step 3: `torch.compile` of each (ModuleList, index) block, whole-graph, dynamic shapes.
 
     `fullgraph=True`: a graph break through the kernels' custom ops (or anywhere in a block)
@@ -74,6 +75,8 @@ def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str) -> 
     Args:
         units: `(parent, index)` pairs; `parent[index]` (an `nn.Module`) is compiled in place.
         backend: a `torch.compile` backend name ("inductor", "aot_eager", ...).
+        fp8_block: the blocks hold `gem_precision` fp8_block linears: inductor's coalescing
+            analysis is off while they compile (see `_compile_settings`).
     """
     if not isinstance(backend, str) or not backend:
         raise TypeError(f"backend={backend!r} must be a torch.compile backend name (a non-empty str)")
@@ -93,10 +96,10 @@ def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str) -> 
         block = parent[i]
         builtin = type(block).__module__.startswith("torch.nn.modules")
         block.compile(backend=backend, fullgraph=not builtin, dynamic=True)
-        block._compiled_call_impl = _with_compile_settings(block._compiled_call_impl)
+        block._compiled_call_impl = _with_compile_settings(block._compiled_call_impl, fp8_block=fp8_block)
 
 
-def _compile_settings() -> list[tuple[Any, str, Any]]:
+def _compile_settings(fp8_block: bool = False) -> list[tuple[Any, str, Any]]:
     """The compiler flags under which the blocks are traced (all read when dynamo compiles),
     as (config module, name, value) triples:
 
@@ -109,16 +112,27 @@ def _compile_settings() -> list[tuple[Any, str, Any]]:
     - AOTAutograd's cache also for graphs holding a custom `torch.autograd.Function` (the
       model's `_jagged.unique_rows`): without it that graph bypasses the cache and a warm
       start re-traces its joint forward+backward graph. The function's forward and backward
-      are traced into the graph, so they are part of the cache key.
+      are traced into the graph, so they are part of the cache key;
+    - with `fp8_block` (blocks of fp8_block linears): inductor's coalescing tiling analysis
+      off. On the H200 (torch 2.11, 2026-12-04) the h200 preset's first fp8_block layer
+      failed to compile there: `tiling_utils.get_pw_red_splits` asserts that a fused node's
+      size hint equals pointwise x reduction numel, which the dynamic (padded-to-128) token
+      count broke. The analysis only picks tile shapes; without it inductor tiles as before
+      it existed (and as it still does in fbcode, where it defaults to off).
     """
     flags: list[tuple[Any, str, Any]] = [(fx_config, "use_duck_shape", False),
                                          (torch._dynamo.config, "specialize_float", True)]
     if hasattr(torch._functorch.config, "autograd_cache_allow_custom_autograd_functions"):
         flags.append((torch._functorch.config, "autograd_cache_allow_custom_autograd_functions", True))
+    if fp8_block:
+        import torch._inductor.config as inductor_config
+
+        if hasattr(inductor_config.triton, "coalesce_tiling_analysis"):
+            flags.append((inductor_config.triton, "coalesce_tiling_analysis", False))
     return flags
 
 
-def _with_compile_settings(fn: Callable[..., Any] | None) -> Callable[..., Any]:
+def _with_compile_settings(fn: Callable[..., Any] | None, *, fp8_block: bool = False) -> Callable[..., Any]:
     """`fn` (a block's compiled call) run with `_compile_settings` set and then restored.
 
     Plain attribute swaps, not `config.patch` contexts: the wrapper runs at every call of
@@ -126,7 +140,7 @@ def _with_compile_settings(fn: Callable[..., Any] | None) -> Callable[..., Any]:
     call, the swaps ~15 us (the single patch before gem-parallel 0.3.2: ~21 us)."""
     if fn is None:
         raise RuntimeError("nn.Module.compile set no compiled call")
-    flags = _compile_settings()
+    flags = _compile_settings(fp8_block)
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -189,7 +203,8 @@ def parallelize(
     units = default_blocks(model)
     apply_ac_compile(units, ac, False)  # 2. (the wrappers replace the blocks in their lists)
     if compile:  # 3.
-        compile_blocks(units, "inductor" if compile is True else compile)
+        compile_blocks(units, "inductor" if compile is True else compile,
+                       fp8_block=precision is not None and precision.startswith(FP8_BLOCK_PREFIX))
         out.compiled_blocks = len(units)
     if meshes is None:
         return out
