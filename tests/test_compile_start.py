@@ -144,14 +144,20 @@ def test_the_flags_hold_only_inside_a_block_call() -> None:
     assert before != [value for _, _, value in flags]  # the test would see a leak
 
 
-_SEEN: list[bool] = []  # the coalescing flag at each graph the backend below compiled
+_SEEN: list[dict[str, bool]] = []  # the fp8_block flags at each graph the backend below compiled
+
+
+def _inductor_flags() -> dict[str, bool]:
+    import torch._inductor.config as inductor_config
+    from gem_parallel._parallelize import FP8_BLOCK_INDUCTOR_OFF
+
+    return {n: getattr(inductor_config.triton, n) for n in FP8_BLOCK_INDUCTOR_OFF if hasattr(inductor_config.triton, n)}
 
 
 def _recording(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
-    import torch._inductor.config as inductor_config
     from torch._dynamo.backends.debugging import aot_eager
 
-    _SEEN.append(inductor_config.triton.coalesce_tiling_analysis)
+    _SEEN.append(_inductor_flags())
     return aot_eager(gm, example_inputs)
 
 
@@ -168,16 +174,15 @@ class _Wide(nn.Module):
 
 
 @pytest.mark.parametrize("precision", ["fp8_block", "bf16"])
-def test_fp8_block_blocks_compile_without_the_coalescing_analysis(precision: str) -> None:
+def test_fp8_block_blocks_compile_without_two_inductor_features(precision: str) -> None:
     """parallelize(precision="fp8_block", compile=...) turns inductor's coalescing tiling
-    analysis off while the blocks compile (it failed the h200 preset's fp8_block layers on
-    the H200); other precisions keep torch's setting, and the flag is restored after."""
-    import torch._inductor.config as inductor_config
-
-    if not hasattr(inductor_config.triton, "coalesce_tiling_analysis"):
-        pytest.skip("this torch has no inductor coalescing analysis")  # pragma: no cover
+    analysis and mix-order reductions off while the blocks compile (each failed the h200
+    preset's fp8_block layers on the H200); other precisions keep torch's settings, and the
+    flags are the process's own again afterwards."""
+    default = _inductor_flags()
+    if not default:
+        pytest.skip("this torch has neither inductor feature")  # pragma: no cover
     torch._dynamo.reset()
-    default = inductor_config.triton.coalesce_tiling_analysis
     _SEEN.clear()
     torch.manual_seed(2)
     net = nn.Module()
@@ -187,8 +192,9 @@ def test_fp8_block_blocks_compile_without_the_coalescing_analysis(precision: str
                                     mxfp8_min_features=128)
     x = torch.randn(200, 128)
     got = net.blocks[1](net.blocks[0](x))
-    assert _SEEN and all(v == (default if precision == "bf16" else False) for v in _SEEN), _SEEN
-    assert inductor_config.triton.coalesce_tiling_analysis == default
+    want_flags = default if precision == "bf16" else {n: False for n in default}
+    assert _SEEN and all(seen == want_flags for seen in _SEEN), _SEEN
+    assert _inductor_flags() == default
     assert len(done.mxfp8_converted) == (2 if precision == "fp8_block" else 0)
     want = ref.blocks[1](ref.blocks[0](x))
     tol = 0.1 if precision == "fp8_block" else 1e-6  # E4M3 operands

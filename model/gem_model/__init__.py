@@ -18,7 +18,7 @@ from gem_model._layers import (
 from gem_model._baselines import LogisticRegression, PooledMLP
 from gem_model._model import GEMModel, TaskHeads
 
-__version__ = "0.3.6"
+__version__ = "0.3.7"
 
 __all__ = [
     "GDPAFFN",

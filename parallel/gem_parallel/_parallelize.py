@@ -75,8 +75,8 @@ def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str, *,
     Args:
         units: `(parent, index)` pairs; `parent[index]` (an `nn.Module`) is compiled in place.
         backend: a `torch.compile` backend name ("inductor", "aot_eager", ...).
-        fp8_block: the blocks hold `gem_precision` fp8_block linears: inductor's coalescing
-            analysis is off while they compile (see `_compile_settings`).
+        fp8_block: the blocks hold `gem_precision` fp8_block linears: two inductor features
+            are off while they compile (`FP8_BLOCK_INDUCTOR_OFF`, see `_compile_settings`).
     """
     if not isinstance(backend, str) or not backend:
         raise TypeError(f"backend={backend!r} must be a torch.compile backend name (a non-empty str)")
@@ -113,12 +113,15 @@ def _compile_settings(fp8_block: bool = False) -> list[tuple[Any, str, Any]]:
       model's `_jagged.unique_rows`): without it that graph bypasses the cache and a warm
       start re-traces its joint forward+backward graph. The function's forward and backward
       are traced into the graph, so they are part of the cache key;
-    - with `fp8_block` (blocks of fp8_block linears): inductor's coalescing tiling analysis
-      off. On the H200 (torch 2.11, 2026-12-04) the h200 preset's first fp8_block layer
-      failed to compile there: `tiling_utils.get_pw_red_splits` asserts that a fused node's
-      size hint equals pointwise x reduction numel, which the dynamic (padded-to-128) token
-      count broke. The analysis only picks tile shapes; without it inductor tiles as before
-      it existed (and as it still does in fbcode, where it defaults to off).
+    - with `fp8_block` (blocks of fp8_block linears), two inductor features off
+      (`FP8_BLOCK_INDUCTOR_OFF`; both default to off in fbcode). On the H200 (torch 2.11,
+      2026-12-04) the h200 preset's fp8_block layers failed first in the coalescing tiling
+      analysis (`tiling_utils.get_pw_red_splits` asserts that a fused node's size hint equals
+      pointwise x reduction numel; the dynamic token count broke it) and, with that off, in
+      the first backward: a mix-order reduction's workspace `.view(...)` had a symbolic size
+      that did not match the buffer ("shape '[360, 1024]' is invalid for input of size 288").
+      The first only picks tile shapes; the second fuses a row reduction with a column
+      reduction of the same input (e.g. a LayerNorm's backward) into one kernel.
     """
     flags: list[tuple[Any, str, Any]] = [(fx_config, "use_duck_shape", False),
                                          (torch._dynamo.config, "specialize_float", True)]
@@ -127,9 +130,15 @@ def _compile_settings(fp8_block: bool = False) -> list[tuple[Any, str, Any]]:
     if fp8_block:
         import torch._inductor.config as inductor_config
 
-        if hasattr(inductor_config.triton, "coalesce_tiling_analysis"):
-            flags.append((inductor_config.triton, "coalesce_tiling_analysis", False))
+        for name in FP8_BLOCK_INDUCTOR_OFF:
+            if hasattr(inductor_config.triton, name):
+                flags.append((inductor_config.triton, name, False))
     return flags
+
+
+# Inductor features off while fp8_block blocks compile (`_compile_settings`): with torch 2.11
+# on the H200 each failed the h200 preset's fp8_block layers, under dynamic token counts.
+FP8_BLOCK_INDUCTOR_OFF = ("coalesce_tiling_analysis", "mix_order_reduction")
 
 
 def _with_compile_settings(fn: Callable[..., Any] | None, *, fp8_block: bool = False) -> Callable[..., Any]:
