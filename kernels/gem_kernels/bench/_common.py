@@ -149,13 +149,15 @@ def bench_ms(fn: Callable[[], object], *, warmup: int = 3, iters: int = 10) -> f
     return statistics.median(times)
 
 
-def bench_graph_ms(fn: Callable[[], object], *, iters: int = 10) -> float | None:
-    """Median ms of `fn` replayed as a CUDA graph: device time without Python launch overhead.
+def capture_graph(fn: Callable[[], object]) -> tuple[Callable[[], None] | None, str | None]:
+    """(`fn` captured in a CUDA graph -> its replay, None) or (None, why it was not captured).
 
-    None on the CPU or when `fn` cannot be captured.
+    `fn` runs twice on a side stream first (warm-up, as torch's capture rules ask), then once
+    under capture; each replay re-runs the captured kernels on the same memory. Used by the
+    kernels' benches and by `gem_model.bench.local_mfu --cuda-graph`.
     """
     if not torch.cuda.is_available():
-        return None
+        return None, "no CUDA"
     try:
         side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream())
@@ -166,9 +168,20 @@ def bench_graph_ms(fn: Callable[[], object], *, iters: int = 10) -> float | None
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
-        return bench_ms(graph.replay, warmup=2, iters=iters)
-    except Exception:  # noqa: BLE001 - a capture failure only drops this figure
-        return None
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - reported to the caller: its figure is left out, not faked
+        torch.cuda.synchronize()
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    return graph.replay, None
+
+
+def bench_graph_ms(fn: Callable[[], object], *, iters: int = 10) -> float | None:
+    """Median ms of `fn` replayed as a CUDA graph: device time without Python launch overhead.
+
+    None on the CPU or when `fn` cannot be captured.
+    """
+    replay, _ = capture_graph(fn)
+    return None if replay is None else bench_ms(replay, warmup=2, iters=iters)
 
 
 def env_info() -> dict[str, str]:

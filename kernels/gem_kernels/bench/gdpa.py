@@ -39,6 +39,7 @@ from gem_kernels._block import rope_tables
 from gem_kernels.bench._common import (
     attention_flops,
     bench_ms,
+    capture_graph,
     emit_json,
     env_info,
     lognormal_lengths,
@@ -87,23 +88,13 @@ def _graph_ms(fn: Callable[[], torch.Tensor], iters: int) -> float | None:
 
     The per-call timings include the host work of a call (checks, autograd bookkeeping,
     launch), which is the same order as the kernel for the ~0.1 ms memory-bound cases."""
-    if not torch.cuda.is_available():
+    with torch.no_grad():
+        replay, why = capture_graph(fn)
+    if replay is None:
+        if why != "no CUDA":
+            print(f"(CUDA graph timing unavailable: {why})", flush=True)
         return None
-    try:
-        with torch.no_grad():
-            side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    fn()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
-        return bench_ms(graph.replay, iters=iters)
-    except Exception as e:  # noqa: BLE001 - graph capture is a bonus column
-        print(f"(CUDA graph timing unavailable: {type(e).__name__}: {e})", flush=True)
-        return None
+    return bench_ms(replay, iters=iters)
 
 
 def _padded_gdpa(act: str, scale: float, divisor: float) -> Callable[..., torch.Tensor]:

@@ -72,28 +72,13 @@ def _timer(device: torch.device) -> Callable[[Callable[[], None], int, int], flo
 
 
 def graphed(fn: Callable[[], None], device: torch.device) -> tuple[Callable[[], None] | None, str | None]:
-    """(`fn` captured in a CUDA graph -> its replay, None) or (None, why it was not captured).
-
-    `fn` runs twice on a side stream first (warm-up, as torch's capture rules ask), then once
-    under capture; each replay re-runs the captured kernels on the same memory.
-    """
+    """(`fn` captured in a CUDA graph -> its replay, None) or (None, why it was not captured):
+    `gem_kernels.bench._common.capture_graph` on CUDA, "no CUDA" elsewhere."""
     if device.type != "cuda":
         return None, "no CUDA"
-    try:
-        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        torch.cuda.synchronize()
-    except Exception as e:  # noqa: BLE001 - reported: the figure is left out, not faked
-        torch.cuda.synchronize()
-        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-    return graph.replay, None
+    from gem_kernels.bench._common import capture_graph
+
+    return capture_graph(fn)
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
