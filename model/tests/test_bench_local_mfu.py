@@ -91,7 +91,7 @@ def test_graph_replay_computes_the_eager_step() -> None:
         net.zero_grad(set_to_none=True)
         net(x).square().mean().backward()  # type: ignore[no-untyped-call]
 
-    replay, why = local_mfu.graphed(step, x.device)
+    replay, why = local_mfu.capture_graph(step)
     assert replay is not None and why is None
     x.copy_(torch.randn_like(x))
     replay()

@@ -170,7 +170,6 @@ def capture_graph(fn: Callable[[], object]) -> tuple[Callable[[], None] | None, 
             fn()
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - reported to the caller: its figure is left out, not faked
-        torch.cuda.synchronize()
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     return graph.replay, None
 

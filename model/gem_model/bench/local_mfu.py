@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gem_kernels.bench._common import capture_graph
 from gem_model import GEMConfig, GEMModel, presets
 from gem_model._flops import Shapes
 from gem_model.bench._batch import lognormal_lengths, make_batch
@@ -69,16 +70,6 @@ def _timer(device: torch.device) -> Callable[[Callable[[], None], int, int], flo
         return float(statistics.median(times))
 
     return run
-
-
-def graphed(fn: Callable[[], None], device: torch.device) -> tuple[Callable[[], None] | None, str | None]:
-    """(`fn` captured in a CUDA graph -> its replay, None) or (None, why it was not captured):
-    `gem_kernels.bench._common.capture_graph` on CUDA, "no CUDA" elsewhere."""
-    if device.type != "cuda":
-        return None, "no CUDA"
-    from gem_kernels.bench._common import capture_graph
-
-    return capture_graph(fn)
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
@@ -136,7 +127,6 @@ def bench_modules(
     graph: bool = False,
 ) -> dict[str, dict[str, float]]:
     rows: dict[str, dict[str, float]] = {}
-    device = batch.labels.device
     for name, (mod, args, kwargs) in capture(model, batch, autocast).items():
         leaves = [t for t in _tensors(args) if t.requires_grad]
 
@@ -155,7 +145,7 @@ def bench_modules(
         rows[name] = {"count": n, "ms": sec * 1e3, "tflops": flops / sec / 1e12, "mfu": flops / sec / PEAK,
                       "total_ms": n * sec * 1e3, "total_gflop": n * flops / 1e9}
         if graph:
-            replay, why = graphed(step, device)
+            replay, why = capture_graph(step)
             if replay is None:
                 print(f"{name}: not captured in a CUDA graph ({why})")
             else:
@@ -186,7 +176,7 @@ def bench_e2e(
     sec = timer(step, warmup, iters)
     if not graph:
         return sec, None
-    replay, why = graphed(step, batch.labels.device)
+    replay, why = capture_graph(step)
     if replay is None:
         print(f"model e2e: not captured in a CUDA graph ({why})")
         return sec, None
