@@ -154,7 +154,8 @@ def capture_graph(fn: Callable[[], object]) -> tuple[Callable[[], None] | None, 
 
     `fn` runs twice on a side stream first (warm-up, as torch's capture rules ask), then once
     under capture; each replay re-runs the captured kernels on the same memory. Used by the
-    kernels' benches and by `gem_model.bench.local_mfu --cuda-graph`.
+    kernels' benches (`gem_model.bench.local_mfu` keeps its own copy: this folder is not part
+    of the gem_kernels library that package depends on).
     """
     if not torch.cuda.is_available():
         return None, "no CUDA"

@@ -35,7 +35,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from gem_kernels.bench._common import capture_graph
 from gem_model import GEMConfig, GEMModel, presets
 from gem_model._flops import Shapes
 from gem_model.bench._batch import lognormal_lengths, make_batch
@@ -70,6 +69,32 @@ def _timer(device: torch.device) -> Callable[[Callable[[], None], int, int], flo
         return float(statistics.median(times))
 
     return run
+
+
+def capture_graph(fn: Callable[[], None]) -> tuple[Callable[[], None] | None, str | None]:
+    """(`fn` captured in a CUDA graph -> its replay, None) or (None, why it was not captured).
+
+    `fn` runs twice on a side stream first (warm-up, as torch's capture rules ask), then once
+    under capture; each replay re-runs the captured kernels on the same memory. (The kernels'
+    benches have the same helper in `gem_kernels.bench._common`; that folder is not part of
+    the gem_kernels library this package depends on, so it cannot be imported from here.)
+    """
+    if not torch.cuda.is_available():
+        return None, "no CUDA"
+    try:
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - reported: the figure is left out, not faked
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    return graph.replay, None
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
