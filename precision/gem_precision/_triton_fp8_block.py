@@ -62,12 +62,13 @@ class QuantTile:
     num_stages: int = 1
 
 
-TILE = QuantTile()
-# What the bench sweeps on the GPU (the first is the default). On the H200 (2026-12-04) the
-# one-tile programs reached 37-42 % of a copy's bandwidth; every pipelined K loop tried was
-# slower (at 262,144 x 4096: w8 k8s3 1,410 GB/s, w8 k4s2 1,240, w4 k4s2 1,086, w4 k4s3 938,
-# against 1,563 for the default), so the sweep keeps only the best of them.
-TILES = (TILE, QuantTile(num_warps=4), QuantTile(bm=256, num_warps=8), QuantTile(bk=256, num_warps=8),
+TILE = QuantTile(num_warps=4)
+# What the bench sweeps on the GPU (the first is the default). On the H200 (2026-12-04, with the
+# short path for tiles without NaN/Inf) 128x128 with 4 warps moved 2,690 GB/s at 262,144 x 1024
+# and 2,169 at x 4096 (65 % / 51 % of a copy), 128x256 w8 2,207 / 2,170, 128x128 w8 1,895 /
+# 1,838; the pipelined K loops (QuantTile.k_loop) were slower at every size (~970), so the
+# sweep keeps only the best of them.
+TILES = (TILE, QuantTile(bk=256, num_warps=8), QuantTile(num_warps=8), QuantTile(bm=256, num_warps=8),
          QuantTile(num_warps=8, k_loop=8, num_stages=3))
 
 
@@ -108,33 +109,57 @@ def _quant_tile(x_ptr, sxm, sxk, M, qr_ptr, sr_ptr, qc_ptr, sc_ptr, K, M_IN, row
         xf = tl.load(ptrs).to(tl.float32)
     bits = xf.to(tl.int32, bitcast=True)
     a = bits & 0x7FFFFFFF
-    sign = (bits >> 31) & 1
-    if NAN_SIGN:
-        special = tl.where(a > 0x7F800000, 0x7F, INF_CODE) | (sign << 7)  # NaN / Inf elements
-    else:  # a NaN's sign dropped, as torch's multiply on this device does
-        special = tl.where(a > 0x7F800000, 0x7F, INF_CODE | (sign << 7))
-    nonfinite = a >= 0x7F800000
+    # The blocks' amax (integer max of |x|'s bits: NaN/Inf dominate), and the tile's.
+    amax_r = tl.max(tl.reshape(a, (BM, BK // BLOCK, BLOCK)), axis=2)  # [BM, BK/128]
+    amax_c = tl.max(tl.reshape(a, (BM // BLOCK, BLOCK, BK)), axis=1)  # [BM/128, BK]
     if ROWS:
-        a3 = tl.reshape(a, (BM, BK // BLOCK, BLOCK))
-        amax = tl.max(a3, axis=2)  # [BM, BK/128]
-        e = _exponent(amax)
+        top = tl.max(tl.max(amax_r, axis=1), axis=0)
+    else:
+        top = tl.max(tl.max(amax_c, axis=1), axis=0)
+    # A tile without NaN/Inf (nearly all) skips the per-element NaN/Inf codes: on the H200 that
+    # took 128x128 w8 from 1,563 to 1,838 GB/s at 262,144 x 4096 (w4: 2,169, now the default).
+    if top < 0x7F800000:
+        _emit(bits, xf, a, amax_r, amax_c, rows, cols, pid_m, pid_k, M, K, qr_ptr, sr_ptr, qc_ptr, sc_ptr,
+              BM, BK, BLOCK, ROWS, COLS, INT_CVT, INF_CODE, NAN_SIGN, False)
+    else:
+        _emit(bits, xf, a, amax_r, amax_c, rows, cols, pid_m, pid_k, M, K, qr_ptr, sr_ptr, qc_ptr, sc_ptr,
+              BM, BK, BLOCK, ROWS, COLS, INT_CVT, INF_CODE, NAN_SIGN, True)
+
+
+@triton.jit
+def _emit(bits, xf, a, amax_r, amax_c, rows, cols, pid_m, pid_k, M, K, qr_ptr, sr_ptr, qc_ptr, sc_ptr,
+          BM: tl.constexpr, BK: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
+          INT_CVT: tl.constexpr, INF_CODE: tl.constexpr, NAN_SIGN: tl.constexpr, SPECIAL: tl.constexpr):
+    # SPECIAL: the tile holds NaN/Inf, whose elements get torch's codes for them.
+    if SPECIAL:
+        sign = (bits >> 31) & 1
+        if NAN_SIGN:
+            special = tl.where(a > 0x7F800000, 0x7F, INF_CODE) | (sign << 7)  # NaN / Inf elements
+        else:  # a NaN's sign dropped, as torch's multiply on this device does
+            special = tl.where(a > 0x7F800000, 0x7F, INF_CODE | (sign << 7))
+        special = special.to(tl.uint8)
+        nonfinite = a >= 0x7F800000
+    if ROWS:
+        e = _exponent(amax_r)
         code = _codes(tl.reshape(bits, (BM, BK // BLOCK, BLOCK)), tl.reshape(xf, (BM, BK // BLOCK, BLOCK)),
                       e[:, :, None], INT_CVT)
-        code = tl.where(nonfinite, special, tl.reshape(code, (BM, BK)))
-        tl.store(qr_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], code.to(tl.uint8))
+        code = tl.reshape(code, (BM, BK))
+        if SPECIAL:
+            code = tl.where(nonfinite, special, code)
+        tl.store(qr_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], code)
         kb = pid_k * (BK // BLOCK) + tl.arange(0, BK // BLOCK)
-        tl.store(sr_ptr + rows[:, None].to(tl.int64) * (K // BLOCK) + kb[None, :], _scale(amax, e))
+        tl.store(sr_ptr + rows[:, None].to(tl.int64) * (K // BLOCK) + kb[None, :], _scale(amax_r, e))
     if COLS:
-        a3 = tl.reshape(a, (BM // BLOCK, BLOCK, BK))
-        amax = tl.max(a3, axis=1)  # [BM/128, BK]
-        e = _exponent(amax)
+        e = _exponent(amax_c)
         code = _codes(tl.reshape(bits, (BM // BLOCK, BLOCK, BK)), tl.reshape(xf, (BM // BLOCK, BLOCK, BK)),
                       e[:, None, :], INT_CVT)
-        code = tl.where(nonfinite, special, tl.reshape(code, (BM, BK)))
+        code = tl.reshape(code, (BM, BK))
+        if SPECIAL:
+            code = tl.where(nonfinite, special, code)
         # t^T [K, M]: the tile transposed, so the store runs along M (contiguous there)
-        tl.store(qc_ptr + cols[:, None].to(tl.int64) * M + rows[None, :], tl.trans(code.to(tl.uint8)))
+        tl.store(qc_ptr + cols[:, None].to(tl.int64) * M + rows[None, :], tl.trans(code))
         mb = pid_m * (BM // BLOCK) + tl.arange(0, BM // BLOCK)
-        tl.store(sc_ptr + mb[:, None].to(tl.int64) * K + cols[None, :], _scale(amax, e))
+        tl.store(sc_ptr + mb[:, None].to(tl.int64) * K + cols[None, :], _scale(amax_c, e))
 
 
 @triton.jit
@@ -155,12 +180,12 @@ def _scale(amax_bits, e):
 
 @triton.jit
 def _codes(bits3, x3, e3, INT_CVT: tl.constexpr):
-    # E4M3 code (as int32) of x * 2^-e, round to nearest even; |x * 2^-e| <= 448 here.
+    # E4M3 code (uint8) of x * 2^-e, round to nearest even; |x * 2^-e| <= 448 here.
     if INT_CVT:
-        code = _encode(bits3, e3 + 127, 3, -6, 0x7E)  # E4M3: 3 mantissa bits, emin -6, max 0x7E
+        code = _encode(bits3, e3 + 127, 3, -6, 0x7E).to(tl.uint8)  # E4M3: 3 mantissa bits, emin -6, max 0x7E
     else:
         inv = ((127 - e3) << 23).to(tl.float32, bitcast=True)
-        code = (x3 * inv).to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+        code = (x3 * inv).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     return code
 
 

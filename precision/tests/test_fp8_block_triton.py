@@ -173,6 +173,16 @@ def test_linear_triton_quant_equals_torch(wgrad_bf16: bool, monkeypatch: pytest.
             assert torch.equal(a, b)
 
 
+def test_finite_tiles_beside_a_tile_with_inf() -> None:
+    # A tile without NaN/Inf takes the kernel's short path (no per-element special codes); one
+    # with an Inf the full path. Both bit-exact in the same call, rows and cols.
+    torch.manual_seed(5)
+    t = torch.randn(384, 512) * torch.exp2(torch.randint(-30, 30, (384, 4))).repeat_interleave(128, 1)
+    t[300, 400] = float("inf")
+    _check(t.to(DEV))
+    _check(t.to(torch.bfloat16).to(DEV)[:333])
+
+
 def test_cpu_without_interpreter_uses_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     x = torch.ones(2, 128)

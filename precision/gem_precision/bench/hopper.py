@@ -126,6 +126,7 @@ def quant_row(M: int, K: int) -> dict[str, Any]:
     tiles.sort()
     res["fused ms"], res["fused tile"] = tiles[0]
     res["tiles GB/s"] = {name: nbytes / ms / 1e6 for ms, name in tiles}
+    res["rows only ms"] = _bench(lambda: tfb.quantize_rows_cols_triton(t, True, False), rep_ms=50)
     res["torch pair ms"] = _bench(lambda: (rows_c(t), cols_c(t)), rep_ms=50)
     src = torch.empty(nbytes // 2, device="cuda", dtype=torch.uint8)
     dst = torch.empty_like(src)
@@ -141,7 +142,8 @@ def _fmt_quant(q: dict[str, Any]) -> str:
     tiles = " ".join(f"{n} {g:.0f}" for n, g in q["tiles GB/s"].items())
     return (f"{q['M']:>6} x {q['K']:<5} | {q['fused GB/s']:6.0f} ({q['fused ms']:.3f} ms) | "
             f"{q['torch pair GB/s']:6.0f} ({q['torch pair ms']:.3f} ms) | {q['copy GB/s']:6.0f} | "
-            f"x{q['fused x torch pair']:.2f} | {q['fused % of copy']:4.0f} % | {q['fused_bit_exact_vs_torch']} | {tiles}")
+            f"x{q['fused x torch pair']:.2f} | {q['fused % of copy']:4.0f} % | {q['fused_bit_exact_vs_torch']} | "
+            f"rows only {q['rows only ms']:.3f} ms | {tiles}")
 
 
 def _fmt(r: dict[str, Any], names: list[str]) -> str:
@@ -237,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     print("quantizer alone, bf16 [M, K] -> 1x128 codes+scales along K and along M (x^T): GB/s over "
           "the same bytes (read once, write both)")
     print(f"{'M x K':<14} | {'triton fused (ms)':<20} | {'torch pair (ms)':<20} | {'copy':>6} | "
-          "fused/torch | % copy | bit-exact | GB/s per tile (best first)")
+          "fused/torch | % copy | bit-exact | rows only | GB/s per tile (best first)")
     quants = []
     for M, K in dict.fromkeys((M, d) for M, N, K in shapes for d in (K, N) if M % 128 == 0):
         q = quant_row(M, K)
