@@ -10,6 +10,12 @@
 #           at 290 s, still before its first step (cold inductor + FlashAttention-4 compiles).
 #   PART=b  0.3.4 with 128x128 w4 the default tile: the Hopper bench, then the fp8_block_wgrad_bf16
 #           trainer with a longer stage (recompiles logged), then bf16 beside if time is left.
+#           Linear fwd+bwd 1.07-1.12x bf16 at the trainer's shapes, 1.31x at 8192^3; the trainer
+#           recompiled its blocks each time a batch's token count crossed a multiple of 128
+#           (a guard on the fp8_block pad), ~80-100 s per compile, and was cut before step 1.
+#   PART=c  with that guard gone (gem-precision 0.3.4): the h200 trainer eager (--no-compile),
+#           bf16 then fp8_block_wgrad_bf16, 60 steps each; then the compiled fp8_block_wgrad_bf16
+#           run for what is left of the call (recompiles logged).
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 TR="python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress"
@@ -17,7 +23,7 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   echo "=== setup"; tail -n 3 "$OUT/setup.log" 2>/dev/null | cut -c1-300
   for f in gpu_test prec_tests; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -E "FAILED|Error" "$OUT/$f.log" | head -5 | cut -c1-300; tail -n 2 "$OUT/$f.log" | cut -c1-300; }; done
   [ -f "$OUT/hopper.log" ] && { echo "=== hopper"; grep -v "^{" "$OUT/hopper.log" | tail -n 45 | cut -c1-260; }
-  for r in fp8 fp8w bf16; do [ -f "$OUT/tr_$r.log" ] && { echo "--- $r"; python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -1 | cut -c1-500; grep -iE "error|Traceback" "$OUT/tr_$r.log" | head -3 | cut -c1-300; tail -n 3 "$OUT/tr_$r.log" | cut -c1-300; }; done
+  for r in bf16e fp8e fp8 fp8w bf16; do [ -f "$OUT/tr_$r.log" ] && { echo "--- $r"; python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -1 | cut -c1-500; grep -iE "error|Traceback" "$OUT/tr_$r.log" | head -3 | cut -c1-300; tail -n 3 "$OUT/tr_$r.log" | cut -c1-300; }; done
   for f in mfu_graph; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -v '^{' "$OUT/$f.log" | tail -n 24 | cut -c1-200; }; done
 }
 T0=$(date +%s)
@@ -33,5 +39,9 @@ b)
   (cd precision && PYTHONPATH=.:$PYTHONPATH st hopper 80 python3 -m gem_precision.bench.hopper --quick --no-mxfp8 --profile)
   TORCH_LOGS=recompiles st tr_fp8w 400 $TR --steps 120 --precision fp8_block_wgrad_bf16
   st tr_bf16 $(( 560 - $(date +%s) + T0 )) $TR --steps 120 ;;
+c)
+  st tr_bf16e 80 $TR --steps 60 --no-compile
+  st tr_fp8e 80 $TR --steps 60 --no-compile --precision fp8_block_wgrad_bf16
+  TORCH_LOGS=recompiles st tr_fp8w $(( ${END:-410} - $(date +%s) + T0 )) $TR --steps 80 --precision fp8_block_wgrad_bf16 ;;
 esac
 gpu_end

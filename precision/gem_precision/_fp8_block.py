@@ -264,7 +264,9 @@ class _FP8BlockFn(torch.autograd.Function):
             if fused:  # x read once for both layouts (x^T's codes are kept for the wgrad); the
                 # quantizer pads to 128 rows itself (zero rows, no padded copy of x)
                 xr, xt = _fused_quant(x2, True, need_xt)
-            x2p = nn.functional.pad(x2, (0, 0, 0, pad)) if pad and not fused else x2  # the torch quantizers' input
+            # the torch quantizers' input (`fused` first: a traced `pad` test would guard on the
+            # token count's remainder mod 128 and recompile when a batch crosses it)
+            x2p = nn.functional.pad(x2, (0, 0, 0, pad)) if not fused and pad else x2
             xq, xs = xr if xr is not None else _quant(quantize_rows, be, compile_quant)(x2p)
             wq, ws = _quant(quantize_tiles, be, compile_quant)(weight)
             b = bias.to(torch.bfloat16) if bias is not None else None
@@ -279,9 +281,7 @@ class _FP8BlockFn(torch.autograd.Function):
             ctx.save_for_backward(*saved)
             ctx.cfg = (wgrad_bf16, be, compile_quant, fused, M, x.shape, _grad_dtype(x.dtype), weight.dtype,
                        bias is not None)
-            if pad:
-                y = y[:M]
-            return y.reshape(*x.shape[:-1], N)
+            return y[:M].reshape(*x.shape[:-1], N)  # (the padded rows' outputs dropped)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -299,12 +299,12 @@ class _FP8BlockFn(torch.autograd.Function):
             dyt: _Pair | None = None
             if fused and (need_dx or need_dyt):  # dY read once for both layouts (padded inside)
                 dyr, dyt = _fused_quant(dy2, need_dx, need_dyt)
-            dy2p = nn.functional.pad(dy2, (0, 0, 0, pad)) if pad and not fused else dy2
+            dy2p = nn.functional.pad(dy2, (0, 0, 0, pad)) if not fused and pad else dy2
             if need_dx:
                 wtq, ws = saved.pop(0), saved.pop(0)
                 dyq, dys = dyr if dyr is not None else _quant(quantize_rows, be, cq)(dy2p)
                 dx = block_mm(dyq, dys, wtq, ws.t(), b_tiles=True, out_dtype=x_dtype, backend=be)
-                dx = (dx[:M] if pad else dx).reshape(x_shape)
+                dx = dx[:M].reshape(x_shape)
             if need_dyt:
                 xtq, xts = saved.pop(0), saved.pop(0)
                 dytq, dyts = dyt if dyt is not None else _quant(quantize_cols, be, cq)(dy2p)

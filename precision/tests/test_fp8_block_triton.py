@@ -247,3 +247,25 @@ def test_gpu_linear_triton_equals_torch() -> None:
             torch.testing.assert_close(db, want[-1], rtol=1e-5, atol=1e-4)
         else:
             assert torch.equal(db, want[-1])
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU emulation; the GPU runs the trainer's compiled fp8_block blocks")
+@pytest.mark.parametrize("wgrad_bf16", [False, True])
+def test_compiled_fused_linear_keeps_one_graph_over_token_counts(wgrad_bf16: bool) -> None:
+    # The fused quantizer pads inside, so the traced linear must not branch on whether the
+    # token count is a multiple of 128: a guard on it recompiled the h200 preset's fp8_block
+    # blocks each time a batch's count crossed it (~90 s per compile on the H200, 2026-12-04).
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    torch.manual_seed(1)
+    lin = FP8BlockLinear(256, 384, config=FP8BlockConfig(quant="triton", wgrad_bf16=wgrad_bf16))
+    cnt = CompileCounterWithBackend("aot_eager")
+    f = torch.compile(lin, backend=cnt, dynamic=True, fullgraph=True)
+    for m in (200, 256, 300, 384, 131):  # (one 128-row block would specialize the emulation on 1)
+        x = torch.randn(m, 256)
+        dy = torch.randn(m, 384, dtype=torch.bfloat16)
+        got = _run(f, x, dy)  # type: ignore[arg-type]
+        for a, b in zip(got, _run(lin, x, dy)):
+            assert torch.equal(a, b)
+    assert cnt.frame_count == 1, f"{cnt.frame_count} compiles for 5 token counts"
