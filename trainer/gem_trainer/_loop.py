@@ -36,7 +36,7 @@ from gem_checkpoint import Checkpointer, RNGState
 from gem_trainer._metrics import WARMUP_STEPS, MetricLog, Timers, mfu
 from gem_trainer._optim import Optimizers, RowWiseAdagrad, dense_adamw, embedding_tables
 from gem_trainer._stats import task_metrics
-from gem_trainer.config import TrainConfig, resolve_ckpt_writer
+from gem_trainer.config import TrainConfig, keep_bf16_patterns, resolve_ckpt_writer
 
 
 class _AppState:
@@ -190,7 +190,8 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
     # Every value but fp32/bf16 (autocast) is a gem_precision recipe that converts the linears.
     precision = None if cfg.precision in ("fp32", "bf16") else cfg.precision
     if world == 1 and not sharded:
-        done = gem_parallel.parallelize(model, None, precision=precision, compile=cfg.compile)
+        done = gem_parallel.parallelize(model, None, precision=precision, compile=cfg.compile,
+                                        keep_bf16=keep_bf16_patterns(cfg))
         return done.model, build_optimizer(done.model, cfg)
     if world == 1 and not dist.is_initialized():
         # One process with torchrec tables: a world of one, so the code path (and the
@@ -215,7 +216,7 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
     policy = gem_parallel.BF16_MIXED if device.type == "cuda" and cfg.precision != "fp32" else None
     done = gem_parallel.parallelize(model, meshes, precision=precision, compile=cfg.compile,
                                     shard_tables=shard_tables if sharded else None,
-                                    mp_policy=policy, comms=cfg.comms)
+                                    mp_policy=policy, comms=cfg.comms, keep_bf16=keep_bf16_patterns(cfg))
     return done.model, build_optimizer(done.model, cfg, exclude=done.ignored_params)
 
 

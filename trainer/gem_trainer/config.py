@@ -35,8 +35,12 @@ class TrainConfig:
             "thread" otherwise), "thread" (DCP writes from a thread of the training process)
             or "process" (from a child process with its own GIL; one process only).
         resume: continue from the newest good checkpoint in ckpt_dir.
-        precision: "bf16" (GPU autocast) / "fp32", or a low-precision recipe ("fp8_block": faster
-            than bf16 on Hopper; "mxfp8_rceil", ...: MX numerics; precision/README.md).
+        precision: "bf16" (GPU autocast) / "fp32", or a low-precision recipe ("fp8_block*": Hopper's
+            blockwise FP8, faster per linear than bf16, 0.93x bf16's compiled h200 step so far;
+            "mxfp8_rceil", ...: MX numerics; precision/README.md).
+        keep_bf16: comma-separated fnmatch patterns of module names a low-precision recipe
+            leaves in bf16 (the task heads by default; "heads*,*interaction*,*summary*" also
+            keeps the linears that read per-sample rows rather than the token stream).
         log_dir: JSONL + TensorBoard logs; "" disables.
         log_every: metrics line every N steps.
         eval_batches: held-out batches scored at the end for NE/AUC (64 x 64 samples =
@@ -83,6 +87,7 @@ class TrainConfig:
     ckpt_writer: str = "auto"
     resume: bool = False
     precision: str = "fp32"
+    keep_bf16: str = "heads*"
     log_dir: str = ""
     log_every: int = 10
     eval_batches: int = 64
@@ -135,12 +140,21 @@ class TrainConfig:
             raise ValueError(f"comms={self.comms!r} must be one of {COMMS}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision={self.precision!r} must be one of {PRECISIONS}")
+        if not isinstance(self.keep_bf16, str) or any(not p.strip() for p in self.keep_bf16.split(",")):
+            raise ValueError(f"keep_bf16={self.keep_bf16!r} must be comma-separated non-empty fnmatch patterns "
+                             "(e.g. 'heads*,*interaction*')")
         if self.compile_cache and not self.compile:
             raise ValueError(f"compile_cache={self.compile_cache!r} needs compile=True (it caches compiled graphs)")
         if self.export_teacher and self.sparse_sharding != "none":
             # torchrec's sharded tables are not a plain GEMModel state dict (save_teacher's format)
             raise ValueError(f"export_teacher={self.export_teacher!r} needs sparse_sharding='none' "
                              f"(got {self.sparse_sharding!r}): a teacher file holds unsharded tables")
+
+
+
+def keep_bf16_patterns(cfg: TrainConfig) -> tuple[str, ...]:
+    """cfg.keep_bf16 as the patterns gem_parallel.parallelize takes."""
+    return tuple(p.strip() for p in cfg.keep_bf16.split(","))
 
 
 COMMS = ("nccl", "copy_engine", "auto")
@@ -163,7 +177,7 @@ def resolve_ckpt_writer(writer: str, world: int, device: torch.device) -> str:
 
 
 # The mxfp8_* / fp8_block* values are gem_precision recipe names (`gem_precision.convert`),
-# passed through as is. fp8_block: the fast one on Hopper; mxfp8_*: MX numerics (precision/README.md).
+# passed through as is. fp8_block*: Hopper's blockwise FP8; mxfp8_*: MX numerics (precision/README.md).
 PRECISIONS = ("fp32", "bf16", "mxfp8_floor", "mxfp8_rceil", "mxfp8_rceil_wgrad_bf16",
               "fp8_block", "fp8_block_wgrad_bf16")
 

@@ -57,6 +57,42 @@ def test_trainer_passes_every_recipe_to_parallelize(precision: str, monkeypatch:
     model = gem_model.GEMModel(model_config(cfg, data_config(cfg)))
     _loop._parallelize(model, cfg, 1, torch.device("cpu"))
     assert seen["precision"] == (None if precision in ("fp32", "bf16") else precision)
+    assert seen["keep_bf16"] == ("heads*",)  # the task heads stay bf16 by default
+
+
+def test_keep_bf16_patterns_reach_the_conversion(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--keep-bf16 names what a recipe leaves in bf16: here the interaction and summary
+    linears too, which the conversion then skips (tiny model, threshold lowered)."""
+    from gem_trainer import _loop
+    from gem_trainer.__main__ import parse_args
+
+    cfg = parse_args(["--precision", "mxfp8_rceil", "--keep-bf16", "heads*, *interaction*,*summary*",
+                      "--batch-size", "16"])
+    real = gem_parallel.parallelize
+    done: list[object] = []
+
+    def spy(model: torch.nn.Module, meshes: object = None, **kw: object) -> object:
+        out = real(model, meshes, mxfp8_min_features=32, **kw)  # type: ignore[arg-type]
+        done.append(out)
+        return out
+
+    monkeypatch.setattr(gem_parallel, "parallelize", spy)
+    model = gem_model.GEMModel(model_config(cfg, data_config(cfg)))
+    _loop._parallelize(model, cfg, 1, torch.device("cpu"))
+    converted = done[0].mxfp8_converted  # type: ignore[attr-defined]
+    assert converted and not any(k in n for n in converted for k in ("heads", "interaction", "summary"))
+    mx = {n for n, m in model.named_modules() if isinstance(m, MXFP8Linear)}
+    assert mx == set(converted)
+    # the same model with the default keeps only the heads: more linears convert
+    model2 = gem_model.GEMModel(model_config(cfg, data_config(cfg)))
+    _loop._parallelize(model2, tiny(precision="mxfp8_rceil", batch_size=16), 1, torch.device("cpu"))
+    assert any("interaction" in n for n in done[1].mxfp8_converted)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("bad", ["", "heads*,", " ,x"])
+def test_keep_bf16_refuses_empty_patterns(bad: str) -> None:
+    with pytest.raises(ValueError, match=r"keep_bf16=.* must be comma-separated non-empty fnmatch patterns"):
+        tiny(keep_bf16=bad).validate()
 
 
 def test_run_info_says_how_the_jfa_backward_is_picked(monkeypatch: pytest.MonkeyPatch) -> None:
