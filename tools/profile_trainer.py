@@ -1,7 +1,7 @@
 """Profiles a short gem_trainer run on the GPU: top CUDA kernels and GPU-busy fraction.
 
     python3 tools/profile_trainer.py [--preset h200] [--steps 12] [--skip 0] [--batch-tokens N]
-                                     [--precision fp8_block_wgrad_bf16]
+                                     [--precision fp8_block_wgrad_bf16] [--keep-bf16 PATTERNS]
 
 Prints the kernels with the most CUDA time and the sum of kernel time per profiled step
 against the steps' wall time (how much the GPU idles). `--skip N` starts the profiler after
@@ -26,6 +26,8 @@ p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                help="override the preset's compile setting")
 p.add_argument("--precision", default=None,
                help="override the preset's precision (e.g. fp8_block_wgrad_bf16: what its compiled step spends)")
+p.add_argument("--keep-bf16", default=None,
+               help="override the preset's keep_bf16 (fnmatch patterns a low-precision recipe leaves in bf16)")
 p.add_argument("--rows", type=int, default=30, help="rows of the kernel table")
 p.add_argument("--trace", default=None, help="also write a Chrome trace here")
 p.add_argument("--shapes", action="store_true",
@@ -40,6 +42,8 @@ if a.compile is not None:
     over["compile"] = a.compile
 if a.precision is not None:
     over["precision"] = a.precision
+if a.keep_bf16 is not None:
+    over["keep_bf16"] = a.keep_bf16
 cfg = tc.PRESETS[a.preset](**over)
 # The settled step n is booked one step late, so profile [skip, steps - 1): the last queued
 # step still runs inside the window.

@@ -38,6 +38,7 @@ linear's fwd+bwd 1.5-1.7x faster than with the torch quantizers); weights stay o
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -50,6 +51,7 @@ BLOCK = 128
 E4M3 = torch.float8_e4m3fn
 Backend = Literal["auto", "cublas", "reference"]
 Quant = Literal["auto", "torch", "triton"]
+QUANT_ENV = "GEM_FP8_QUANT"
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -77,11 +79,16 @@ class FP8BlockConfig:
 
     @classmethod
     def from_recipe(cls, recipe: str) -> FP8BlockConfig:
-        """"fp8_block" (FP8 wgrad, DeepSeek-V3 style) or "fp8_block_wgrad_bf16"."""
+        """"fp8_block" (FP8 wgrad, DeepSeek-V3 style) or "fp8_block_wgrad_bf16"; `quant` from
+        the environment variable GEM_FP8_QUANT ("auto", "torch" or "triton"; unset: "auto"),
+        the A/B switch for a model whose layers a recipe name converts (the trainer's)."""
+        quant = os.environ.get(QUANT_ENV, "auto")
+        if quant not in ("auto", "torch", "triton"):
+            raise ValueError(f"{QUANT_ENV}={quant!r} must be 'auto', 'torch' or 'triton'")
         if recipe == "fp8_block":
-            return cls()
+            return cls(quant=quant)  # type: ignore[arg-type]
         if recipe == "fp8_block_wgrad_bf16":
-            return cls(wgrad_bf16=True)
+            return cls(wgrad_bf16=True, quant=quant)  # type: ignore[arg-type]
         raise ValueError(f"{recipe=} must be 'fp8_block' or 'fp8_block_wgrad_bf16'")
 
 
@@ -232,6 +239,11 @@ def _quant(fn: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]], be: 
 _Pair = tuple[torch.Tensor, torch.Tensor]
 
 
+def _tracing() -> bool:
+    """Under torch.compile: the token count may be symbolic, and testing it would add a guard."""
+    return torch.compiler.is_compiling()
+
+
 def _fused_quant(t: torch.Tensor, rows: bool, cols: bool) -> tuple[_Pair | None, _Pair | None]:
     """quant="triton": (quantize_rows(t) if rows, quantize_cols(t) if cols) from one Triton pass
     (imported here: triton loads only when a layer asks for it)."""
@@ -265,8 +277,9 @@ class _FP8BlockFn(torch.autograd.Function):
                 # quantizer pads to 128 rows itself (zero rows, no padded copy of x)
                 xr, xt = _fused_quant(x2, True, need_xt)
             # the torch quantizers' input (`fused` first: a traced `pad` test would guard on the
-            # token count's remainder mod 128 and recompile when a batch crosses it)
-            x2p = nn.functional.pad(x2, (0, 0, 0, pad)) if not fused and pad else x2
+            # token count's remainder mod 128 and recompile when a batch crosses it; compiled,
+            # the torch path always pads: inductor fuses the zero rows into the quantizer)
+            x2p = nn.functional.pad(x2, (0, 0, 0, pad)) if not fused and (_tracing() or pad) else x2
             xq, xs = xr if xr is not None else _quant(quantize_rows, be, compile_quant)(x2p)
             wq, ws = _quant(quantize_tiles, be, compile_quant)(weight)
             b = bias.to(torch.bfloat16) if bias is not None else None
@@ -299,7 +312,7 @@ class _FP8BlockFn(torch.autograd.Function):
             dyt: _Pair | None = None
             if fused and (need_dx or need_dyt):  # dY read once for both layouts (padded inside)
                 dyr, dyt = _fused_quant(dy2, need_dx, need_dyt)
-            dy2p = nn.functional.pad(dy2, (0, 0, 0, pad)) if not fused and pad else dy2
+            dy2p = nn.functional.pad(dy2, (0, 0, 0, pad)) if not fused and (_tracing() or pad) else dy2
             if need_dx:
                 wtq, ws = saved.pop(0), saved.pop(0)
                 dyq, dys = dyr if dyr is not None else _quant(quantize_rows, be, cq)(dy2p)

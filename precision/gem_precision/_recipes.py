@@ -132,10 +132,9 @@ def convert(
         return convert_to_mxfp8(model, recipe, module_filter, min_features=min_features, keep_bf16=keep_bf16)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    try:
-        cfg = FP8BlockConfig.from_recipe(recipe)
-    except ValueError:
+    if recipe not in ("fp8_block", "fp8_block_wgrad_bf16"):
         names = [m.value for m in MXRecipe] + ["fp8_block", "fp8_block_wgrad_bf16"]
-        raise ValueError(f"{recipe=} must be one of {names}") from None
+        raise ValueError(f"{recipe=} must be one of {names}")
+    cfg = FP8BlockConfig.from_recipe(recipe)
     filt = module_filter or default_module_filter(min_features=min_features, keep_bf16=keep_bf16)
     return _swap(model, filt, BLOCK, lambda m: FP8BlockLinear.from_linear(m, cfg), "FP8BlockLinear")

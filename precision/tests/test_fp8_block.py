@@ -259,6 +259,46 @@ def test_compiled_equals_eager() -> None:
         assert torch.equal(cs, s)
 
 
+@pytest.mark.parametrize("wgrad_bf16", [False, True])
+def test_compiled_torch_quant_keeps_one_graph_over_token_counts(wgrad_bf16: bool) -> None:
+    # The torch quantizers need 128-row blocks; compiled, the linear always pads (inductor fuses
+    # the zero rows into the quantization) instead of testing the token count mod 128, which
+    # would add a guard and a recompile when a batch crosses a multiple of 128.
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    torch.manual_seed(2)
+    lin = FP8BlockLinear(256, 384, config=FP8BlockConfig(quant="torch", wgrad_bf16=wgrad_bf16))
+    cnt = CompileCounterWithBackend("aot_eager")
+    f = torch.compile(lin, backend=cnt, dynamic=True, fullgraph=True)
+
+    def run(g: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> list[torch.Tensor]:
+        xx = x.clone().requires_grad_()
+        lin.zero_grad()
+        y = g(xx)
+        y.backward(dy)
+        return [y, xx.grad, lin.weight.grad.clone(), lin.bias.grad.clone()]
+
+    for m in (200, 256, 300, 384, 131):
+        x = torch.randn(m, 256)
+        dy = torch.randn(m, 384, dtype=torch.bfloat16)
+        for a, b in zip(run(f, x, dy), run(lin, x, dy)):
+            assert torch.equal(a, b)
+    assert cnt.frame_count == 1, f"{cnt.frame_count} compiles for 5 token counts"
+
+
+def test_recipe_quant_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(fb.QUANT_ENV, raising=False)
+    assert FP8BlockConfig.from_recipe("fp8_block").quant == "auto"
+    for q in ("torch", "triton", "auto"):
+        monkeypatch.setenv(fb.QUANT_ENV, q)
+        cfg = FP8BlockConfig.from_recipe("fp8_block_wgrad_bf16")
+        assert cfg.quant == q and cfg.wgrad_bf16
+    monkeypatch.setenv(fb.QUANT_ENV, "cuda")
+    with pytest.raises(ValueError, match="GEM_FP8_QUANT='cuda' must be"):
+        convert(nn.Sequential(nn.Linear(1024, 1024)), "fp8_block")
+
+
 # --- GPU (SM90: cuBLAS's blockwise FP8 GEMM) --------------------------------------------------
 
 def _gemm_bound(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
