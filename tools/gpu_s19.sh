@@ -7,14 +7,21 @@
 #           per-sample linears kept in bf16 (--keep-bf16). Only the last run finished (the
 #           triton quantizer, per-sample linears in bf16: 0.1982 s, 40.43 %, first step 102 s);
 #           the others were cut while compiling (160 s, 130 s, 101 s limits).
+#   PART=b  the same box after a: GEM_FP8_QUANT=torch (per-sample kept) and bf16, 60 steps.
+#   PART=c  the same box after b: the compiled step's profile, fp8 (per-sample kept) and bf16.
+#   PART=d  (a fresh box) gem-precision 0.3.5's cost model: the hopper bench at the model's
+#           stream shapes (1024 -> 1024 / 2048 / 3072) beside its predictions, then the compiled
+#           trainer with fp8_block_wgrad_bf16 at the trainer's new defaults (per-sample linears
+#           kept, --fp8-min-speedup 1.05: 10 of 27 linears) against bf16, 60 steps each.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 TR="python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress"
 KEEP="heads*,*interaction.*,*summary.glu"
-RUNS="fp8t bf16 fp8tk fp8k fp8 prof"
+RUNS="fp8t bf16 fp8tk fp8k fp8 fp8c prof"
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   echo "=== setup"; tail -n 3 "$OUT/setup.log" 2>/dev/null | cut -c1-300
   for r in $RUNS; do [ -f "$OUT/tr_$r.log" ] && { echo "--- $r"; python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -1 | cut -c1-520; grep -iE "error|Traceback" "$OUT/tr_$r.log" | head -3 | cut -c1-300; tail -n 2 "$OUT/tr_$r.log" | cut -c1-300; }; done
+  [ -f "$OUT/hopper.log" ] && { echo "=== hopper"; grep -vE "^\{" "$OUT/hopper.log" | tail -n 8 | cut -c1-400; }
   for f in prof_fp8k prof_bf16; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -E "^(Self CUDA|\{)" "$OUT/$f.log" | cut -c1-300; }; done
 }
 left() { echo $(( ${1} - $(date +%s) + T0 )); }
@@ -35,5 +42,9 @@ c)  # the same box after PART=b: the compiled step's profile, fp8 (per-sample li
   P="python3 tools/profile_trainer.py --preset h200 --steps 22 --skip 10 --rows 60"
   st prof_fp8k 200 $P --precision fp8_block_wgrad_bf16 --keep-bf16 "$KEEP"
   st prof_bf16 $(left 400) $P ;;
+d)
+  (cd precision && PYTHONPATH=.:$PYTHONPATH st hopper 100 python3 -m gem_precision.bench.hopper --model-shapes --no-mxfp8)
+  st tr_fp8c 230 $TR --steps 60 --precision fp8_block_wgrad_bf16
+  st tr_bf16 $(left 560) $TR --steps 60 ;;
 esac
 gpu_end

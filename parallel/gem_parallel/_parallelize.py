@@ -172,6 +172,7 @@ def parallelize(
     precision: str | None = None,
     mxfp8_min_features: int = 1024,
     keep_bf16: Sequence[str] = ("heads*",),
+    fp8_min_speedup: float = 0.0,
     ac: bool = False,
     compile: bool | str = False,
     shard_tables: Callable[[nn.Module], set[nn.Parameter]] | None = None,
@@ -187,6 +188,8 @@ def parallelize(
             a `gem_precision.convert` recipe: "mxfp8_*" (MXFP8) or "fp8_block*" (Hopper).
         mxfp8_min_features: linears with fewer in/out features stay bf16.
         keep_bf16: fnmatch patterns of module names never converted (the task heads).
+        fp8_min_speedup: "fp8_block*" only: convert only linears whose predicted speed-up
+            is at least this (`gem_precision.convert`'s min_speedup; 0: by size alone).
         ac: activation checkpointing per block. compile: `torch.compile` per block (a
             backend name or True for inductor; see `compile_blocks`).
         shard_tables: called with the model after steps 1-3; shards its embedding tables
@@ -202,7 +205,8 @@ def parallelize(
         import gem_precision
 
         out.mxfp8_converted = gem_precision.convert(
-            model, precision, min_features=mxfp8_min_features, keep_bf16=tuple(keep_bf16))
+            model, precision, min_features=mxfp8_min_features, keep_bf16=tuple(keep_bf16),
+            min_speedup=fp8_min_speedup)
     elif precision not in (None, "fp32", "bf16"):
         raise ValueError(f"precision={precision!r} must be None, 'fp32', 'bf16' or an 'mxfp8_*' / 'fp8_block*' recipe")
     if not isinstance(compile, (bool, str)):

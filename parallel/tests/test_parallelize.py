@@ -35,6 +35,24 @@ def test_mxfp8_conversion_keeps_the_heads_and_matches_fp32_closely() -> None:
     assert 0 < rel < 0.1, rel
 
 
+def test_fp8_min_speedup_reaches_the_conversion() -> None:
+    """fp8_block with fp8_min_speedup converts the wide linear only (the cost model's 1.07x at
+    1024 -> 3072 against 1.00x at 1024^2); 0 converts both; MXFP8 refuses the argument."""
+    from gem_precision import FP8BlockLinear, fp8_block_speedup
+
+    def net() -> nn.Module:
+        return nn.ModuleDict({"blocks": nn.ModuleList([nn.Linear(1024, 3072), nn.Linear(1024, 1024)])})
+
+    wide, narrow = fp8_block_speedup(1024, 3072, wgrad_bf16=True), fp8_block_speedup(1024, 1024, wgrad_bf16=True)
+    threshold = (wide + narrow) / 2
+    m = net()
+    done = gem_parallel.parallelize(m, precision="fp8_block_wgrad_bf16", fp8_min_speedup=threshold)
+    assert done.mxfp8_converted == ["blocks.0"]
+    assert isinstance(m.blocks[0], FP8BlockLinear) and type(m.blocks[1]) is nn.Linear  # type: ignore[index]
+    assert gem_parallel.parallelize(net(), precision="fp8_block_wgrad_bf16").mxfp8_converted == ["blocks.0", "blocks.1"]
+    with pytest.raises(ValueError, match="applies to fp8_block recipes only"):
+        gem_parallel.parallelize(net(), precision="mxfp8_rceil", fp8_min_speedup=threshold)
+
 @pytest.mark.parametrize("precision", [None, "fp32", "bf16"])
 def test_no_conversion_leaves_the_model_alone(precision: str | None) -> None:
     torch.manual_seed(0)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from torch import nn
 
 from gem_precision._fp8_block import BLOCK, FP8BlockConfig, FP8BlockLinear
+from gem_precision._fp8_cost import fp8_block_speedup
 from gem_precision._linear import MXFP8Linear, MXLinearConfig
 
 
@@ -116,6 +117,7 @@ def convert(
     *,
     min_features: int = 1024,
     keep_bf16: Sequence[str] = (),
+    min_speedup: float = 0.0,
 ) -> list[str]:
     """Swap eligible nn.Linear modules of `model` (in place) for the recipe's linear.
 
@@ -125,10 +127,21 @@ def convert(
             "fp8_block" / "fp8_block_wgrad_bf16" (FP8BlockLinear).
         module_filter, min_features, keep_bf16: as in `convert_to_mxfp8`. fp8_block needs
             both dims multiples of 128: other linears (e.g. small head layers) stay bf16.
+        min_speedup: fp8_block only: also keep in bf16 every linear whose predicted fwd+bwd
+            speed-up over bf16 (`fp8_block_speedup`, a per-row cost model of an H200, for a
+            large token count) is below this; 0 (the default) converts by size alone.
+            Narrow linears (K = N = 1024) predict 1.00x: their GEMM saving is what quantizing
+            x and dY costs.
     Returns:
         Qualified names of the converted modules, in model.named_modules() order.
     """
+    if isinstance(min_speedup, bool) or not isinstance(min_speedup, (int, float)) or not min_speedup >= 0 \
+            or min_speedup == float("inf"):
+        raise ValueError(f"min_speedup={min_speedup!r} must be a finite number >= 0")
     if isinstance(recipe, MXRecipe) or (isinstance(recipe, str) and recipe.startswith("mxfp8")):
+        if min_speedup:
+            raise ValueError(f"min_speedup={min_speedup!r} applies to fp8_block recipes only "
+                             f"(MXFP8 on Hopper dequantizes: no cost model); use 0 with {recipe=}")
         return convert_to_mxfp8(model, recipe, module_filter, min_features=min_features, keep_bf16=keep_bf16)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -136,5 +149,13 @@ def convert(
         names = [m.value for m in MXRecipe] + ["fp8_block", "fp8_block_wgrad_bf16"]
         raise ValueError(f"{recipe=} must be one of {names}")
     cfg = FP8BlockConfig.from_recipe(recipe)
-    filt = module_filter or default_module_filter(min_features=min_features, keep_bf16=keep_bf16)
+    size_filt = module_filter or default_module_filter(min_features=min_features, keep_bf16=keep_bf16)
+
+    def filt(name: str, m: nn.Module) -> bool:
+        if not size_filt(name, m):
+            return False
+        assert isinstance(m, nn.Linear)  # _swap asks only about linears
+        return not min_speedup or fp8_block_speedup(
+            m.in_features, m.out_features, wgrad_bf16=cfg.wgrad_bf16) >= min_speedup
+
     return _swap(model, filt, BLOCK, lambda m: FP8BlockLinear.from_linear(m, cfg), "FP8BlockLinear")

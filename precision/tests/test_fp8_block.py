@@ -4,6 +4,7 @@ CPU: the quantizers against an independent float64 reference (bit-exact), their 
 the linear's forward and backward against the formulas and against fp32, bad inputs, the
 converter, a short training-parity run, torch.compile. GPU (SM90): cuBLAS vs the emulation.
 """
+import math
 import time
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from _util import mixed, parity_mlp, parity_train
-from gem_precision import FP8BlockConfig, FP8BlockLinear, MXFP8Linear, convert
+from gem_precision import FP8BlockConfig, FP8BlockLinear, MXFP8Linear, convert, fp8_block_speedup
 from gem_precision import _fp8_block as fb
 
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
@@ -211,6 +212,71 @@ def test_convert_filter_and_recipes() -> None:
     assert convert(other, "mxfp8_rceil") == ["0"] and isinstance(other[0], MXFP8Linear)  # the MX path
     assert convert(other, "fp8_block") == []  # already converted layers are left alone
 
+
+
+def _speedup_by_hand(k: int, n: int, wgrad_bf16: bool, r16: float, r8: float, bw: float) -> float:
+    """The cost model written out per operand (a second reading of the docstring's formula):
+    seconds per token row of each GEMM and each quantizer pass."""
+    gemm16, gemm8 = 2 * k * n / r16, 2 * k * n / r8  # one GEMM (fwd, dgrad or wgrad)
+    bf16 = 3 * gemm16
+    read_write = 2 + 1  # bf16 in, FP8 codes out
+    if wgrad_bf16:
+        return bf16 / (2 * gemm8 + gemm16 + (k + n) * read_write / bw)
+    return bf16 / (3 * gemm8 + (k + n) * (read_write + 1) / bw)  # + the codes along M
+
+
+def test_fp8_block_speedup_model_against_the_formula() -> None:
+    """Random shapes and machine figures against the formula written by hand; the model's
+    shape: narrow linears lose, wide ones win, FP8 wgrad wins more when wide."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
+    for _ in range(20):
+        k, n = (int(v) * 128 for v in torch.randint(1, 96, (2,), generator=g))
+        r16, r8, bw = (float(v) for v in torch.rand(3, generator=g) * torch.tensor([800.0, 1500.0, 4000.0]) + 50)
+        for wg in (False, True):
+            got = fp8_block_speedup(k, n, wgrad_bf16=wg, bf16_tflops=r16, fp8_tflops=r8, quant_gbps=bw)
+            want = _speedup_by_hand(k, n, wg, r16 * 1e12, r8 * 1e12, bw * 1e9)
+            assert math.isclose(got, want, rel_tol=1e-12), (k, n, wg, got, want)
+    h200 = [fp8_block_speedup(1024, n, wgrad_bf16=True) for n in (1024, 2048, 3072, 4096)]
+    assert h200 == sorted(h200) and 0.95 < h200[0] < 1.02 and 1.05 < h200[-1] < 1.15
+    assert fp8_block_speedup(8192, 8192) > fp8_block_speedup(8192, 8192, wgrad_bf16=True) > 1.15
+    assert fp8_block_speedup(128, 128, wgrad_bf16=True) < 0.5  # all quantization, no GEMM to win
+    assert fp8_block_speedup(1024, 3072) == fp8_block_speedup(3072, 1024)
+
+
+@pytest.mark.parametrize("bad", [0, -128, 1.5, True, "1024"])
+def test_fp8_block_speedup_refuses_bad_sizes(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"in_features=.* must be a positive int"):
+        fp8_block_speedup(bad, 1024)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"fp8_tflops=.* must be a positive finite number"):
+        fp8_block_speedup(1024, 1024, fp8_tflops=float("nan"))
+
+
+def test_convert_min_speedup_keeps_the_narrow_linears() -> None:
+    """min_speedup converts what the cost model says pays and leaves the rest in bf16; the
+    model's output is unchanged by the conversion of nothing, and bad values are refused."""
+    def net() -> nn.Module:
+        m = nn.Sequential()
+        for name, (k, n) in {"wqkv": (1024, 3072), "wo": (1024, 1024), "wkv": (1024, 2048),
+                             "up": (1024, 4096), "down": (4096, 1024), "head": (1024, 128)}.items():
+            m.add_module(name, nn.Linear(k, n))
+        return m
+
+    want = {n for n, (k, o) in {"wqkv": (1024, 3072), "wo": (1024, 1024), "wkv": (1024, 2048),
+                                "up": (1024, 4096), "down": (4096, 1024)}.items()
+            if fp8_block_speedup(k, o, wgrad_bf16=True) >= 1.06}
+    assert want == {"wqkv", "up", "down"}  # 1024^2 and 1024 -> 2048 predict < 1.06x
+    model = net()
+    assert set(convert(model, "fp8_block_wgrad_bf16", min_speedup=1.06)) == want
+    assert type(model.wo) is nn.Linear and type(model.wkv) is nn.Linear and isinstance(model.up, FP8BlockLinear)
+    # full FP8 wgrad predicts more: the same threshold converts 1024 -> 2048 too
+    assert set(convert(net(), "fp8_block", min_speedup=1.06)) == want | {"wkv"}
+    assert convert(net(), "fp8_block", min_speedup=0) == ["wqkv", "wo", "wkv", "up", "down"]
+    assert convert(net(), "fp8_block", min_speedup=10.0) == []
+    for bad in (-1.0, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match=r"min_speedup=.* must be a finite number >= 0"):
+            convert(net(), "fp8_block", min_speedup=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"min_speedup=.* applies to fp8_block recipes only"):
+        convert(net(), "mxfp8_rceil", min_speedup=1.05)
 
 def _mlp(seed: int) -> nn.Module:
     return parity_mlp(seed, (128, 256, 128, 32))

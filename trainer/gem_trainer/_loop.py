@@ -189,9 +189,10 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
 
     # Every value but fp32/bf16 (autocast) is a gem_precision recipe that converts the linears.
     precision = None if cfg.precision in ("fp32", "bf16") else cfg.precision
+    fp8_min_speedup = cfg.fp8_min_speedup if cfg.precision.startswith("fp8_block") else 0.0
     if world == 1 and not sharded:
         done = gem_parallel.parallelize(model, None, precision=precision, compile=cfg.compile,
-                                        keep_bf16=keep_bf16_patterns(cfg))
+                                        keep_bf16=keep_bf16_patterns(cfg), fp8_min_speedup=fp8_min_speedup)
         return done.model, build_optimizer(done.model, cfg)
     if world == 1 and not dist.is_initialized():
         # One process with torchrec tables: a world of one, so the code path (and the
@@ -216,7 +217,8 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
     policy = gem_parallel.BF16_MIXED if device.type == "cuda" and cfg.precision != "fp32" else None
     done = gem_parallel.parallelize(model, meshes, precision=precision, compile=cfg.compile,
                                     shard_tables=shard_tables if sharded else None,
-                                    mp_policy=policy, comms=cfg.comms, keep_bf16=keep_bf16_patterns(cfg))
+                                    mp_policy=policy, comms=cfg.comms, keep_bf16=keep_bf16_patterns(cfg),
+                                    fp8_min_speedup=fp8_min_speedup)
     return done.model, build_optimizer(done.model, cfg, exclude=done.ignored_params)
 
 

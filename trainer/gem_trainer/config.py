@@ -39,8 +39,13 @@ class TrainConfig:
             blockwise FP8, faster per linear than bf16, 0.93x bf16's compiled h200 step so far;
             "mxfp8_rceil", ...: MX numerics; precision/README.md).
         keep_bf16: comma-separated fnmatch patterns of module names a low-precision recipe
-            leaves in bf16 (the task heads by default; "heads*,*interaction*,*summary*" also
-            keeps the linears that read per-sample rows rather than the token stream).
+            leaves in bf16. The default keeps the task heads and the linears that read
+            per-sample rows rather than the token stream (interaction, summary GLUs): at a
+            few thousand rows a low-precision GEMM saves less than its quantizer launches.
+        fp8_min_speedup: fp8_block recipes convert only the linears whose predicted fwd+bwd
+            speed-up over bf16 is at least this (`gem_precision.fp8_block_speedup`, an H200
+            cost model); the 5 % margin covers the fusions a compiled bf16 linear keeps and
+            an FP8 one loses. 0 converts by size alone.
         log_dir: JSONL + TensorBoard logs; "" disables.
         log_every: metrics line every N steps.
         eval_batches: held-out batches scored at the end for NE/AUC (64 x 64 samples =
@@ -87,7 +92,8 @@ class TrainConfig:
     ckpt_writer: str = "auto"
     resume: bool = False
     precision: str = "fp32"
-    keep_bf16: str = "heads*"
+    keep_bf16: str = "heads*,*interaction.*,*summary.glu"
+    fp8_min_speedup: float = 1.05
     log_dir: str = ""
     log_every: int = 10
     eval_batches: int = 64
@@ -143,6 +149,9 @@ class TrainConfig:
         if not isinstance(self.keep_bf16, str) or any(not p.strip() for p in self.keep_bf16.split(",")):
             raise ValueError(f"keep_bf16={self.keep_bf16!r} must be comma-separated non-empty fnmatch patterns "
                              "(e.g. 'heads*,*interaction*')")
+        if isinstance(self.fp8_min_speedup, bool) or not isinstance(self.fp8_min_speedup, (int, float)) \
+                or not 0 <= self.fp8_min_speedup < float("inf"):
+            raise ValueError(f"fp8_min_speedup={self.fp8_min_speedup!r} must be a finite number >= 0")
         if self.compile_cache and not self.compile:
             raise ValueError(f"compile_cache={self.compile_cache!r} needs compile=True (it caches compiled graphs)")
         if self.export_teacher and self.sparse_sharding != "none":

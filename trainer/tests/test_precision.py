@@ -57,7 +57,10 @@ def test_trainer_passes_every_recipe_to_parallelize(precision: str, monkeypatch:
     model = gem_model.GEMModel(model_config(cfg, data_config(cfg)))
     _loop._parallelize(model, cfg, 1, torch.device("cpu"))
     assert seen["precision"] == (None if precision in ("fp32", "bf16") else precision)
-    assert seen["keep_bf16"] == ("heads*",)  # the task heads stay bf16 by default
+    # the task heads and the per-sample linears stay bf16 by default
+    assert seen["keep_bf16"] == ("heads*", "*interaction.*", "*summary.glu")
+    # fp8_block converts by the cost model with a 5 % margin; other recipes by size alone
+    assert seen["fp8_min_speedup"] == (1.05 if precision.startswith("fp8_block") else 0.0)
 
 
 def test_keep_bf16_patterns_reach_the_conversion(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,10 +86,36 @@ def test_keep_bf16_patterns_reach_the_conversion(monkeypatch: pytest.MonkeyPatch
     assert converted and not any(k in n for n in converted for k in ("heads", "interaction", "summary"))
     mx = {n for n, m in model.named_modules() if isinstance(m, MXFP8Linear)}
     assert mx == set(converted)
-    # the same model with the default keeps only the heads: more linears convert
+    # the same model keeping only the heads: more linears convert
     model2 = gem_model.GEMModel(model_config(cfg, data_config(cfg)))
-    _loop._parallelize(model2, tiny(precision="mxfp8_rceil", batch_size=16), 1, torch.device("cpu"))
+    _loop._parallelize(model2, tiny(precision="mxfp8_rceil", keep_bf16="heads*", batch_size=16), 1,
+                       torch.device("cpu"))
     assert any("interaction" in n for n in done[1].mxfp8_converted)  # type: ignore[attr-defined]
+
+
+def test_the_default_keeps_every_per_sample_linear_of_the_model() -> None:
+    """The default keep_bf16 patterns name every linear of the interaction and summary
+    modules that reads per-sample rows, and none of the stream's."""
+    import fnmatch
+
+    from gem_trainer.config import keep_bf16_patterns
+
+    cfg = tiny()
+    model = gem_model.GEMModel(model_config(cfg, data_config(cfg)))
+    pats = keep_bf16_patterns(cfg)
+    kept = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+            and any(fnmatch.fnmatchcase(n, p) for p in pats)}
+    # (nonseq_summary.mix runs over the F feature tokens, F -> n_cls: below every recipe's size)
+    per_sample = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+                  and any(k in n for k in ("interaction", "summary", "heads")) and not n.endswith(".mix")}
+    assert kept == per_sample and any("interaction" in n for n in kept) and any("summary" in n for n in kept)
+    assert all(not any(k in n for k in ("seq_attention", "seq_ffn", "pooling")) for n in kept)
+
+
+@pytest.mark.parametrize("bad", [-0.5, float("nan"), float("inf")])
+def test_fp8_min_speedup_refuses_bad_values(bad: float) -> None:
+    with pytest.raises(ValueError, match=r"fp8_min_speedup=.* must be a finite number >= 0"):
+        tiny(fp8_min_speedup=bad).validate()
 
 
 @pytest.mark.parametrize("bad", ["", "heads*,", " ,x"])

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gem_precision import FP8BlockConfig, FP8BlockLinear, MXFP8Linear, MXLinearConfig
+from gem_precision import FP8BlockConfig, FP8BlockLinear, MXFP8Linear, MXLinearConfig, fp8_block_speedup
 from gem_precision import _fp8_block as fb
 from gem_precision import _triton_fp8_block as tfb
 
@@ -43,6 +43,10 @@ from gem_precision import _triton_fp8_block as tfb
 SHAPES = [(262144, 4096, 1024), (262144, 1024, 4096), (262144, 3072, 1024), (8192, 8192, 8192),
           (262100, 4096, 1024)]
 TRAINER_M = (262144, 262100)
+# The h200 trainer model's token-stream linears (d_model 1024): attention's wo, the FFN's wq /
+# wo and pooling's (1024 -> 1024), the FFN's and pooling's wkv (1024 -> 2048), attention's wqkv
+# (1024 -> 3072); --model-shapes, where the cost model's predictions are checked.
+MODEL_SHAPES = [(262144, 1024, 1024), (262144, 2048, 1024), (262144, 3072, 1024)]
 
 
 def _bench(fn: Callable[[], Any], rep_ms: int = 100) -> float:
@@ -70,21 +74,22 @@ def _operands(M: int, N: int, K: int) -> tuple[nn.Linear, torch.Tensor, torch.Te
     return lin, x, dy
 
 
-def row(M: int, N: int, K: int, mx: bool) -> dict[str, Any]:
+def row(M: int, N: int, K: int, mx: bool, torch_quant: bool = True) -> dict[str, Any]:
     lin, x, dy = _operands(M, N, K)
-    mods: dict[str, nn.Module] = {
-        "bf16": lin,
-        "fp8_block": FP8BlockLinear.from_linear(lin, FP8BlockConfig(quant="torch")),
-        "fp8_block_wgrad_bf16": FP8BlockLinear.from_linear(lin, FP8BlockConfig(wgrad_bf16=True, quant="torch")),
-        "fp8_block_triton": FP8BlockLinear.from_linear(lin, FP8BlockConfig(quant="triton")),
-        "fp8_block_wgrad_bf16_triton": FP8BlockLinear.from_linear(lin, FP8BlockConfig(wgrad_bf16=True, quant="triton")),
-    }
+    mods: dict[str, nn.Module] = {"bf16": lin}
+    if torch_quant:
+        mods["fp8_block"] = FP8BlockLinear.from_linear(lin, FP8BlockConfig(quant="torch"))
+        mods["fp8_block_wgrad_bf16"] = FP8BlockLinear.from_linear(lin, FP8BlockConfig(wgrad_bf16=True, quant="torch"))
+    mods["fp8_block_triton"] = FP8BlockLinear.from_linear(lin, FP8BlockConfig(quant="triton"))
+    mods["fp8_block_wgrad_bf16_triton"] = FP8BlockLinear.from_linear(lin, FP8BlockConfig(wgrad_bf16=True, quant="triton"))
     if mx:
         mods["mxfp8_rceil"] = MXFP8Linear.from_linear(lin, MXLinearConfig(scale_mode="rceil"))
-    r: dict[str, Any] = {"M": M, "N": N, "K": K}
+    r: dict[str, Any] = {"M": M, "N": N, "K": K,
+                         "predicted fp8_block x": fp8_block_speedup(K, N),
+                         "predicted fp8_block_wgrad_bf16 x": fp8_block_speedup(K, N, wgrad_bf16=True)}
     with torch.no_grad():
         ref = lin(x).float()
-        y8 = mods["fp8_block"](x).float()
+        y8 = mods["fp8_block_triton"](x).float()
         r["fp8_block_rel_err_vs_bf16"] = float((y8 - ref).norm() / ref.norm())
     del ref, y8
     for name, m in mods.items():
@@ -149,7 +154,8 @@ def _fmt_quant(q: dict[str, Any]) -> str:
 def _fmt(r: dict[str, Any], names: list[str]) -> str:
     cells = " | ".join(f"{r[f'{n} TFLOP/s']:5.0f} {r[f'{n} ms']:7.2f} ms x{r[f'{n} x']:.2f}" for n in names)
     return (f"{r['M']:>6} {r['K']:>5}->{r['N']:<5} | {cells} | gemm bf16 {r['gemm bf16 TFLOP/s']:5.0f} "
-            f"fp8 {r['gemm fp8 blockwise TFLOP/s']:5.0f} | err {r['fp8_block_rel_err_vs_bf16']:.3f}")
+            f"fp8 {r['gemm fp8 blockwise TFLOP/s']:5.0f} | err {r['fp8_block_rel_err_vs_bf16']:.3f} | predicted "
+            f"x{r['predicted fp8_block x']:.2f} / wgrad_bf16 x{r['predicted fp8_block_wgrad_bf16 x']:.2f}")
 
 
 def cpu_check() -> dict[str, Any]:
@@ -209,6 +215,10 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--quick", action="store_true", help="the 8192^3 shape and 1024 -> 4096 at 262,144 and 262,100 tokens only")
     p.add_argument("--no-mxfp8", action="store_true", help="leave the MXFP8 column out")
+    p.add_argument("--model-shapes", action="store_true",
+                   help="the h200 model's token-stream linears (262,144 tokens; 1024 -> 1024, 2048, 3072), "
+                        "the fused Triton quantizer only, beside the cost model's prediction "
+                        "(gem_precision.fp8_block_speedup)")
     p.add_argument("--profile", action="store_true",
                    help="also profile one fwd+bwd of bf16 and fp8_block (fused quantizer) at 1024->4096, "
                         "262,144 and 262,100 tokens: each op's and kernel's device time per step")
@@ -225,14 +235,16 @@ def main(argv: list[str] | None = None) -> None:
     where = (f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
              f"CUDA {torch.version.cuda}")
     print(where, flush=True)
-    shapes = [SHAPES[0], SHAPES[3], SHAPES[4]] if args.quick else SHAPES
-    names = ["bf16", "fp8_block", "fp8_block_wgrad_bf16", "fp8_block_triton", "fp8_block_wgrad_bf16_triton"]
+    shapes = MODEL_SHAPES if args.model_shapes else [SHAPES[0], SHAPES[3], SHAPES[4]] if args.quick else SHAPES
+    torch_quant = not args.model_shapes
+    names = ["bf16"] + (["fp8_block", "fp8_block_wgrad_bf16"] if torch_quant else [])
+    names += ["fp8_block_triton", "fp8_block_wgrad_bf16_triton"]
     names += [] if args.no_mxfp8 else ["mxfp8_rceil"]
     print("fwd+bwd of one linear: TFLOP/s, ms, speed-up vs bf16 (quantization included)")
     print(f"{'tokens':>6} {'K->N':<11} | " + " | ".join(f"{n:<24}" for n in names) + " | fwd GEMM only (TFLOP/s)")
     rows = []
     for M, N, K in shapes:
-        r = row(M, N, K, not args.no_mxfp8)
+        r = row(M, N, K, not args.no_mxfp8, torch_quant)
         rows.append(r)
         print(_fmt(r, names), flush=True)
         torch.cuda.empty_cache()
@@ -241,14 +253,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'M x K':<14} | {'triton fused (ms)':<20} | {'torch pair (ms)':<20} | {'copy':>6} | "
           "fused/torch | % copy | bit-exact | rows only | GB/s per tile (best first)")
     quants = []
-    for M, K in dict.fromkeys((M, d) for M, N, K in shapes for d in (K, N) if M % 128 == 0):
+    for M, K in dict.fromkeys((M, d) for M, N, K in shapes for d in (K, N) if M % 128 == 0 and torch_quant):
         q = quant_row(M, K)
         quants.append(q)
         print(_fmt_quant(q), flush=True)
         torch.cuda.empty_cache()
     trainer = [r for r in rows if r["M"] in TRAINER_M]
     summary = {"where": where, "rows": rows, "quant": quants, "seconds": round(time.time() - t0, 1),
-               "fp8_block_min_x_trainer_shapes": min((r["fp8_block x"] for r in trainer), default=None),
+               "fp8_block_min_x_trainer_shapes": min((r["fp8_block x"] for r in trainer if "fp8_block x" in r),
+                                                     default=None),
                "fp8_block_triton_min_x_trainer_shapes": min((r["fp8_block_triton x"] for r in trainer), default=None),
                "quant_fused_bit_exact": all(q["fused_bit_exact_vs_torch"] for q in quants),
                "target_x": 1.3}
