@@ -199,3 +199,41 @@ def test_fp8_block_blocks_compile_without_two_inductor_features(precision: str) 
     want = ref.blocks[1](ref.blocks[0](x))
     tol = 0.1 if precision == "fp8_block" else 1e-6  # E4M3 operands
     assert float((got - want).norm() / want.norm()) < tol
+
+
+
+@pytest.mark.parametrize(("env", "precision", "off"), [
+    ("", "fp8_block", ()),  # set but empty: torch's settings, even for fp8_block
+    ("none", "fp8_block", ()),
+    ("mix_order_reduction", "bf16", ("mix_order_reduction",)),  # the A/B: bf16 with a feature off
+    (" coalesce_tiling_analysis , mix_order_reduction", "fp8_block", ("coalesce_tiling_analysis", "mix_order_reduction")),
+])
+def test_inductor_off_follows_the_environment(env: str, precision: str, off: tuple[str, ...],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """GEM_INDUCTOR_OFF overrides which inductor features are off while the blocks compile,
+    for any precision; the graphs compiled see exactly those off and the rest at torch's."""
+    from gem_parallel._parallelize import inductor_off
+
+    default = _inductor_flags()
+    if not default:
+        pytest.skip("this torch has neither inductor feature")  # pragma: no cover
+    monkeypatch.setenv("GEM_INDUCTOR_OFF", env)
+    assert inductor_off(precision == "fp8_block") == off
+    torch._dynamo.reset()
+    _SEEN.clear()
+    net = nn.Module()
+    net.blocks = nn.ModuleList([_Wide()])
+    gem_parallel.parallelize(net, None, precision=precision, compile="gem_test_recording", mxfp8_min_features=128)
+    net.blocks[0](torch.randn(130, 128))
+    want = {n: (False if n in off else v) for n, v in default.items()}
+    assert _SEEN and all(seen == want for seen in _SEEN), _SEEN
+    assert _inductor_flags() == default
+
+
+@pytest.mark.parametrize("bad", ["mix_order", "coalesce_tiling_analysis,max_autotune_gemm_search_space"])
+def test_inductor_off_refuses_unknown_features(bad: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gem_parallel._parallelize import inductor_off
+
+    monkeypatch.setenv("GEM_INDUCTOR_OFF", bad)
+    with pytest.raises(ValueError, match=r"GEM_INDUCTOR_OFF=.* must name a bool of torch._inductor.config.triton"):
+        inductor_off(False)

@@ -13,11 +13,14 @@
 #           stream shapes (1024 -> 1024 / 2048 / 3072) beside its predictions, then the compiled
 #           trainer with fp8_block_wgrad_bf16 at the trainer's new defaults (per-sample linears
 #           kept, --fp8-min-speedup 1.05: 10 of 27 linears) against bf16, 60 steps each.
+#   PART=e  (a fresh box) the same fp8 run with inductor's two features on (GEM_INDUCTOR_OFF=""),
+#           then bf16: plain if the fp8 run trained, else with the two features off (what
+#           they cost a bf16 step).
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 TR="python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress"
 KEEP="heads*,*interaction.*,*summary.glu"
-RUNS="fp8t bf16 fp8tk fp8k fp8 fp8c prof"
+RUNS="fp8t bf16 bf16off fp8tk fp8k fp8 fp8c prof"
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   echo "=== setup"; tail -n 3 "$OUT/setup.log" 2>/dev/null | cut -c1-300
   for r in $RUNS; do [ -f "$OUT/tr_$r.log" ] && { echo "--- $r"; python3 tools/trainer_summary.py "$OUT/tr_$r.log" | head -1 | cut -c1-520; grep -iE "error|Traceback" "$OUT/tr_$r.log" | head -3 | cut -c1-300; tail -n 2 "$OUT/tr_$r.log" | cut -c1-300; }; done
@@ -46,5 +49,9 @@ d)
   (cd precision && PYTHONPATH=.:$PYTHONPATH st hopper 100 python3 -m gem_precision.bench.hopper --model-shapes --no-mxfp8)
   st tr_fp8c 230 $TR --steps 60 --precision fp8_block_wgrad_bf16
   st tr_bf16 $(left 560) $TR --steps 60 ;;
+e)
+  GEM_INDUCTOR_OFF="" st tr_fp8c 200 $TR --steps 60 --precision fp8_block_wgrad_bf16
+  if grep -q '"stop_reason": "steps"' "$OUT/tr_fp8c.log"; then st tr_bf16 $(left 430) $TR --steps 60
+  else GEM_INDUCTOR_OFF=coalesce_tiling_analysis,mix_order_reduction st tr_bf16off $(left 430) $TR --steps 60; fi ;;
 esac
 gpu_end

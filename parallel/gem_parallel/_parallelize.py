@@ -15,6 +15,7 @@ builds the model plainly and hands it here.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,18 +128,37 @@ def _compile_settings(fp8_block: bool = False) -> list[tuple[Any, str, Any]]:
                                          (torch._dynamo.config, "specialize_float", True)]
     if hasattr(torch._functorch.config, "autograd_cache_allow_custom_autograd_functions"):
         flags.append((torch._functorch.config, "autograd_cache_allow_custom_autograd_functions", True))
-    if fp8_block:
-        import torch._inductor.config as inductor_config
+    import torch._inductor.config as inductor_config
 
-        for name in FP8_BLOCK_INDUCTOR_OFF:
-            if hasattr(inductor_config.triton, name):
-                flags.append((inductor_config.triton, name, False))
+    for name in inductor_off(fp8_block):
+        if hasattr(inductor_config.triton, name):
+            flags.append((inductor_config.triton, name, False))
     return flags
 
 
 # Inductor features off while fp8_block blocks compile (`_compile_settings`): with torch 2.11
 # on the H200 each failed the h200 preset's fp8_block layers, under dynamic token counts.
 FP8_BLOCK_INDUCTOR_OFF = ("coalesce_tiling_analysis", "mix_order_reduction")
+INDUCTOR_OFF_ENV = "GEM_INDUCTOR_OFF"
+
+
+def inductor_off(fp8_block: bool) -> tuple[str, ...]:
+    """The `torch._inductor.config.triton` features turned off while the blocks compile:
+    FP8_BLOCK_INDUCTOR_OFF for blocks holding fp8_block linears, none otherwise, unless the
+    environment variable GEM_INDUCTOR_OFF is set: then its comma-separated names ("" or
+    "none": no feature off), for any precision. An A/B switch: what the two features cost a
+    bf16 step, and whether fp8_block blocks still need them off."""
+    env = os.environ.get(INDUCTOR_OFF_ENV)
+    if env is None:
+        return FP8_BLOCK_INDUCTOR_OFF if fp8_block else ()
+    import torch._inductor.config as inductor_config
+
+    names = tuple(n.strip() for n in env.split(",") if n.strip() and n.strip() != "none")
+    for n in names:
+        if not isinstance(getattr(inductor_config.triton, n, None), bool):
+            raise ValueError(f"{INDUCTOR_OFF_ENV}={env!r}: {n!r} must name a bool of torch._inductor.config.triton "
+                             f"(e.g. {','.join(FP8_BLOCK_INDUCTOR_OFF)}), or be '' / 'none'")
+    return names
 
 
 def _with_compile_settings(fn: Callable[..., Any] | None, *, fp8_block: bool = False) -> Callable[..., Any]:
