@@ -58,8 +58,7 @@ class Parallelized:
         return {"graphs": int(c["stats"]["unique_graphs"]), "graph_breaks": int(sum(c["graph_break"].values()))}
 
 
-def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str, *,
-                   fp8_block: bool = False) -> None:
+def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str) -> None:
     """Step 3: `torch.compile` of each (ModuleList, index) block, whole-graph, dynamic shapes.
 
     `fullgraph=True`: a graph break through the kernels' custom ops (or anywhere in a block)
@@ -76,8 +75,6 @@ def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str, *,
     Args:
         units: `(parent, index)` pairs; `parent[index]` (an `nn.Module`) is compiled in place.
         backend: a `torch.compile` backend name ("inductor", "aot_eager", ...).
-        fp8_block: the blocks hold `gem_precision` fp8_block linears: two inductor features
-            are off while they compile (`FP8_BLOCK_INDUCTOR_OFF`, see `_compile_settings`).
     """
     if not isinstance(backend, str) or not backend:
         raise TypeError(f"backend={backend!r} must be a torch.compile backend name (a non-empty str)")
@@ -97,10 +94,10 @@ def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str, *,
         block = parent[i]
         builtin = type(block).__module__.startswith("torch.nn.modules")
         block.compile(backend=backend, fullgraph=not builtin, dynamic=True)
-        block._compiled_call_impl = _with_compile_settings(block._compiled_call_impl, fp8_block=fp8_block)
+        block._compiled_call_impl = _with_compile_settings(block._compiled_call_impl)
 
 
-def _compile_settings(fp8_block: bool = False) -> list[tuple[Any, str, Any]]:
+def _compile_settings() -> list[tuple[Any, str, Any]]:
     """The compiler flags under which the blocks are traced (all read when dynamo compiles),
     as (config module, name, value) triples:
 
@@ -114,15 +111,17 @@ def _compile_settings(fp8_block: bool = False) -> list[tuple[Any, str, Any]]:
       model's `_jagged.unique_rows`): without it that graph bypasses the cache and a warm
       start re-traces its joint forward+backward graph. The function's forward and backward
       are traced into the graph, so they are part of the cache key;
-    - with `fp8_block` (blocks of fp8_block linears), two inductor features off
-      (`FP8_BLOCK_INDUCTOR_OFF`; both default to off in fbcode). On the H200 (torch 2.11,
-      2026-12-04) the h200 preset's fp8_block layers failed first in the coalescing tiling
-      analysis (`tiling_utils.get_pw_red_splits` asserts that a fused node's size hint equals
-      pointwise x reduction numel; the dynamic token count broke it) and, with that off, in
-      the first backward: a mix-order reduction's workspace `.view(...)` had a symbolic size
-      that did not match the buffer ("shape '[360, 1024]' is invalid for input of size 288").
-      The first only picks tile shapes; the second fuses a row reduction with a column
-      reduction of the same input (e.g. a LayerNorm's backward) into one kernel.
+    - the inductor features named in GEM_INDUCTOR_OFF off (`inductor_off`; none unless set).
+      gem-parallel 0.3.3 and 0.3.4 turned two off for every fp8_block model
+      (`FP8_BLOCK_INDUCTOR_OFF`): with gem-precision 0.3.2 on the H200 (torch 2.11) the h200
+      preset's fp8_block layers failed in the coalescing tiling analysis
+      (`tiling_utils.get_pw_red_splits` asserts that a fused node's size hint equals
+      pointwise x reduction numel) and then in a mix-order reduction's workspace `.view(...)`
+      ("shape '[360, 1024]' is invalid for input of size 288"). With gem-precision 0.3.4 (no
+      guard on the token count mod 128) the trainer's fp8_block_wgrad_bf16 layers compile and
+      train with both on, and the step is 5 % faster than with them off, as fast as bf16's
+      (trainer/BENCHMARKS.md, 2026-12-04). If a compile fails in either place again, set
+      GEM_INDUCTOR_OFF=coalesce_tiling_analysis,mix_order_reduction.
     """
     flags: list[tuple[Any, str, Any]] = [(fx_config, "use_duck_shape", False),
                                          (torch._dynamo.config, "specialize_float", True)]
@@ -130,27 +129,26 @@ def _compile_settings(fp8_block: bool = False) -> list[tuple[Any, str, Any]]:
         flags.append((torch._functorch.config, "autograd_cache_allow_custom_autograd_functions", True))
     import torch._inductor.config as inductor_config
 
-    for name in inductor_off(fp8_block):
+    for name in inductor_off():
         if hasattr(inductor_config.triton, name):
             flags.append((inductor_config.triton, name, False))
     return flags
 
 
-# Inductor features off while fp8_block blocks compile (`_compile_settings`): with torch 2.11
-# on the H200 each failed the h200 preset's fp8_block layers, under dynamic token counts.
+# The inductor features that failed fp8_block layers under dynamic token counts with
+# gem-precision 0.3.2 (torch 2.11, H200); the fallback to name in GEM_INDUCTOR_OFF.
 FP8_BLOCK_INDUCTOR_OFF = ("coalesce_tiling_analysis", "mix_order_reduction")
 INDUCTOR_OFF_ENV = "GEM_INDUCTOR_OFF"
 
 
-def inductor_off(fp8_block: bool) -> tuple[str, ...]:
-    """The `torch._inductor.config.triton` features turned off while the blocks compile:
-    FP8_BLOCK_INDUCTOR_OFF for blocks holding fp8_block linears, none otherwise, unless the
-    environment variable GEM_INDUCTOR_OFF is set: then its comma-separated names ("" or
-    "none": no feature off), for any precision. An A/B switch: what the two features cost a
-    bf16 step, and whether fp8_block blocks still need them off."""
+def inductor_off() -> tuple[str, ...]:
+    """The `torch._inductor.config.triton` features turned off while the blocks compile: the
+    comma-separated names in the environment variable GEM_INDUCTOR_OFF (unset, "" or "none":
+    none; torch's settings). The fallback if an inductor feature fails a model's compile,
+    and an A/B switch (what a feature is worth to the step)."""
     env = os.environ.get(INDUCTOR_OFF_ENV)
     if env is None:
-        return FP8_BLOCK_INDUCTOR_OFF if fp8_block else ()
+        return ()
     import torch._inductor.config as inductor_config
 
     names = tuple(n.strip() for n in env.split(",") if n.strip() and n.strip() != "none")
@@ -161,7 +159,7 @@ def inductor_off(fp8_block: bool) -> tuple[str, ...]:
     return names
 
 
-def _with_compile_settings(fn: Callable[..., Any] | None, *, fp8_block: bool = False) -> Callable[..., Any]:
+def _with_compile_settings(fn: Callable[..., Any] | None) -> Callable[..., Any]:
     """`fn` (a block's compiled call) run with `_compile_settings` set and then restored.
 
     Plain attribute swaps, not `config.patch` contexts: the wrapper runs at every call of
@@ -169,7 +167,7 @@ def _with_compile_settings(fn: Callable[..., Any] | None, *, fp8_block: bool = F
     call, the swaps ~15 us (the single patch before gem-parallel 0.3.2: ~21 us)."""
     if fn is None:
         raise RuntimeError("nn.Module.compile set no compiled call")
-    flags = _compile_settings(fp8_block)
+    flags = _compile_settings()
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -236,8 +234,7 @@ def parallelize(
     units = default_blocks(model)
     apply_ac_compile(units, ac, False)  # 2. (the wrappers replace the blocks in their lists)
     if compile:  # 3.
-        compile_blocks(units, "inductor" if compile is True else compile,
-                       fp8_block=precision is not None and precision.startswith(FP8_BLOCK_PREFIX))
+        compile_blocks(units, "inductor" if compile is True else compile)
         out.compiled_blocks = len(units)
     if meshes is None:
         return out
