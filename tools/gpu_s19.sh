@@ -51,7 +51,7 @@ d)
   st tr_bf16 $(left 560) $TR --steps 60 ;;
 e)
   GEM_INDUCTOR_OFF="" st tr_fp8c 200 $TR --steps 60 --precision fp8_block_wgrad_bf16
-  if grep -q '"stop_reason": "steps"' "$OUT/tr_fp8c.log"; then st tr_bf16 $(left 430) $TR --steps 60
-  else GEM_INDUCTOR_OFF=coalesce_tiling_analysis,mix_order_reduction st tr_bf16off $(left 430) $TR --steps 60; fi ;;
+  if grep -q '"stop_reason": "steps"' "$OUT/tr_fp8c.log"; then st tr_bf16 $(left 385) $TR --steps 60
+  else GEM_INDUCTOR_OFF=coalesce_tiling_analysis,mix_order_reduction st tr_bf16off $(left 385) $TR --steps 60; fi ;;
 esac
 gpu_end
