@@ -38,12 +38,13 @@ def test_mxfp8_conversion_keeps_the_heads_and_matches_fp32_closely() -> None:
 def test_fp8_min_speedup_reaches_the_conversion() -> None:
     """fp8_block with fp8_min_speedup converts the wide linear only (the cost model's 1.07x at
     1024 -> 3072 against 1.00x at 1024^2); 0 converts both; MXFP8 refuses the argument."""
-    from gem_precision import FP8BlockLinear, fp8_block_speedup
+    from gem_precision import FP8BlockConfig, FP8BlockLinear
 
     def net() -> nn.Module:
         return nn.ModuleDict({"blocks": nn.ModuleList([nn.Linear(1024, 3072), nn.Linear(1024, 1024)])})
 
-    wide, narrow = fp8_block_speedup(1024, 3072, wgrad_bf16=True), fp8_block_speedup(1024, 1024, wgrad_bf16=True)
+    cfg = FP8BlockConfig(wgrad_bf16=True)
+    wide, narrow = cfg.predicted_speedup(1024, 3072), cfg.predicted_speedup(1024, 1024)
     threshold = (wide + narrow) / 2
     m = net()
     done = gem_parallel.parallelize(m, precision="fp8_block_wgrad_bf16", fp8_min_speedup=threshold)

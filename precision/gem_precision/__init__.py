@@ -1,7 +1,6 @@
 """gem_precision: MXFP8 (OCP MX v1.0) formats, Triton quantization, MXFP8 GEMM and linear;
 fp8_block (1x128 / 128x128 power-of-two blocks, cuBLAS blockwise FP8 GEMM) for speed on Hopper."""
 from gem_precision._fp8_block import FP8BlockConfig, FP8BlockLinear
-from gem_precision._fp8_cost import fp8_block_speedup
 from gem_precision._formats import MXTensor, to_mx_reference
 from gem_precision._gemm import mx_mm, mx_mm_reference
 from gem_precision._linear import MXFP8Linear, MXLinearConfig
@@ -20,7 +19,6 @@ __all__ = [
     "convert",
     "convert_to_mxfp8",
     "default_module_filter",
-    "fp8_block_speedup",
     "mx_mm",
     "mx_mm_reference",
     "mx_recipe_config",

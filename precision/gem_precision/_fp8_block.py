@@ -45,6 +45,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from gem_precision._fp8_cost import H200_BF16_TFLOPS, H200_FP8_TFLOPS, H200_QUANT_GBPS, fp8_block_speedup
 from gem_precision._quant import interpreting
 
 BLOCK = 128
@@ -90,6 +91,14 @@ class FP8BlockConfig:
         if recipe == "fp8_block_wgrad_bf16":
             return cls(wgrad_bf16=True, quant=quant)  # type: ignore[arg-type]
         raise ValueError(f"{recipe=} must be 'fp8_block' or 'fp8_block_wgrad_bf16'")
+
+    def predicted_speedup(self, in_features: int, out_features: int, *, bf16_tflops: float = H200_BF16_TFLOPS,
+                          fp8_tflops: float = H200_FP8_TFLOPS, quant_gbps: float = H200_QUANT_GBPS) -> float:
+        """Predicted fwd+bwd speed-up over bf16 of a linear in_features -> out_features in this
+        recipe (`wgrad_bf16` decides), for a large token count: the per-row cost model of
+        `_fp8_cost.py`, with an H200's figures unless given another GPU's. > 1: FP8 is faster."""
+        return fp8_block_speedup(in_features, out_features, wgrad_bf16=self.wgrad_bf16, bf16_tflops=bf16_tflops,
+                                 fp8_tflops=fp8_tflops, quant_gbps=quant_gbps)
 
 
 # --- quantization (plain torch ops: the specification, and what torch.compile fuses) -------

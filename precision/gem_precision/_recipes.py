@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from torch import nn
 
 from gem_precision._fp8_block import BLOCK, FP8BlockConfig, FP8BlockLinear
-from gem_precision._fp8_cost import fp8_block_speedup
 from gem_precision._linear import MXFP8Linear, MXLinearConfig
 
 
@@ -128,7 +127,7 @@ def convert(
         module_filter, min_features, keep_bf16: as in `convert_to_mxfp8`. fp8_block needs
             both dims multiples of 128: other linears (e.g. small head layers) stay bf16.
         min_speedup: fp8_block only: also keep in bf16 every linear whose predicted fwd+bwd
-            speed-up over bf16 (`fp8_block_speedup`, a per-row cost model of an H200, for a
+            speed-up over bf16 (`FP8BlockConfig.predicted_speedup`, a per-row cost model of an H200, for a
             large token count) is below this; 0 (the default) converts by size alone.
             Narrow linears (K = N = 1024) predict 1.00x: their GEMM saving is what quantizing
             x and dY costs.
@@ -155,7 +154,6 @@ def convert(
         if not size_filt(name, m):
             return False
         assert isinstance(m, nn.Linear)  # _swap asks only about linears
-        return not min_speedup or fp8_block_speedup(
-            m.in_features, m.out_features, wgrad_bf16=cfg.wgrad_bf16) >= min_speedup
+        return not min_speedup or cfg.predicted_speedup(m.in_features, m.out_features) >= min_speedup
 
     return _swap(model, filt, BLOCK, lambda m: FP8BlockLinear.from_linear(m, cfg), "FP8BlockLinear")

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from _util import mixed, parity_mlp, parity_train
-from gem_precision import FP8BlockConfig, FP8BlockLinear, MXFP8Linear, convert, fp8_block_speedup
+from gem_precision import FP8BlockConfig, FP8BlockLinear, MXFP8Linear, convert
+from gem_precision._fp8_cost import fp8_block_speedup
 from gem_precision import _fp8_block as fb
 
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
@@ -241,6 +242,11 @@ def test_fp8_block_speedup_model_against_the_formula() -> None:
     assert fp8_block_speedup(8192, 8192) > fp8_block_speedup(8192, 8192, wgrad_bf16=True) > 1.15
     assert fp8_block_speedup(128, 128, wgrad_bf16=True) < 0.5  # all quantization, no GEMM to win
     assert fp8_block_speedup(1024, 3072) == fp8_block_speedup(3072, 1024)
+    # the public entry point: the recipe's config decides wgrad_bf16
+    for wg in (False, True):
+        assert FP8BlockConfig(wgrad_bf16=wg).predicted_speedup(1024, 2048) == fp8_block_speedup(1024, 2048, wgrad_bf16=wg)
+    assert FP8BlockConfig.from_recipe("fp8_block_wgrad_bf16").predicted_speedup(4096, 4096, quant_gbps=1e9) > \
+        FP8BlockConfig(wgrad_bf16=True).predicted_speedup(4096, 4096)  # another GPU's figures reach the model
 
 
 @pytest.mark.parametrize("bad", [0, -128, 1.5, True, "1024"])

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gem_precision import FP8BlockConfig, FP8BlockLinear, MXFP8Linear, MXLinearConfig, fp8_block_speedup
+from gem_precision import FP8BlockConfig, FP8BlockLinear, MXFP8Linear, MXLinearConfig
 from gem_precision import _fp8_block as fb
 from gem_precision import _triton_fp8_block as tfb
 
@@ -85,8 +85,8 @@ def row(M: int, N: int, K: int, mx: bool, torch_quant: bool = True) -> dict[str,
     if mx:
         mods["mxfp8_rceil"] = MXFP8Linear.from_linear(lin, MXLinearConfig(scale_mode="rceil"))
     r: dict[str, Any] = {"M": M, "N": N, "K": K,
-                         "predicted fp8_block x": fp8_block_speedup(K, N),
-                         "predicted fp8_block_wgrad_bf16 x": fp8_block_speedup(K, N, wgrad_bf16=True)}
+                         "predicted fp8_block x": FP8BlockConfig().predicted_speedup(K, N),
+                         "predicted fp8_block_wgrad_bf16 x": FP8BlockConfig(wgrad_bf16=True).predicted_speedup(K, N)}
     with torch.no_grad():
         ref = lin(x).float()
         y8 = mods["fp8_block_triton"](x).float()
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model-shapes", action="store_true",
                    help="the h200 model's token-stream linears (262,144 tokens; 1024 -> 1024, 2048, 3072), "
                         "the fused Triton quantizer only, beside the cost model's prediction "
-                        "(gem_precision.fp8_block_speedup)")
+                        "(FP8BlockConfig.predicted_speedup)")
     p.add_argument("--profile", action="store_true",
                    help="also profile one fwd+bwd of bf16 and fp8_block (fused quantizer) at 1024->4096, "
                         "262,144 and 262,100 tokens: each op's and kernel's device time per step")
