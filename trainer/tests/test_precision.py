@@ -163,3 +163,38 @@ def test_compile_notice_on_gpu_only() -> None:
     assert cli.startswith("--compile:") and "--compile-cache" in cli and "--no-compile" in cli
     loaded = _preflight.compile_notice(h200(), cuda, True)
     assert loaded is not None and "loaded" in loaded
+
+
+def test_h200_fp8_defaults_convert_the_wide_stream_linears() -> None:
+    """The h200 preset's model (built on the meta device: no memory, no data) under the
+    trainer's fp8 defaults: the cost filter (--fp8-min-speedup 1.05) converts exactly the
+    stream linears wider than 1024 -> 1024, the ones the H200 measured at 1.08-1.09x alone
+    (trainer/BENCHMARKS.md); with the filter off every eligible stream linear converts."""
+    import dataclasses
+
+    import torchrec  # noqa: F401  (the h200 model's tables; imported as the trainer does)
+
+    import gem_precision
+    from gem_trainer.config import h200, keep_bf16_patterns
+
+    cfg = dataclasses.replace(h200(), precision="fp8_block_wgrad_bf16")
+    cfg.validate()
+
+    def converted(min_speedup: float) -> dict[str, tuple[int, int]]:
+        with torch.device("meta"):
+            model = gem_model.GEMModel(model_config(cfg, data_config(cfg)))
+        names = gem_precision.convert(model, cfg.precision, keep_bf16=keep_bf16_patterns(cfg), min_speedup=min_speedup)
+        shapes = {}
+        for n in names:
+            lin = model.get_submodule(n)
+            assert isinstance(lin, gem_precision.FP8BlockLinear)
+            shapes[n] = (lin.in_features, lin.out_features)
+        return shapes
+
+    wide = converted(cfg.fp8_min_speedup)
+    kinds = sorted({".".join(p for p in n.split(".") if not p.isdigit()) for n in wide})
+    assert kinds == ["layers.pooling.wkv", "layers.seq_attention.wqkv", "layers.seq_ffn.wkv"], kinds
+    assert all(k == 1024 and n in (2048, 3072) for k, n in wide.values()), wide
+    every = converted(0.0)
+    assert set(wide) < set(every) and all(k == n == 1024 for name, (k, n) in every.items() if name not in wide)
+    assert not any(p in n for n in every for p in ("heads", "interaction", "summary"))
