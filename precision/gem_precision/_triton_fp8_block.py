@@ -74,7 +74,7 @@ TILES = (TILE, QuantTile(bk=256, num_warps=8), QuantTile(num_warps=8), QuantTile
          QuantTile(num_warps=8, k_loop=8, num_stages=3))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M_IN"])  # the token count: no JIT variant per divisibility class
 def _fp8_block_quant_kernel(
     x_ptr, sxm, sxk, M,  # M: the padded row count (a multiple of 128: the outputs' rows)
     qr_ptr, sr_ptr,  # rows: codes [M, K], scale [M, K/128] (both contiguous)

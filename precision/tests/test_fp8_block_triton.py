@@ -269,3 +269,15 @@ def test_compiled_fused_linear_keeps_one_graph_over_token_counts(wgrad_bf16: boo
         for a, b in zip(got, _run(lin, x, dy)):
             assert torch.equal(a, b)
     assert cnt.frame_count == 1, f"{cnt.frame_count} compiles for 5 token counts"
+
+
+def test_the_token_count_is_not_a_jit_specialisation() -> None:
+    """Triton compiles a kernel again for each divisibility class of an int argument. The
+    token count (M_IN) changes every batch, so a class first seen mid-run would compile in
+    the middle of training; M_IN appears only in the row mask, so nothing is lost by not
+    specialising it. The padded count M (a multiple of 128) and the strides stay specialised."""
+    kern = tfb._fp8_block_quant_kernel
+    spec = getattr(kern, "do_not_specialize", None)
+    if spec is None:  # the interpreter's wrapper keeps the decorator's arguments
+        spec = kern.kwargs["do_not_specialize"]  # type: ignore[union-attr]
+    assert list(spec) == ["M_IN"]
