@@ -1,5 +1,6 @@
-"""Shared test helpers: random data of mixed magnitudes, bitwise MXTensor equality, and the
-small-MLP training run the parity tests compare recipes on."""
+"""Shared test helpers: random data of mixed magnitudes, bitwise MXTensor equality, the
+small-MLP training run the parity tests compare recipes on, and one linear's fwd+bwd
+(compiled over several token counts for the recompile tests)."""
 import torch
 from torch import nn
 
@@ -58,3 +59,34 @@ def parity_train(model: nn.Module, steps: int, *, d_in: int, d_out: int, batch: 
         sched.step()
         losses.append(loss.item())
     return sum(losses[-25:]) / 25
+
+
+def fwd_bwd(lin: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> list[torch.Tensor]:
+    """[y, dx, then each parameter's gradient] of one fwd+bwd of `lin` at x with output grad dy."""
+    xx = x.clone().requires_grad_()
+    lin.zero_grad()
+    y = lin(xx)
+    y.backward(dy)
+    return [y, xx.grad] + [p.grad.clone() for p in lin.parameters()]  # type: ignore[list-item,union-attr]
+
+
+def compiles_over_token_counts(config: object, seed: int) -> int:
+    """An FP8BlockLinear(256 -> 384, config) compiled (aot_eager, dynamic, whole graph) and run
+    at five token counts on both sides of multiples of 128: every output and gradient equals
+    the eager module's, bit for bit. Returns how many graphs dynamo compiled (1: no guard on
+    the count; a guard on the count mod 128 recompiled the h200 blocks ~90 s each)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from gem_precision import FP8BlockLinear
+
+    torch._dynamo.reset()
+    torch.manual_seed(seed)
+    lin = FP8BlockLinear(256, 384, config=config)  # type: ignore[arg-type]
+    cnt = CompileCounterWithBackend("aot_eager")
+    f = torch.compile(lin, backend=cnt, dynamic=True, fullgraph=True)
+    for m in (200, 256, 300, 384, 131):  # (one 128-row block would specialize the emulation on 1)
+        x = torch.randn(m, 256)
+        dy = torch.randn(m, 384, dtype=torch.bfloat16)
+        for a, b in zip(fwd_bwd(f, x, dy), fwd_bwd(lin, x, dy)):  # type: ignore[arg-type]
+            assert torch.equal(a, b)
+    return int(cnt.frame_count)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from _util import mixed, parity_mlp, parity_train
+from _util import compiles_over_token_counts, mixed, parity_mlp, parity_train
 from gem_precision import FP8BlockConfig, FP8BlockLinear, MXFP8Linear, convert
 from gem_precision._fp8_cost import fp8_block_speedup
 from gem_precision import _fp8_block as fb
@@ -336,27 +336,8 @@ def test_compiled_torch_quant_keeps_one_graph_over_token_counts(wgrad_bf16: bool
     # The torch quantizers need 128-row blocks; compiled, the linear always pads (inductor fuses
     # the zero rows into the quantization) instead of testing the token count mod 128, which
     # would add a guard and a recompile when a batch crosses a multiple of 128.
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    torch._dynamo.reset()
-    torch.manual_seed(2)
-    lin = FP8BlockLinear(256, 384, config=FP8BlockConfig(quant="torch", wgrad_bf16=wgrad_bf16))
-    cnt = CompileCounterWithBackend("aot_eager")
-    f = torch.compile(lin, backend=cnt, dynamic=True, fullgraph=True)
-
-    def run(g: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> list[torch.Tensor]:
-        xx = x.clone().requires_grad_()
-        lin.zero_grad()
-        y = g(xx)
-        y.backward(dy)
-        return [y, xx.grad, lin.weight.grad.clone(), lin.bias.grad.clone()]
-
-    for m in (200, 256, 300, 384, 131):
-        x = torch.randn(m, 256)
-        dy = torch.randn(m, 384, dtype=torch.bfloat16)
-        for a, b in zip(run(f, x, dy), run(lin, x, dy)):
-            assert torch.equal(a, b)
-    assert cnt.frame_count == 1, f"{cnt.frame_count} compiles for 5 token counts"
+    n = compiles_over_token_counts(FP8BlockConfig(quant="torch", wgrad_bf16=wgrad_bf16), seed=2)
+    assert n == 1, f"{n} compiles for 5 token counts"
 
 
 def test_recipe_quant_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

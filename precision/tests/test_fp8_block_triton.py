@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from _util import mixed
+from _util import compiles_over_token_counts, mixed
+from _util import fwd_bwd as _run
 from gem_precision import FP8BlockConfig, FP8BlockLinear
 from gem_precision import _fp8_block as fb
 from gem_precision import _triton_fp8_block as tfb
@@ -141,14 +142,6 @@ def test_bad_arguments() -> None:
         FP8BlockLinear(128, 128, config=FP8BlockConfig(quant="cuda"))(torch.ones(2, 128))  # type: ignore[arg-type]
 
 
-def _run(lin: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> list[torch.Tensor]:
-    xx = x.clone().requires_grad_()
-    lin.zero_grad()
-    y = lin(xx)
-    y.backward(dy)
-    return [y, xx.grad] + [p.grad.clone() for p in lin.parameters()]
-
-
 @pytest.mark.skipif(CUDA, reason="the CPU emulation; the GPU runs test_gpu_linear_triton_equals_torch")
 @pytest.mark.parametrize("wgrad_bf16", [False, True])
 def test_linear_triton_quant_equals_torch(wgrad_bf16: bool, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -255,20 +248,8 @@ def test_compiled_fused_linear_keeps_one_graph_over_token_counts(wgrad_bf16: boo
     # The fused quantizer pads inside, so the traced linear must not branch on whether the
     # token count is a multiple of 128: a guard on it recompiled the h200 preset's fp8_block
     # blocks each time a batch's count crossed it (~90 s per compile on the H200, 2026-12-04).
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    torch._dynamo.reset()
-    torch.manual_seed(1)
-    lin = FP8BlockLinear(256, 384, config=FP8BlockConfig(quant="triton", wgrad_bf16=wgrad_bf16))
-    cnt = CompileCounterWithBackend("aot_eager")
-    f = torch.compile(lin, backend=cnt, dynamic=True, fullgraph=True)
-    for m in (200, 256, 300, 384, 131):  # (one 128-row block would specialize the emulation on 1)
-        x = torch.randn(m, 256)
-        dy = torch.randn(m, 384, dtype=torch.bfloat16)
-        got = _run(f, x, dy)  # type: ignore[arg-type]
-        for a, b in zip(got, _run(lin, x, dy)):
-            assert torch.equal(a, b)
-    assert cnt.frame_count == 1, f"{cnt.frame_count} compiles for 5 token counts"
+    n = compiles_over_token_counts(FP8BlockConfig(quant="triton", wgrad_bf16=wgrad_bf16), seed=1)
+    assert n == 1, f"{n} compiles for 5 token counts"
 
 
 def test_the_token_count_is_not_a_jit_specialisation() -> None:
