@@ -16,6 +16,10 @@
 #   PART=e  (a fresh box) the same fp8 run with inductor's two features on (GEM_INDUCTOR_OFF=""),
 #           then bf16: plain if the fp8 run trained, else with the two features off (what
 #           they cost a bf16 step).
+#   PART=f  (not run yet: the session's device time was spent) what the nineteenth session left
+#           unmeasured: the fp8 run at the defaults again (does gem-precision 0.3.5's unspecialised
+#           token count close the gap between its steady MFU and its median step?), bf16 beside
+#           it, then every eligible linear in FP8 with inductor's features on (does that compile?).
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 TR="python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress"
@@ -53,5 +57,9 @@ e)
   GEM_INDUCTOR_OFF="" st tr_fp8c 200 $TR --steps 60 --precision fp8_block_wgrad_bf16
   if grep -q '"stop_reason": "steps"' "$OUT/tr_fp8c.log"; then st tr_bf16 $(left 385) $TR --steps 60
   else GEM_INDUCTOR_OFF=coalesce_tiling_analysis,mix_order_reduction st tr_bf16off $(left 385) $TR --steps 60; fi ;;
+f)
+  st tr_fp8c 200 $TR --steps 60 --precision fp8_block_wgrad_bf16
+  st tr_bf16 120 $TR --steps 60
+  st tr_fp8 $(left 560) $TR --steps 60 --precision fp8_block_wgrad_bf16 --fp8-min-speedup 0 --keep-bf16 'heads*' ;;
 esac
 gpu_end
