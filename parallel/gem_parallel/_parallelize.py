@@ -129,9 +129,7 @@ def _compile_settings() -> list[tuple[Any, str, Any]]:
         flags.append((torch._functorch.config, "autograd_cache_allow_custom_autograd_functions", True))
     import torch._inductor.config as inductor_config
 
-    for name in inductor_off():
-        if hasattr(inductor_config.triton, name):
-            flags.append((inductor_config.triton, name, False))
+    flags += [(inductor_config.triton, name, False) for name in inductor_off()]  # names checked there
     return flags
 
 

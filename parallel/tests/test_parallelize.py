@@ -54,6 +54,7 @@ def test_fp8_min_speedup_reaches_the_conversion() -> None:
     with pytest.raises(ValueError, match="applies to fp8_block recipes only"):
         gem_parallel.parallelize(net(), precision="mxfp8_rceil", fp8_min_speedup=threshold)
 
+
 @pytest.mark.parametrize("precision", [None, "fp32", "bf16"])
 def test_no_conversion_leaves_the_model_alone(precision: str | None) -> None:
     torch.manual_seed(0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import fnmatch
+import math
 from collections.abc import Callable, Sequence
 
 from torch import nn
@@ -127,15 +128,15 @@ def convert(
         module_filter, min_features, keep_bf16: as in `convert_to_mxfp8`. fp8_block needs
             both dims multiples of 128: other linears (e.g. small head layers) stay bf16.
         min_speedup: fp8_block only: also keep in bf16 every linear whose predicted fwd+bwd
-            speed-up over bf16 (`FP8BlockConfig.predicted_speedup`, a per-row cost model of an H200, for a
-            large token count) is below this; 0 (the default) converts by size alone.
+            speed-up over bf16 (`FP8BlockConfig.predicted_speedup`, a per-row cost model of an
+            H200, for a large token count) is below this; 0 (the default) converts by size alone.
             Narrow linears (K = N = 1024) predict 1.00x: their GEMM saving is what quantizing
             x and dY costs.
     Returns:
         Qualified names of the converted modules, in model.named_modules() order.
     """
-    if isinstance(min_speedup, bool) or not isinstance(min_speedup, (int, float)) or not min_speedup >= 0 \
-            or min_speedup == float("inf"):
+    if isinstance(min_speedup, bool) or not isinstance(min_speedup, (int, float)) \
+            or not (math.isfinite(min_speedup) and min_speedup >= 0):
         raise ValueError(f"min_speedup={min_speedup!r} must be a finite number >= 0")
     if isinstance(recipe, MXRecipe) or (isinstance(recipe, str) and recipe.startswith("mxfp8")):
         if min_speedup:

@@ -214,7 +214,6 @@ def test_convert_filter_and_recipes() -> None:
     assert convert(other, "fp8_block") == []  # already converted layers are left alone
 
 
-
 def _speedup_by_hand(k: int, n: int, wgrad_bf16: bool, r16: float, r8: float, bw: float) -> float:
     """The cost model written out per operand (a second reading of the docstring's formula):
     seconds per token row of each GEMM and each quantizer pass."""
@@ -258,8 +257,8 @@ def test_fp8_block_speedup_refuses_bad_sizes(bad: object) -> None:
 
 
 def test_convert_min_speedup_keeps_the_narrow_linears() -> None:
-    """min_speedup converts what the cost model says pays and leaves the rest in bf16; the
-    model's output is unchanged by the conversion of nothing, and bad values are refused."""
+    """min_speedup converts what the cost model says pays and leaves the rest in bf16, full
+    FP8 wgrad's higher predictions convert more, and bad values are refused."""
     def net() -> nn.Module:
         m = nn.Sequential()
         for name, (k, n) in {"wqkv": (1024, 3072), "wo": (1024, 1024), "wkv": (1024, 2048),

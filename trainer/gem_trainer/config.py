@@ -43,9 +43,9 @@ class TrainConfig:
             per-sample rows rather than the token stream (interaction, summary GLUs): at a
             few thousand rows a low-precision GEMM saves less than its quantizer launches.
         fp8_min_speedup: fp8_block recipes convert only the linears whose predicted fwd+bwd
-            speed-up over bf16 is at least this (`gem_precision.FP8BlockConfig.predicted_speedup`, an H200
-            cost model); the 5 % margin covers the fusions a compiled bf16 linear keeps and
-            an FP8 one loses. 0 converts by size alone.
+            speed-up over bf16 is at least this (`gem_precision.FP8BlockConfig.predicted_speedup`,
+            an H200 cost model); the 5 % margin covers the fusions a compiled bf16 linear keeps
+            and an FP8 one loses. 0 converts by size alone.
         log_dir: JSONL + TensorBoard logs; "" disables.
         log_every: metrics line every N steps.
         eval_batches: held-out batches scored at the end for NE/AUC (64 x 64 samples =
