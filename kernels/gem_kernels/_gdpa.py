@@ -107,6 +107,20 @@ class GdpaTiles:
     # Short kv only (the whole kv of a sample in one tile): consecutive q tiles of one sample
     # per program (_triton_gdpa._gdpa_fwd_short_kernel / _gdpa_bwd_short_kernel).
     q_tiles: int = 1
+    # Long kv only: the order programs take tiles in (_triton_gdpa._tile). "list": only the
+    # real tiles, heaviest first (samples by the other side's length, each sample's tiles last
+    # to first); "grid": (B·H, the longest sample's tiles, reversed), programs past a sample's
+    # end exit; "auto": "list" when the grid would be mostly empty programs, else "grid" (the
+    # JFA rule, `_triton_jfa._schedule_args`); "in_order": every sample's tiles first to last,
+    # samples in batch order (gem-kernels <= 0.3.1). Every order gives bitwise the same result.
+    schedule: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"GdpaTiles.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+
+
+SCHEDULES = ("auto", "list", "grid", "in_order")
 
 
 _TILE_OVERRIDE: dict[str, GdpaTiles] = {}
@@ -347,6 +361,23 @@ def _grid(tokens: int, b: int, max_len: int, block: int, heads: int) -> tuple[in
     return min(tokens // block + b, b * max(1, -(-max_len // block))), heads
 
 
+def _schedule(
+    t: GdpaTiles, offsets: torch.Tensor, other_offsets: torch.Tensor, rows: int, max_len: int, block: int,
+    heads: int,
+) -> tuple[tuple[int, int], tuple[object, ...], dict[str, object]]:
+    """(grid, args H/CUM/ORDER, constexprs SCHED/LOG2B) of a long-kv kernel that tiles
+    `offsets`' side by `block` rows, in the order `t.schedule` names (see `GdpaTiles`)."""
+    from gem_kernels._triton_jfa import _schedule_args
+
+    b = offsets.numel() - 1
+    if t.schedule == "in_order":
+        return _grid(rows, b, max_len, block, heads), (heads, offsets, offsets), dict(SCHED="in_order", LOG2B=1)
+    tile_list = {"auto": None, "list": True, "grid": False}[t.schedule]
+    grid, sched = _schedule_args(offsets, other_offsets, rows, max_len, block, heads, tile_list)
+    kind = "list" if sched["TILE_LIST"] else "grid"
+    return grid, (heads, sched["CUM"], sched["ORDER"]), dict(SCHED=kind, LOG2B=sched["LOG2B"])
+
+
 def _tanh(t: GdpaTiles, dtype: torch.dtype) -> bool:
     """Whether the kernels compute sigmoid with PTX tanh.approx (see `GdpaTiles.tanh_sigmoid`)."""
     return t.tanh_sigmoid and dtype != torch.float32 and os.environ.get("TRITON_INTERPRET", "0") != "1"
@@ -388,12 +419,12 @@ def gdpa_forward_triton(
             num_warps=t.num_warps, num_stages=t.num_stages,
         )
         return out
-    grid = _grid(tq, b, max_q_len, t.block_m, h)
+    grid, sched, sc = _schedule(t, q_offsets, kv_offsets, tq, max_q_len, t.block_m, h)
     _gdpa_fwd_kernel[grid](
         q, k, v, out, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
-        scale, 1.0 / divisor, window or 0, b,
+        scale, 1.0 / divisor, window or 0, b, *sched, **sc,
         D=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_B=_block_b(b), ACT=activation,
         TANH=_tanh(t, q.dtype), CAUSAL=causal, HAS_WINDOW=window is not None, PREC=_prec(q.dtype),
         num_warps=t.num_warps, num_stages=t.num_stages,
@@ -440,22 +471,22 @@ def gdpa_backward_triton(
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
         )
         return dq, dka.to(k.dtype), dva.to(v.dtype)
-    grid_q = _grid(tq, b, max_q_len, t.block_m, h)
+    grid_q, sched, sc = _schedule(t, q_offsets, kv_offsets, tq, max_q_len, t.block_m, h)
     _gdpa_bwd_dq_kernel[grid_q](
         q, k, v, dout, dq, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
-        scale, 1.0 / divisor, window or 0, b, TANH=_tanh(t, q.dtype), **common,
+        scale, 1.0 / divisor, window or 0, b, *sched, **sc, TANH=_tanh(t, q.dtype), **common,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
     )
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     t = gdpa_tiles(max_kv_len, d, kind="dkdv")
-    grid_kv = _grid(tkv, b, max_kv_len, t.block_n, h)
+    grid_kv, sched, sc = _schedule(t, kv_offsets, q_offsets, tkv, max_kv_len, t.block_n, h)
     _gdpa_bwd_dkdv_kernel[grid_kv](
         q, k, v, dout, dk, dv, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        scale, 1.0 / divisor, window or 0, b, TANH=_tanh(t, q.dtype), **common,
+        scale, 1.0 / divisor, window or 0, b, *sched, **sc, TANH=_tanh(t, q.dtype), **common,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
     )
     return dq, dk, dv

@@ -27,6 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from gem_kernels._triton_jfa import _schedule
+
 _GELU_C = 0.7978845608028654  # sqrt(2 / pi)
 _GELU_A = 0.044715
 
@@ -130,6 +132,29 @@ def _locate(offsets, pid, B, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr):
 
 
 @triton.jit
+def _tile(offsets, CUM, ORDER, H, B, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr, SCHED: tl.constexpr,
+          LOG2B: tl.constexpr):
+    """(sample b, head h, tile index within b, ok) of this program.
+
+    SCHED "in_order" (gem-kernels <= 0.3.1): grid (tiles, heads), the tiles in sample order,
+    each sample's first to last (`_locate`).
+    "list" / "grid": heaviest first, through JFA's `_schedule`: samples by the other side's
+    length (longest first), each sample's tiles last to first, so that the longest tiles
+    (a long sample's; for causal its last q tiles) do not start in the last wave and leave
+    the GPU idle behind them.
+    """
+    if SCHED == "in_order":  # 2-D grid (tiles, heads)
+        pid = tl.program_id(0)
+        h = tl.program_id(1)
+        b, blk, total = _locate(offsets, pid, B, BLOCK, BLOCK_B)
+        ok = pid < total
+    else:
+        b, h, start, ok = _schedule(offsets, CUM, ORDER, H, B, BLOCK, SCHED == "list", LOG2B)
+        blk = start // BLOCK
+    return b, h, blk, ok
+
+
+@triton.jit
 def _visible(offs_i, offs_j, shift, window, lo, hi, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
     """Visibility [BM, BN] of key j to query i (the JFA rule) restricted to keys [lo, hi)."""
     return _vis(offs_i[:, None] + shift, offs_j[None, :], window, lo, hi, CAUSAL, HAS_WINDOW)
@@ -219,13 +244,12 @@ def _fwd_inner(acc, q, K, V, kv_start, stride_kt, stride_vt, offs_m, offs_d, sta
 @triton.jit
 def _gdpa_fwd_kernel(Q, K, V, O, q_offsets, kv_offsets,
                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-                     scale, inv_div, window, B,
+                     scale, inv_div, window, B, H, CUM, ORDER,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-                     ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr):
-    pid = tl.program_id(0)
-    h = tl.program_id(1)
-    b, m_block, total = _locate(q_offsets, pid, B, BLOCK_M, BLOCK_B)
-    if pid >= total:
+                     ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
+                     SCHED: tl.constexpr, LOG2B: tl.constexpr):
+    b, h, m_block, ok = _tile(q_offsets, CUM, ORDER, H, B, BLOCK_M, BLOCK_B, SCHED, LOG2B)
+    if not ok:
         return
     q_start = tl.load(q_offsets + b)
     q_len = (tl.load(q_offsets + b + 1) - q_start).to(tl.int32)
@@ -286,13 +310,12 @@ def _dq_inner(dq, q, do, K, V, kv_start, stride_kt, stride_vt, offs_m, offs_d, s
 def _gdpa_bwd_dq_kernel(Q, K, V, DO, DQ, q_offsets, kv_offsets,
                         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                         stride_dot, stride_doh, stride_dqt, stride_dqh,
-                        scale, inv_div, window, B,
+                        scale, inv_div, window, B, H, CUM, ORDER,
                         D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-                        ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr):
-    pid = tl.program_id(0)
-    h = tl.program_id(1)
-    b, m_block, total = _locate(q_offsets, pid, B, BLOCK_M, BLOCK_B)
-    if pid >= total:
+                        ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
+                        SCHED: tl.constexpr, LOG2B: tl.constexpr):
+    b, h, m_block, ok = _tile(q_offsets, CUM, ORDER, H, B, BLOCK_M, BLOCK_B, SCHED, LOG2B)
+    if not ok:
         return
     q_start = tl.load(q_offsets + b)
     q_len = (tl.load(q_offsets + b + 1) - q_start).to(tl.int32)
@@ -361,13 +384,12 @@ def _dkdv_inner(dk, dv, k, v, Q, DO, q_start, stride_qt, stride_dot, offs_n, off
 def _gdpa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, q_offsets, kv_offsets,
                           stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                           stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-                          scale, inv_div, window, B,
+                          scale, inv_div, window, B, H, CUM, ORDER,
                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-                          ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr):
-    pid = tl.program_id(0)
-    h = tl.program_id(1)
-    b, n_block, total = _locate(kv_offsets, pid, B, BLOCK_N, BLOCK_B)
-    if pid >= total:
+                          ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
+                          SCHED: tl.constexpr, LOG2B: tl.constexpr):
+    b, h, n_block, ok = _tile(kv_offsets, CUM, ORDER, H, B, BLOCK_N, BLOCK_B, SCHED, LOG2B)
+    if not ok:
         return
     q_start = tl.load(q_offsets + b)
     q_len = (tl.load(q_offsets + b + 1) - q_start).to(tl.int32)

@@ -1,0 +1,111 @@
+"""Bench: the order programs take tiles in, and the tiles, on issue 15's batch (GPU).
+
+    cd kernels && PYTHONPATH=. python3 -m gem_kernels.bench.schedule [--iters N] [--out DIR]
+
+GDPA SiLU causal (long kv) forward and forward+backward with each `GdpaTiles.schedule`
+(`in_order`: gem-kernels <= 0.3.1; `list` / `grid`: heaviest first; `auto`: the default), every
+result checked bitwise against `in_order` and against the fp32 reference on the first 8
+samples; then a forward tile sweep in the two heaviest-first orders; then our Triton JFA
+forward (full and causal) with its tile list on and off beside the default path (which is
+FlashAttention-4's where installed). The batch, timing and FLOP count are `bench.table`'s
+(eager calls, CUDA events, median; useful FLOPs = 4 * visible pairs * D * H forward, x3.5
+forward+backward). Table last, then one JSON line (`schedule.json` under `--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+
+import torch
+
+from gem_kernels._gdpa import GdpaTiles, force_tiles, gdpa_tiles
+from gem_kernels._triton_jfa import _heuristic_config, force_config
+from gem_kernels.bench._common import (attention_flops, bench_ms, emit_json, env_info, issue_lengths, print_table,
+                                       save_json, tflops, visible_pairs)
+from gem_kernels.bench.table import D, Batch, _check, _fwd, _fwd_bwd, gdpa, jfa
+
+KINDS = ("fwd", "dq", "dkdv")
+SWEEP = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 4, 3), (128, 64, 4, 3),
+         (64, 64, 4, 3), (64, 128, 4, 3), (64, 32, 4, 3), (64, 64, 4, 4)]
+
+
+def _gdpa_tiles(b: Batch, schedule: str, fwd: tuple[int, int, int, int] | None = None) -> dict[str, GdpaTiles]:
+    tiles = {kind: dataclasses.replace(gdpa_tiles(b.max, D, kind=kind), schedule=schedule) for kind in KINDS}
+    if fwd is not None:
+        bm, bn, w, st = fwd
+        tiles["fwd"] = GdpaTiles(block_m=bm, block_n=bn, num_warps=w, num_stages=st, schedule=schedule)
+    return tiles
+
+
+def run(iters: int) -> list[dict[str, object]]:
+    b = Batch(issue_lengths(), "cuda")
+    small = b.head(8)
+    f_fwd, f_all = attention_flops(visible_pairs(b.lengths, b.lengths, causal=True), b.heads, D)
+    f_full, _ = attention_flops(visible_pairs(b.lengths, b.lengths), b.heads, D)
+    rows: list[dict[str, object]] = []
+
+    def outputs(tiles: dict[str, GdpaTiles]) -> list[torch.Tensor]:
+        with force_tiles(**tiles):
+            out = gdpa()(b.qg, b.kg, b.vg, b)
+            return [out.detach(), *torch.autograd.grad(out, (b.qg, b.kg, b.vg), b.do)]
+
+    want = outputs(_gdpa_tiles(b, "in_order"))
+    for schedule in ("in_order", "grid", "list", "auto"):
+        tiles = _gdpa_tiles(b, schedule)
+        same = all(torch.equal(x, y) for x, y in zip(outputs(tiles), want))
+        with force_tiles(**tiles):
+            err = _check(gdpa(), gdpa("reference"), small)
+            ms_f = bench_ms(_fwd(gdpa(), b), iters=iters)
+            ms_a = bench_ms(_fwd_bwd(gdpa(), b), iters=iters)
+        rows.append(dict(case=f"GDPA silu causal, {schedule}", fwd_ms=ms_f, fwd_tf=tflops(f_fwd, ms_f), fb_ms=ms_a,
+                         fb_tf=tflops(f_all, ms_a), bits_as_in_order=same, err=err))
+        print(rows[-1], flush=True)
+    for schedule in ("grid", "list"):
+        for cfg in SWEEP:
+            try:
+                with force_tiles(**_gdpa_tiles(b, schedule, cfg)):
+                    ms_f = bench_ms(_fwd(gdpa(), b), iters=iters)
+                    err = _check(gdpa(), gdpa("reference"), small)
+            except Exception as e:  # a config that does not compile (shared memory) is a row, not a stop
+                print(f"sweep {schedule} {cfg}: failed {type(e).__name__}: {e}", flush=True)
+                continue
+            rows.append(dict(case=f"GDPA fwd {schedule} BM{cfg[0]} BN{cfg[1]} w{cfg[2]} s{cfg[3]}", fwd_ms=ms_f,
+                             fwd_tf=tflops(f_fwd, ms_f), err=err))
+            print(rows[-1], flush=True)
+    for causal in (False, True):
+        flops = f_fwd if causal else f_full
+        ms = bench_ms(_fwd(jfa(causal), b), iters=iters)
+        rows.append(dict(case=f"JFA fwd {'causal' if causal else 'full'}, default path", fwd_ms=ms,
+                         fwd_tf=tflops(flops, ms)))
+        for tile_list in (False, True):
+            jcfg = dataclasses.replace(_heuristic_config(b.max, b.max, D, b.q.dtype), tile_list=tile_list)
+            with force_config(jcfg):
+                ms = bench_ms(_fwd(jfa(causal), b), iters=iters)
+                err = _check(jfa(causal), jfa(causal, "reference"), small)
+            rows.append(dict(case=f"JFA fwd {'causal' if causal else 'full'}, ours, {'list' if tile_list else 'grid'}",
+                             fwd_ms=ms, fwd_tf=tflops(flops, ms), err=err))
+        print(rows[-3:], flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    p.add_argument("--iters", type=int, default=7, help="timed iterations per figure (median)")
+    p.add_argument("--out", default=os.environ.get("OUT"), help="directory for schedule.json (default $OUT)")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("schedule bench needs CUDA (the CPU checks are tests/test_gdpa.py::test_every_schedule_gives_the_same_bits)")
+        return 0
+    rows = run(args.iters)
+    print()
+    print_table(rows, ["case", "fwd_ms", "fwd_tf", "fb_ms", "fb_tf", "bits_as_in_order", "err"])
+    payload: dict[str, object] = dict(env=env_info(), rows=rows)
+    save_json(args.out, "schedule.json", payload)
+    emit_json(payload)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
