@@ -3,16 +3,21 @@
 # path" rows are then our forward or torch's FlashAttention-2 by the mean-length rule):
 #   PART=a  the tile order of the GDPA long-kv kernels (gem-kernels 0.3.2: heaviest first) and
 #           a forward tile sweep (`bench.schedule`), then the GDPA GPU tests, every one run.
+#   PART=b  batch order (the default after a): two runs of it for the spread, forward and
+#           backward tile sweeps, JFA's Triton path in batch order; the JFA GPU tests.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   [ -f "$OUT/sched.log" ] && { echo "=== schedule"; grep -vE "^(\{|\[)" "$OUT/sched.log" | grep -v "^sweep" | tail -n 40 | cut -c1-200; grep "failed" "$OUT/sched.log" | head -5 | cut -c1-200; }
-  for f in t_gdpa t_narrow; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -E "passed|failed|error" "$OUT/$f.log" | tail -n 4 | cut -c1-300; }; done
+  for f in t_gdpa t_narrow t_jfa; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -E "passed|failed|error" "$OUT/$f.log" | tail -n 4 | cut -c1-300; }; done
 }
 left() { echo $(( ${1} - $(date +%s) + T0 )); }
 T0=$(date +%s)
 gpu_begin "${WATCH:-575}"
 case "${PART:-a}" in
+b)  # gem-kernels 0.3.2 in batch order (the new default): spread, sweeps, JFA in batch order
+  (cd kernels && PYTHONPATH=.:$PYTHONPATH st sched 330 python3 -m gem_kernels.bench.schedule --iters 7)
+  st t_jfa $(left 540) python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa.py kernels/tests/test_jfa_one_pass.py -k "gpu or schedule" ;;
 a)
   (cd kernels && PYTHONPATH=.:$PYTHONPATH st sched 240 python3 -m gem_kernels.bench.schedule --iters 7)
   st t_gdpa $(left 480) python3 -m pytest -q -p no:cacheprovider kernels/tests/test_gdpa.py -k "gpu or schedule"

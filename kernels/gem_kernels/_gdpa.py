@@ -107,13 +107,16 @@ class GdpaTiles:
     # Short kv only (the whole kv of a sample in one tile): consecutive q tiles of one sample
     # per program (_triton_gdpa._gdpa_fwd_short_kernel / _gdpa_bwd_short_kernel).
     q_tiles: int = 1
-    # Long kv only: the order programs take tiles in (_triton_gdpa._tile). "list": only the
-    # real tiles, heaviest first (samples by the other side's length, each sample's tiles last
-    # to first); "grid": (B·H, the longest sample's tiles, reversed), programs past a sample's
-    # end exit; "auto": "list" when the grid would be mostly empty programs, else "grid" (the
-    # JFA rule, `_triton_jfa._schedule_args`); "in_order": every sample's tiles first to last,
-    # samples in batch order (gem-kernels <= 0.3.1). Every order gives bitwise the same result.
-    schedule: str = "auto"
+    # Long kv only: the order programs take tiles in (JFA's, `_triton_jfa._schedule`).
+    # "in_order" (the default): grid (real tiles, heads), every sample's tiles first to last,
+    # samples in batch order: the programs running together read one sample's keys (L2 hits).
+    # "list": only the real tiles, heaviest first (samples by the other side's length, each
+    # sample's tiles last to first; a few torch ops per call); "grid": (B·H, the longest
+    # sample's tiles reversed), programs past a sample's end exit; "auto": "list" when the
+    # grid would be mostly empty programs, else "grid" (JFA's rule). Every order gives bitwise
+    # the same result. On the H200 (issue 15's batch, SiLU causal, kernels/BENCHMARKS.md,
+    # 2026-12-04) in_order 223 useful TFLOP/s forward, grid 205, list 144, auto 123.
+    schedule: str = "in_order"
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -350,7 +353,7 @@ class _GdpaFunction(torch.autograd.Function):
 
 
 def _block_b(b: int) -> int:
-    """Width of the in-kernel per-sample scan (`_triton_gdpa._locate`)."""
+    """Width of the in-kernel per-sample scan (`_triton_jfa._locate`)."""
     return max(16, 1 << max(0, b - 1).bit_length())
 
 
@@ -365,17 +368,15 @@ def _schedule(
     t: GdpaTiles, offsets: torch.Tensor, other_offsets: torch.Tensor, rows: int, max_len: int, block: int,
     heads: int,
 ) -> tuple[tuple[int, int], tuple[object, ...], dict[str, object]]:
-    """(grid, args H/CUM/ORDER, constexprs SCHED/LOG2B) of a long-kv kernel that tiles
-    `offsets`' side by `block` rows, in the order `t.schedule` names (see `GdpaTiles`)."""
+    """(grid, args H/CUM/ORDER, constexprs TILE_LIST/LOG2B/IN_ORDER) of a long-kv kernel that
+    tiles `offsets`' side by `block` rows, in the order `t.schedule` names (see `GdpaTiles`);
+    JFA's schedules (`_triton_jfa._schedule_args`)."""
     from gem_kernels._triton_jfa import _schedule_args
 
-    b = offsets.numel() - 1
-    if t.schedule == "in_order":
-        return _grid(rows, b, max_len, block, heads), (heads, offsets, offsets), dict(SCHED="in_order", LOG2B=1)
-    tile_list = {"auto": None, "list": True, "grid": False}[t.schedule]
-    grid, sched = _schedule_args(offsets, other_offsets, rows, max_len, block, heads, tile_list)
-    kind = "list" if sched["TILE_LIST"] else "grid"
-    return grid, (heads, sched["CUM"], sched["ORDER"]), dict(SCHED=kind, LOG2B=sched["LOG2B"])
+    tile_list = {"auto": None, "list": True}.get(t.schedule, False)
+    grid, sched = _schedule_args(offsets, other_offsets, rows, max_len, block, heads, tile_list,
+                                 t.schedule == "in_order")
+    return grid, (heads, sched["CUM"], sched["ORDER"]), {k: sched[k] for k in ("TILE_LIST", "LOG2B", "IN_ORDER")}
 
 
 def _tanh(t: GdpaTiles, dtype: torch.dtype) -> bool:

@@ -10,7 +10,7 @@ rotates dq/dk back in registers, so rotated q/k never touch memory in either dir
 
 The op is memory-bound (4 * block_size * D * 2 bytes per 2 * block_size^2 * D * 2 FLOPs), so
 the grid enumerates only real blocks of the jagged batch (each program finds its sample from
-the offsets, `_triton_gdpa._locate`), with no padding programs and no helper kernels.
+the offsets, `_triton_jfa._locate`), with no padding programs and no helper kernels.
 
 RoPE convention ("rotate half", GPT-NeoX / Llama): with x = [x1, x2] split at D/2,
 rot(x) = [x1 cos - x2 sin, x2 cos + x1 sin], `cos`/`sin` of shape [positions, D/2].
@@ -21,7 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gem_kernels._triton_gdpa import _dot, _locate
+from gem_kernels._triton_gdpa import _dot
+from gem_kernels._triton_jfa import _locate
 
 
 @triton.jit

@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gem_kernels._triton_jfa import _schedule
+from gem_kernels._triton_jfa import _locate, _schedule
 
 _GELU_C = 0.7978845608028654  # sqrt(2 / pi)
 _GELU_A = 0.044715
@@ -111,47 +111,6 @@ def _act_and_grad(x, ACT: tl.constexpr, TANH: tl.constexpr):
     else:
         tl.static_assert(False, "unknown activation")
     return y, g
-
-
-@triton.jit
-def _locate(offsets, pid, B, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr):
-    """(sample b, tile index within b, total tiles) of tile `pid` of the jagged batch.
-
-    Computed in-kernel from the offsets (per-sample tile counts, their inclusive cumsum), so
-    the host launches one kernel and nothing else; costs one [BLOCK_B] load per program.
-    """
-    idx = tl.arange(0, BLOCK_B)
-    m = idx < B
-    lo = tl.load(offsets + idx, mask=m, other=0)
-    hi = tl.load(offsets + idx + 1, mask=m, other=0)
-    cnt = ((hi - lo + (BLOCK - 1)) // BLOCK).to(tl.int32)
-    cum = tl.cumsum(cnt, 0)
-    b = tl.sum((cum <= pid).to(tl.int32), 0)
-    first = tl.sum(tl.where(idx == b, cum - cnt, 0), 0)
-    return b, pid - first, tl.sum(cnt, 0)
-
-
-@triton.jit
-def _tile(offsets, CUM, ORDER, H, B, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr, SCHED: tl.constexpr,
-          LOG2B: tl.constexpr):
-    """(sample b, head h, tile index within b, ok) of this program.
-
-    SCHED "in_order" (gem-kernels <= 0.3.1): grid (tiles, heads), the tiles in sample order,
-    each sample's first to last (`_locate`).
-    "list" / "grid": heaviest first, through JFA's `_schedule`: samples by the other side's
-    length (longest first), each sample's tiles last to first, so that the longest tiles
-    (a long sample's; for causal its last q tiles) do not start in the last wave and leave
-    the GPU idle behind them.
-    """
-    if SCHED == "in_order":  # 2-D grid (tiles, heads)
-        pid = tl.program_id(0)
-        h = tl.program_id(1)
-        b, blk, total = _locate(offsets, pid, B, BLOCK, BLOCK_B)
-        ok = pid < total
-    else:
-        b, h, start, ok = _schedule(offsets, CUM, ORDER, H, B, BLOCK, SCHED == "list", LOG2B)
-        blk = start // BLOCK
-    return b, h, blk, ok
 
 
 @triton.jit
@@ -247,10 +206,11 @@ def _gdpa_fwd_kernel(Q, K, V, O, q_offsets, kv_offsets,
                      scale, inv_div, window, B, H, CUM, ORDER,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
                      ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
-                     SCHED: tl.constexpr, LOG2B: tl.constexpr):
-    b, h, m_block, ok = _tile(q_offsets, CUM, ORDER, H, B, BLOCK_M, BLOCK_B, SCHED, LOG2B)
+                     TILE_LIST: tl.constexpr, LOG2B: tl.constexpr, IN_ORDER: tl.constexpr):
+    b, h, start, ok = _schedule(q_offsets, CUM, ORDER, H, B, BLOCK_M, TILE_LIST, LOG2B, IN_ORDER)
     if not ok:
         return
+    m_block = start // BLOCK_M
     q_start = tl.load(q_offsets + b)
     q_len = (tl.load(q_offsets + b + 1) - q_start).to(tl.int32)
     kv_start = tl.load(kv_offsets + b)
@@ -313,10 +273,11 @@ def _gdpa_bwd_dq_kernel(Q, K, V, DO, DQ, q_offsets, kv_offsets,
                         scale, inv_div, window, B, H, CUM, ORDER,
                         D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
                         ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
-                        SCHED: tl.constexpr, LOG2B: tl.constexpr):
-    b, h, m_block, ok = _tile(q_offsets, CUM, ORDER, H, B, BLOCK_M, BLOCK_B, SCHED, LOG2B)
+                        TILE_LIST: tl.constexpr, LOG2B: tl.constexpr, IN_ORDER: tl.constexpr):
+    b, h, start, ok = _schedule(q_offsets, CUM, ORDER, H, B, BLOCK_M, TILE_LIST, LOG2B, IN_ORDER)
     if not ok:
         return
+    m_block = start // BLOCK_M
     q_start = tl.load(q_offsets + b)
     q_len = (tl.load(q_offsets + b + 1) - q_start).to(tl.int32)
     kv_start = tl.load(kv_offsets + b)
@@ -387,10 +348,11 @@ def _gdpa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, q_offsets, kv_offsets,
                           scale, inv_div, window, B, H, CUM, ORDER,
                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
                           ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
-                          SCHED: tl.constexpr, LOG2B: tl.constexpr):
-    b, h, n_block, ok = _tile(kv_offsets, CUM, ORDER, H, B, BLOCK_N, BLOCK_B, SCHED, LOG2B)
+                          TILE_LIST: tl.constexpr, LOG2B: tl.constexpr, IN_ORDER: tl.constexpr):
+    b, h, start, ok = _schedule(kv_offsets, CUM, ORDER, H, B, BLOCK_N, TILE_LIST, LOG2B, IN_ORDER)
     if not ok:
         return
+    n_block = start // BLOCK_N
     q_start = tl.load(q_offsets + b)
     q_len = (tl.load(q_offsets + b + 1) - q_start).to(tl.int32)
     kv_start = tl.load(kv_offsets + b)

@@ -73,6 +73,10 @@ class JfaConfig:
     # False = never (the plain (B·H, max blocks) grid with early exits), None = when the
     # plain grid would be mostly empty programs (long-tailed lengths).
     tile_list: bool | None = None
+    # Tiles in batch order instead (takes precedence over `tile_list`): grid (real tiles,
+    # heads), each sample's tiles first to last, located in-kernel; concurrent programs share
+    # a sample's keys in L2 (GDPA's fastest order on the H200, kernels/BENCHMARKS.md).
+    in_order: bool = False
     # Backward in one pass (see `jfa_backward`): the dK/dV kernel, with `dkdv` tiles and
     # schedule, also adds dQ into an fp32 workspace with atomics (5 matmuls per tile pair
     # instead of 7; `dq` tiles and `kv_split` then play no part in the backward). False = the
@@ -342,15 +346,42 @@ def _visible_t(rows, cols, shift, lk, WINDOW, CAUSAL: tl.constexpr, HAS_WINDOW: 
 
 
 @triton.jit
-def _schedule(OFF, CUM, ORDER, H, B, BLOCK: tl.constexpr, TILE_LIST: tl.constexpr, LOG2B: tl.constexpr):
+def _locate(offsets, pid, B, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr):
+    """(sample b, tile index within b, total tiles) of tile `pid` of the jagged batch.
+
+    Computed in-kernel from the offsets (per-sample tile counts, their inclusive cumsum), so
+    the host launches one kernel and nothing else; costs one [BLOCK_B] load per program.
+    """
+    idx = tl.arange(0, BLOCK_B)
+    m = idx < B
+    lo = tl.load(offsets + idx, mask=m, other=0)
+    hi = tl.load(offsets + idx + 1, mask=m, other=0)
+    cnt = ((hi - lo + (BLOCK - 1)) // BLOCK).to(tl.int32)
+    cum = tl.cumsum(cnt, 0)
+    b = tl.sum((cum <= pid).to(tl.int32), 0)
+    first = tl.sum(tl.where(idx == b, cum - cnt, 0), 0)
+    return b, pid - first, tl.sum(cnt, 0)
+
+
+@triton.jit
+def _schedule(OFF, CUM, ORDER, H, B, BLOCK: tl.constexpr, TILE_LIST: tl.constexpr, LOG2B: tl.constexpr,
+              IN_ORDER: tl.constexpr = False):
     """(sample b, head h, block start, ok) of this program; `OFF` are the tiled side's offsets.
 
     Grid mode: axis 0 = B·H, axis 1 = blocks of the longest sequence in reverse (programs
     past a sequence's end exit). Tile-list mode: axis 0 = H × (an upper bound on the real
     tiles, cdiv(T, BLOCK) + B); `CUM` is the inclusive cumsum of per-sample tile counts in
     the order `ORDER` (heaviest sample first), found by binary search; no empty programs
-    beyond the bound's slack, and the heaviest work starts first.
+    beyond the bound's slack, and the heaviest work starts first. In-order mode (IN_ORDER):
+    axis 0 = the same bound on the real tiles in batch order, each sample's first to last,
+    found in-kernel from `OFF` (`_locate`, 2^LOG2B >= B lanes: no host ops), axis 1 = heads;
+    programs running together then read the same sample's keys (L2 hits).
     """
+    if IN_ORDER:
+        pid = tl.program_id(0)
+        h = tl.program_id(1)
+        b, blk, total = _locate(OFF, pid, B, BLOCK, 1 << LOG2B)
+        return b, h, blk * BLOCK, pid < total
     pid = tl.program_id(0)
     h = pid % H
     if TILE_LIST:
@@ -471,9 +502,9 @@ def _jfa_fwd_kernel(
     H, scale_log2, WINDOW,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-    TILE_LIST: tl.constexpr, LOG2B: tl.constexpr,
+    TILE_LIST: tl.constexpr, LOG2B: tl.constexpr, IN_ORDER: tl.constexpr,
 ):
-    b, h, m_start, ok = _schedule(QO, CUM, ORDER, H, B, BLOCK_M, TILE_LIST, LOG2B)
+    b, h, m_start, ok = _schedule(QO, CUM, ORDER, H, B, BLOCK_M, TILE_LIST, LOG2B, IN_ORDER)
     if not ok:
         return
     q_start = tl.load(QO + b)
@@ -604,12 +635,12 @@ def _jfa_bwd_dkdv_kernel(
     CUM, ORDER, B, H, scale, scale_log2, WINDOW,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-    TILE_LIST: tl.constexpr, LOG2B: tl.constexpr,
+    TILE_LIST: tl.constexpr, LOG2B: tl.constexpr, IN_ORDER: tl.constexpr,
     DQ_ATOMIC: tl.constexpr,  # one-pass backward: also add dQ into the fp32 workspace DQ (else unused)
     DQ_TMA: tl.constexpr,  # one-pass: add dQ by TMA bulk reduce through DQ_DESC (host: `_tma_modes`)
     TMA_LOADS: tl.constexpr,  # q and dO tiles through Q_DESC / DO_DESC (host: `_tma_modes`)
 ):
-    b, h, n_start, ok = _schedule(KO, CUM, ORDER, H, B, BLOCK_N, TILE_LIST, LOG2B)
+    b, h, n_start, ok = _schedule(KO, CUM, ORDER, H, B, BLOCK_N, TILE_LIST, LOG2B, IN_ORDER)
     if not ok:
         return
     kv_start = tl.load(KO + b)
@@ -727,9 +758,9 @@ def _jfa_bwd_dq_kernel(
     H, scale, scale_log2, WINDOW,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-    TILE_LIST: tl.constexpr, LOG2B: tl.constexpr,
+    TILE_LIST: tl.constexpr, LOG2B: tl.constexpr, IN_ORDER: tl.constexpr,
 ):
-    b, h, m_start, ok = _schedule(QO, CUM, ORDER, H, B, BLOCK_M, TILE_LIST, LOG2B)
+    b, h, m_start, ok = _schedule(QO, CUM, ORDER, H, B, BLOCK_M, TILE_LIST, LOG2B, IN_ORDER)
     if not ok:
         return
     q_start = tl.load(QO + b)
@@ -868,23 +899,30 @@ def _dot_prec(dtype: torch.dtype) -> str:
 
 def _schedule_args(
     offsets: torch.Tensor, other_offsets: torch.Tensor, rows: int, max_len: int, block: int, h: int,
-    tile_list: bool | None,
+    tile_list: bool | None, in_order: bool = False,
 ) -> tuple[tuple[int, int], dict[str, object]]:
     """Grid (axes 0 and 1) and the schedule kernel args for tiling `offsets`' side by `block`.
 
     The tile list pays a few tiny device ops (lengths, argsort, cumsum; no host sync) and is
     used only when the plain grid would launch mostly empty programs (long-tailed lengths).
+    `in_order` (before `tile_list`) is the tile list in batch order, found in-kernel (no ops).
     """
     b = offsets.numel() - 1
-    grid_tiles = b * triton.cdiv(max_len, block)
     list_tiles = triton.cdiv(rows, block) + b
+    if in_order:
+        grid = (min(list_tiles, b * triton.cdiv(max_len, block)), h)
+        log2b = max(4, (b - 1).bit_length())
+        return grid, dict(CUM=offsets, ORDER=offsets, B=b, TILE_LIST=False, LOG2B=log2b, IN_ORDER=True)
+    grid_tiles = b * triton.cdiv(max_len, block)
     if tile_list or (tile_list is None and grid_tiles > 2 * list_tiles):
         lengths = offsets[1:] - offsets[:-1]
         work = other_offsets[1:] - other_offsets[:-1]  # work per tile ∝ the other side's length
         order = torch.argsort(work, descending=True, stable=True)
         cum = ((lengths[order] + block - 1) // block).cumsum(0)
-        return (h * list_tiles, 1), dict(CUM=cum, ORDER=order, B=b, TILE_LIST=True, LOG2B=max(1, b.bit_length()))
-    return (b * h, triton.cdiv(max_len, block)), dict(CUM=offsets, ORDER=offsets, B=b, TILE_LIST=False, LOG2B=1)
+        return (h * list_tiles, 1), dict(CUM=cum, ORDER=order, B=b, TILE_LIST=True, LOG2B=max(1, b.bit_length()),
+                                         IN_ORDER=False)
+    return (b * h, triton.cdiv(max_len, block)), dict(CUM=offsets, ORDER=offsets, B=b, TILE_LIST=False, LOG2B=1,
+                                                      IN_ORDER=False)
 
 
 def jfa_forward(
@@ -916,7 +954,7 @@ def jfa_forward(
     else:
         out_ws = torch.empty_like(q).unsqueeze(0)
         lse_ws = torch.empty((1, tq, h), dtype=torch.float32, device=q.device)
-    (g0, g1), sched = _schedule_args(q_offsets, kv_offsets, tq, max_q_len, t.block_m, h, cfg.tile_list)
+    (g0, g1), sched = _schedule_args(q_offsets, kv_offsets, tq, max_q_len, t.block_m, h, cfg.tile_list, cfg.in_order)
     _jfa_fwd_kernel[(g0, g1, splits)](
         q, k, v, out_ws, lse_ws, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -925,7 +963,7 @@ def jfa_forward(
         h, scale * _LOG2E, window if window is not None else 0,
         CAUSAL=causal, HAS_WINDOW=window is not None, D=d,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q),
-        TILE_LIST=sched["TILE_LIST"], LOG2B=sched["LOG2B"],
+        TILE_LIST=sched["TILE_LIST"], LOG2B=sched["LOG2B"], IN_ORDER=sched["IN_ORDER"],
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     if splits == 1:
@@ -1008,7 +1046,8 @@ def jfa_backward(
         CAUSAL=causal, HAS_WINDOW=window is not None, D=d, DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q)
     )
     win = window if window is not None else 0
-    grid_kv, sched_kv = _schedule_args(kv_offsets, q_offsets, k.shape[0], max_kv_len, cfg.dkdv.block_n, h, cfg.tile_list)
+    grid_kv, sched_kv = _schedule_args(kv_offsets, q_offsets, k.shape[0], max_kv_len, cfg.dkdv.block_n, h, cfg.tile_list,
+                                       cfg.in_order)
     dq_tma, tma_loads = _tma_modes(cfg, q, dout, dq_acc)
     bm = cfg.dkdv.block_m
     _jfa_bwd_dkdv_kernel[grid_kv](
@@ -1019,7 +1058,7 @@ def jfa_backward(
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         dq_acc.stride(0), dq_acc.stride(1),
         sched_kv["CUM"], sched_kv["ORDER"], sched_kv["B"], h, scale, scale * _LOG2E, win,
-        TILE_LIST=sched_kv["TILE_LIST"], LOG2B=sched_kv["LOG2B"],
+        TILE_LIST=sched_kv["TILE_LIST"], LOG2B=sched_kv["LOG2B"], IN_ORDER=sched_kv["IN_ORDER"],
         BLOCK_M=bm, BLOCK_N=cfg.dkdv.block_n, DQ_ATOMIC=cfg.one_pass, DQ_TMA=dq_tma, TMA_LOADS=tma_loads,
         num_warps=cfg.dkdv.num_warps, num_stages=cfg.dkdv.num_stages, **common,
     )
@@ -1030,14 +1069,15 @@ def jfa_backward(
         dq_ws = torch.empty((splits, tq, h, d), dtype=torch.float32, device=q.device)
     else:
         dq_ws = torch.empty_like(q).unsqueeze(0)
-    (g0, g1), sched_q = _schedule_args(q_offsets, kv_offsets, tq, max_q_len, cfg.dq.block_m, h, cfg.tile_list)
+    (g0, g1), sched_q = _schedule_args(q_offsets, kv_offsets, tq, max_q_len, cfg.dq.block_m, h, cfg.tile_list,
+                                       cfg.in_order)
     _jfa_bwd_dq_kernel[(g0, g1, splits)](
         q, k, v, dout, lse, delta, dq_ws, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dq_ws.stride(1), dq_ws.stride(2), dq_ws.stride(0),
         cfg.kv_split if splits > 1 else _NO_SPLIT, sched_q["CUM"], sched_q["ORDER"], sched_q["B"],
         h, scale, scale * _LOG2E, win,
-        TILE_LIST=sched_q["TILE_LIST"], LOG2B=sched_q["LOG2B"],
+        TILE_LIST=sched_q["TILE_LIST"], LOG2B=sched_q["LOG2B"], IN_ORDER=sched_q["IN_ORDER"],
         BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n,
         num_warps=cfg.dq.num_warps, num_stages=cfg.dq.num_stages, **common,
     )

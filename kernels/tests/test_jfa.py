@@ -105,12 +105,14 @@ def test_unequal_lengths_bottom_right(variant: str) -> None:
 
 
 @needs_triton
-@pytest.mark.parametrize("tile_list", [True, False])
+@pytest.mark.parametrize("schedule", ["list", "grid", "in_order"])
 @pytest.mark.parametrize("variant", ["full", "causal_window"])
-def test_tile_list_and_grid_schedules(tile_list: bool, variant: str) -> None:
-    # Both launch schedules (tile list: binary search over per-sample tile counts, heaviest
-    # first; plain grid with early exits) on the same long-tailed batch.
-    with force_config(dataclasses.replace(TINY, tile_list=tile_list)):
+def test_tile_list_grid_and_in_order_schedules(schedule: str, variant: str) -> None:
+    # The three launch schedules (tile list: binary search over per-sample tile counts,
+    # heaviest first; plain grid with early exits; batch order located in-kernel) on the same
+    # long-tailed batch.
+    cfg = dataclasses.replace(TINY, tile_list=schedule == "list", in_order=schedule == "in_order")
+    with force_config(cfg):
         _check([40, 0, 3, 17, 1, 16], [33, 5, 0, 17, 40, 16], **VARIANTS[variant])  # type: ignore[arg-type]
 
 

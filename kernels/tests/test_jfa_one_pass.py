@@ -132,10 +132,12 @@ def test_head_dims(d: int, variant: str) -> None:
 
 
 @needs_triton
-@pytest.mark.parametrize("tile_list", [True, False])
-def test_tile_list_schedule(tile_list: bool) -> None:
-    # Long-tailed batch: the heaviest-first tile list and the plain grid, one-pass vs both.
-    one, two = (dataclasses.replace(c, tile_list=tile_list) for c in (ONE, TWO))
+@pytest.mark.parametrize("schedule", ["list", "grid", "in_order"])
+def test_tile_list_schedule(schedule: str) -> None:
+    # Long-tailed batch: the heaviest-first tile list, the plain grid and batch order,
+    # one-pass vs both.
+    one, two = (dataclasses.replace(c, tile_list=schedule == "list", in_order=schedule == "in_order")
+                for c in (ONE, TWO))
     _compare([40, 0, 3, 17, 1, 16], [33, 5, 0, 17, 40, 16], one=one, two=two, seed=6, causal=True, window=20)
 
 

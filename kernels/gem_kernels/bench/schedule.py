@@ -5,9 +5,9 @@
 GDPA SiLU causal (long kv) forward and forward+backward with each `GdpaTiles.schedule`
 (`in_order`: gem-kernels <= 0.3.1; `list` / `grid`: heaviest first; `auto`: the default), every
 result checked bitwise against `in_order` and against the fp32 reference on the first 8
-samples; then a forward tile sweep in the two heaviest-first orders; then our Triton JFA
-forward (full and causal) with its tile list on and off beside the default path (which is
-FlashAttention-4's where installed). The batch, timing and FLOP count are `bench.table`'s
+samples; then forward and backward tile sweeps in batch order; then JFA (full and causal)
+through the default path (FlashAttention-4's where installed, else the mean-length rule's)
+beside our Triton forward and backward in the plain grid and in batch order. The batch, timing and FLOP count are `bench.table`'s
 (eager calls, CUDA events, median; useful FLOPs = 4 * visible pairs * D * H forward, x3.5
 forward+backward). Table last, then one JSON line (`schedule.json` under `--out`).
 """
@@ -21,14 +21,17 @@ import os
 import torch
 
 from gem_kernels._gdpa import GdpaTiles, force_tiles, gdpa_tiles
-from gem_kernels._triton_jfa import _heuristic_config, force_config
+from gem_kernels._triton_jfa import JfaConfig, JfaTiles, _heuristic_config, force_config
 from gem_kernels.bench._common import (attention_flops, bench_ms, emit_json, env_info, issue_lengths, print_table,
                                        save_json, tflops, visible_pairs)
 from gem_kernels.bench.table import D, Batch, _check, _fwd, _fwd_bwd, gdpa, jfa
 
 KINDS = ("fwd", "dq", "dkdv")
 SWEEP = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 4, 3), (128, 64, 4, 3),
-         (64, 64, 4, 3), (64, 128, 4, 3), (64, 32, 4, 3), (64, 64, 4, 4)]
+         (64, 64, 4, 3), (64, 128, 4, 3), (64, 32, 4, 3), (64, 64, 4, 4), (64, 64, 4, 2), (64, 64, 8, 3)]
+# (dq, dkdv) tiles: (block_m, block_n, warps, stages); the first is the default.
+BWD_SWEEP = [((64, 32, 4, 3), (32, 64, 4, 3)), ((64, 64, 4, 3), (64, 64, 4, 3)), ((64, 32, 4, 2), (32, 64, 4, 2)),
+             ((64, 32, 4, 3), (32, 128, 4, 3)), ((128, 32, 8, 3), (32, 128, 8, 3)), ((64, 64, 4, 3), (32, 64, 4, 3))]
 
 
 def _gdpa_tiles(b: Batch, schedule: str, fwd: tuple[int, int, int, int] | None = None) -> dict[str, GdpaTiles]:
@@ -39,12 +42,25 @@ def _gdpa_tiles(b: Batch, schedule: str, fwd: tuple[int, int, int, int] | None =
     return tiles
 
 
+def _jfa_cfg(b: Batch, schedule: str, fwd: tuple[int, int, int, int] | None = None) -> JfaConfig:
+    cfg = dataclasses.replace(_heuristic_config(b.max, b.max, D, b.q.dtype), tile_list=schedule == "list",
+                              in_order=schedule == "in_order")
+    if fwd is not None:
+        bm, bn, w, st = fwd
+        cfg = dataclasses.replace(cfg, fwd=JfaTiles(block_m=bm, block_n=bn, num_warps=w, num_stages=st))
+    return cfg
+
+
 def run(iters: int) -> list[dict[str, object]]:
     b = Batch(issue_lengths(), "cuda")
     small = b.head(8)
     f_fwd, f_all = attention_flops(visible_pairs(b.lengths, b.lengths, causal=True), b.heads, D)
-    f_full, _ = attention_flops(visible_pairs(b.lengths, b.lengths), b.heads, D)
+    f_full, f_full_all = attention_flops(visible_pairs(b.lengths, b.lengths), b.heads, D)
     rows: list[dict[str, object]] = []
+
+    def add(**row: object) -> None:
+        rows.append(row)
+        print(row, flush=True)
 
     def outputs(tiles: dict[str, GdpaTiles]) -> list[torch.Tensor]:
         with force_tiles(**tiles):
@@ -52,41 +68,52 @@ def run(iters: int) -> list[dict[str, object]]:
             return [out.detach(), *torch.autograd.grad(out, (b.qg, b.kg, b.vg), b.do)]
 
     want = outputs(_gdpa_tiles(b, "in_order"))
-    for schedule in ("in_order", "grid", "list", "auto"):
+    for schedule in ("in_order", "grid", "list", "in_order"):  # in_order twice: run-to-run spread
         tiles = _gdpa_tiles(b, schedule)
         same = all(torch.equal(x, y) for x, y in zip(outputs(tiles), want))
         with force_tiles(**tiles):
             err = _check(gdpa(), gdpa("reference"), small)
             ms_f = bench_ms(_fwd(gdpa(), b), iters=iters)
             ms_a = bench_ms(_fwd_bwd(gdpa(), b), iters=iters)
-        rows.append(dict(case=f"GDPA silu causal, {schedule}", fwd_ms=ms_f, fwd_tf=tflops(f_fwd, ms_f), fb_ms=ms_a,
-                         fb_tf=tflops(f_all, ms_a), bits_as_in_order=same, err=err))
-        print(rows[-1], flush=True)
-    for schedule in ("grid", "list"):
-        for cfg in SWEEP:
-            try:
-                with force_tiles(**_gdpa_tiles(b, schedule, cfg)):
-                    ms_f = bench_ms(_fwd(gdpa(), b), iters=iters)
-                    err = _check(gdpa(), gdpa("reference"), small)
-            except Exception as e:  # a config that does not compile (shared memory) is a row, not a stop
-                print(f"sweep {schedule} {cfg}: failed {type(e).__name__}: {e}", flush=True)
-                continue
-            rows.append(dict(case=f"GDPA fwd {schedule} BM{cfg[0]} BN{cfg[1]} w{cfg[2]} s{cfg[3]}", fwd_ms=ms_f,
-                             fwd_tf=tflops(f_fwd, ms_f), err=err))
-            print(rows[-1], flush=True)
+        add(case=f"GDPA silu causal, {schedule}", fwd_ms=ms_f, fwd_tf=tflops(f_fwd, ms_f), fb_ms=ms_a,
+            fb_tf=tflops(f_all, ms_a), bits_as_in_order=same, err=err)
+    for cfg in SWEEP:
+        try:
+            with force_tiles(**_gdpa_tiles(b, "in_order", cfg)):
+                ms_f = bench_ms(_fwd(gdpa(), b), iters=iters)
+                err = _check(gdpa(), gdpa("reference"), small)
+        except Exception as e:  # a config that does not compile (shared memory) is a row, not a stop
+            print(f"sweep {cfg}: failed {type(e).__name__}: {e}", flush=True)
+            continue
+        add(case=f"GDPA fwd in_order BM{cfg[0]} BN{cfg[1]} w{cfg[2]} s{cfg[3]}", fwd_ms=ms_f, fwd_tf=tflops(f_fwd, ms_f),
+            err=err)
+    for dq, dkdv in BWD_SWEEP:
+        tiles = _gdpa_tiles(b, "in_order")
+        tiles["dq"] = GdpaTiles(block_m=dq[0], block_n=dq[1], num_warps=dq[2], num_stages=dq[3])
+        tiles["dkdv"] = GdpaTiles(block_m=dkdv[0], block_n=dkdv[1], num_warps=dkdv[2], num_stages=dkdv[3])
+        try:
+            with force_tiles(**tiles):
+                ms_a = bench_ms(_fwd_bwd(gdpa(), b), iters=iters)
+                err = _check(gdpa(), gdpa("reference"), small)
+        except Exception as e:
+            print(f"bwd sweep {dq} {dkdv}: failed {type(e).__name__}: {e}", flush=True)
+            continue
+        add(case=f"GDPA fb in_order dq{dq} dkdv{dkdv}", fb_ms=ms_a, fb_tf=tflops(f_all, ms_a), err=err)
     for causal in (False, True):
-        flops = f_fwd if causal else f_full
+        name = "causal" if causal else "full"
+        flops, flops_all = (f_fwd, f_all) if causal else (f_full, f_full_all)
         ms = bench_ms(_fwd(jfa(causal), b), iters=iters)
-        rows.append(dict(case=f"JFA fwd {'causal' if causal else 'full'}, default path", fwd_ms=ms,
-                         fwd_tf=tflops(flops, ms)))
-        for tile_list in (False, True):
-            jcfg = dataclasses.replace(_heuristic_config(b.max, b.max, D, b.q.dtype), tile_list=tile_list)
-            with force_config(jcfg):
+        ms_a = bench_ms(_fwd_bwd(jfa(causal), b), iters=iters)
+        add(case=f"JFA {name}, default path", fwd_ms=ms, fwd_tf=tflops(flops, ms), fb_ms=ms_a, fb_tf=tflops(flops_all, ms_a))
+        for schedule, fwd in (("grid", None), ("in_order", None), ("in_order", (128, 64, 8, 3)),
+                              ("in_order", (64, 64, 4, 3)), ("grid", None)):
+            with force_config(_jfa_cfg(b, schedule, fwd)):
                 ms = bench_ms(_fwd(jfa(causal), b), iters=iters)
+                fb = bench_ms(_fwd_bwd(jfa(causal), b), iters=iters) if fwd is None else None
                 err = _check(jfa(causal), jfa(causal, "reference"), small)
-            rows.append(dict(case=f"JFA fwd {'causal' if causal else 'full'}, ours, {'list' if tile_list else 'grid'}",
-                             fwd_ms=ms, fwd_tf=tflops(flops, ms), err=err))
-        print(rows[-3:], flush=True)
+            label = "" if fwd is None else f" fwd BM{fwd[0]} BN{fwd[1]} w{fwd[2]} s{fwd[3]}"
+            add(case=f"JFA {name}, ours (Triton fwd+bwd), {schedule}{label}", fwd_ms=ms, fwd_tf=tflops(flops, ms),
+                fb_ms=fb, fb_tf=tflops(flops_all, fb), err=err)
     return rows
 
 
