@@ -5,9 +5,12 @@
 #           a forward tile sweep (`bench.schedule`), then the GDPA GPU tests, every one run.
 #   PART=b  batch order (the default after a): two runs of it for the spread, forward and
 #           backward tile sweeps, JFA's Triton path in batch order; the JFA GPU tests.
+#   PART=c  the final state: the issue's table (`bench.table`), the schedule bench again, and
+#           every GDPA and JFA GPU test.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
+  [ -f "$OUT/table.log" ] && { echo "=== table"; grep -vE "^\{" "$OUT/table.log" | tail -n 32 | cut -c1-220; }
   [ -f "$OUT/sched.log" ] && { echo "=== schedule"; grep -vE "^(\{|\[)" "$OUT/sched.log" | grep -v "^sweep" | tail -n 40 | cut -c1-200; grep "failed" "$OUT/sched.log" | head -5 | cut -c1-200; }
   for f in t_gdpa t_narrow t_jfa; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -E "passed|failed|error" "$OUT/$f.log" | tail -n 4 | cut -c1-300; }; done
 }
@@ -15,6 +18,12 @@ left() { echo $(( ${1} - $(date +%s) + T0 )); }
 T0=$(date +%s)
 gpu_begin "${WATCH:-575}"
 case "${PART:-a}" in
+c)  # the final state (gem-kernels 0.3.2: JFA's two-pass default in batch order too): the issue's
+    # table, the schedule bench again (a second sample of each A/B), every GDPA and JFA GPU test
+  (cd kernels && PYTHONPATH=.:$PYTHONPATH st table 170 python3 -m gem_kernels.bench.table --iters 7)
+  (cd kernels && PYTHONPATH=.:$PYTHONPATH st sched $(left 300) python3 -m gem_kernels.bench.schedule --iters 7)
+  st t_gdpa $(left 450) python3 -m pytest -q -p no:cacheprovider kernels/tests/test_gdpa.py kernels/tests/test_gdpa_narrow_tiles.py -k "gpu or schedule"
+  st t_jfa $(left 570) python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa.py kernels/tests/test_jfa_one_pass.py -k "gpu or schedule" ;;
 b)  # gem-kernels 0.3.2 in batch order (the new default): spread, sweeps, JFA in batch order
   (cd kernels && PYTHONPATH=.:$PYTHONPATH st sched 330 python3 -m gem_kernels.bench.schedule --iters 7)
   st t_jfa $(left 540) python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa.py kernels/tests/test_jfa_one_pass.py -k "gpu or schedule" ;;

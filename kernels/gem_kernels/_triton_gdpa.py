@@ -10,10 +10,11 @@ no running max / rescale and the backward needs no `rowsum(dO * O)` correction t
     dQ = scale * dS K,   dK = scale * dS^T Q
 
 Grid: one program per (q tile, head) for the forward and dQ, one per (kv tile, head) for
-dK/dV. Tiles are enumerated over the *jagged* batch (the grid size is the host-known upper
-bound `T // BLOCK + B`), so no program is wasted on padding and no host sync is needed. Each
-program finds its sample from the offsets itself (`_locate`: cumsum of per-sample tile
-counts), so a call is one kernel launch with no helper kernels before it.
+dK/dV, in the order `GdpaTiles.schedule` names (JFA's `_triton_jfa._schedule`). The default,
+batch order, enumerates the tiles over the *jagged* batch (the grid size is the host-known
+upper bound `T // BLOCK + B`), so no program is wasted on padding and no host sync is
+needed; each program finds its sample from the offsets itself (`_locate`: cumsum of
+per-sample tile counts), so a call is one kernel launch with no helper kernels before it.
 
 Within a tile's key loop, blocks fully visible to every row run without masking; only the
 (at most two) boundary ranges pay for the mask.

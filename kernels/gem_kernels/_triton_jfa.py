@@ -291,6 +291,10 @@ def _heuristic_config(
     # Split-kv and the tile-list schedule are built and tested but off by default: on the H200
     # (BENCHMARKS.md) neither beat the plain grid in eager use (their extra torch ops cost
     # more host time than they saved on the device). Enable them through `force_config`.
+    # Batch order (`in_order`) is the two-pass default: on the H200 (issue 15's batch,
+    # 2026-12-04) forward 317 vs 298 useful TFLOP/s full, fwd+bwd 272 vs 231 full and 182 vs
+    # 165-171 causal against the plain grid. The one-pass backward keeps the grid: its dQ
+    # atomics would collide more with neighbouring programs on one sample (not measured).
     if one_pass:
         wide = lowp and d <= 128
         dkdv = JfaTiles(
@@ -302,7 +306,7 @@ def _heuristic_config(
             # full / causal)
             num_stages=3 if wide else 2,
         )
-    return JfaConfig(fwd=fwd, dkdv=dkdv, dq=dq, kv_split=0, tile_list=False, one_pass=one_pass)
+    return JfaConfig(fwd=fwd, dkdv=dkdv, dq=dq, kv_split=0, tile_list=False, in_order=not one_pass, one_pass=one_pass)
 
 
 @triton.jit

@@ -3,13 +3,14 @@
     cd kernels && PYTHONPATH=. python3 -m gem_kernels.bench.schedule [--iters N] [--out DIR]
 
 GDPA SiLU causal (long kv) forward and forward+backward with each `GdpaTiles.schedule`
-(`in_order`: gem-kernels <= 0.3.1; `list` / `grid`: heaviest first; `auto`: the default), every
-result checked bitwise against `in_order` and against the fp32 reference on the first 8
-samples; then forward and backward tile sweeps in batch order; then JFA (full and causal)
-through the default path (FlashAttention-4's where installed, else the mean-length rule's)
-beside our Triton forward and backward in the plain grid and in batch order. The batch, timing and FLOP count are `bench.table`'s
-(eager calls, CUDA events, median; useful FLOPs = 4 * visible pairs * D * H forward, x3.5
-forward+backward). Table last, then one JSON line (`schedule.json` under `--out`).
+(`in_order`, the default, timed first and last for the run's spread; `grid` / `list`: heaviest
+first), every result checked bitwise against `in_order` and against the fp32 reference on
+the first 8 samples; then forward and backward tile sweeps in batch order; then JFA (full
+and causal) through the default path (FlashAttention-4's where installed, else the
+mean-length rule's) beside our Triton forward and backward in the plain grid and in batch
+order. The batch, timing and FLOP count are `bench.table`'s (eager calls, CUDA events,
+median; useful FLOPs = 4 * visible pairs * D * H forward, x3.5 forward+backward). Table
+last, then one JSON line (`schedule.json` under `--out`).
 """
 
 from __future__ import annotations
