@@ -7,10 +7,12 @@
 #           backward tile sweeps, JFA's Triton path in batch order; the JFA GPU tests.
 #   PART=c  the final state: the issue's table (`bench.table`), the schedule bench again, and
 #           every GDPA and JFA GPU test.
+#   PART=d  JFA's schedules interleaved over 7 rounds (medians), then the JFA GPU tests.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   [ -f "$OUT/table.log" ] && { echo "=== table"; grep -vE "^\{" "$OUT/table.log" | tail -n 32 | cut -c1-220; }
+  [ -f "$OUT/jab.log" ] && { echo "=== jfa a/b"; grep -vE "^(\{|\[)" "$OUT/jab.log" | tail -n 9 | cut -c1-200; }
   [ -f "$OUT/sched.log" ] && { echo "=== schedule"; grep -vE "^(\{|\[)" "$OUT/sched.log" | grep -v "^sweep" | tail -n 40 | cut -c1-200; grep "failed" "$OUT/sched.log" | head -5 | cut -c1-200; }
   for f in t_gdpa t_narrow t_jfa; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -E "passed|failed|error" "$OUT/$f.log" | tail -n 4 | cut -c1-300; }; done
 }
@@ -18,6 +20,10 @@ left() { echo $(( ${1} - $(date +%s) + T0 )); }
 T0=$(date +%s)
 gpu_begin "${WATCH:-575}"
 case "${PART:-a}" in
+d)  # after c: JFA's schedules interleaved over 7 rounds (the forward's A/B was inside the spread),
+    # with the backward alone in batch order (the new default); the JFA GPU tests again
+  (cd kernels && PYTHONPATH=.:$PYTHONPATH st jab 200 python3 -m gem_kernels.bench.schedule --jfa-ab 7 --iters 15)
+  st t_jfa $(left 420) python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa.py kernels/tests/test_jfa_one_pass.py -k "gpu or schedule" ;;
 c)  # the final state (gem-kernels 0.3.2: JFA's two-pass default in batch order too): the issue's
     # table, the schedule bench again (a second sample of each A/B), every GDPA and JFA GPU test
   (cd kernels && PYTHONPATH=.:$PYTHONPATH st table 170 python3 -m gem_kernels.bench.table --iters 7)

@@ -73,10 +73,12 @@ class JfaConfig:
     # False = never (the plain (B·H, max blocks) grid with early exits), None = when the
     # plain grid would be mostly empty programs (long-tailed lengths).
     tile_list: bool | None = None
-    # Tiles in batch order instead (takes precedence over `tile_list`): grid (real tiles,
-    # heads), each sample's tiles first to last, located in-kernel; concurrent programs share
-    # a sample's keys in L2 (GDPA's fastest order on the H200, kernels/BENCHMARKS.md).
+    # The backward's tiles (dK/dV, dQ) in batch order instead (takes precedence over
+    # `tile_list`): grid (real tiles, heads), each sample's tiles first to last, located
+    # in-kernel; programs running together read one sample's q/dO or k/v (L2 hits).
+    # `fwd_in_order`: the same for the forward.
     in_order: bool = False
+    fwd_in_order: bool = False
     # Backward in one pass (see `jfa_backward`): the dK/dV kernel, with `dkdv` tiles and
     # schedule, also adds dQ into an fp32 workspace with atomics (5 matmuls per tile pair
     # instead of 7; `dq` tiles and `kv_split` then play no part in the backward). False = the
@@ -291,10 +293,12 @@ def _heuristic_config(
     # Split-kv and the tile-list schedule are built and tested but off by default: on the H200
     # (BENCHMARKS.md) neither beat the plain grid in eager use (their extra torch ops cost
     # more host time than they saved on the device). Enable them through `force_config`.
-    # Batch order (`in_order`) is the two-pass default: on the H200 (issue 15's batch,
-    # 2026-12-04) forward 317 vs 298 useful TFLOP/s full, fwd+bwd 272 vs 231 full and 182 vs
-    # 165-171 causal against the plain grid. The one-pass backward keeps the grid: its dQ
-    # atomics would collide more with neighbouring programs on one sample (not measured).
+    # Batch order (`in_order`) is the two-pass backward's default: on the H200 (issue 15's
+    # batch, 2026-12-04, kernels/BENCHMARKS.md) our forward+backward 272 / 268 vs 231 / 224
+    # useful TFLOP/s full and 182 / 176 vs 153-171 causal against the plain grid in two runs.
+    # The forward keeps the grid (batch order: 317 vs 298 in one run, 269 vs 250-291 in the
+    # other: no clear gain). The one-pass backward keeps the grid: its dQ atomics would
+    # collide more with neighbouring programs on one sample (not measured).
     if one_pass:
         wide = lowp and d <= 128
         dkdv = JfaTiles(
@@ -958,7 +962,8 @@ def jfa_forward(
     else:
         out_ws = torch.empty_like(q).unsqueeze(0)
         lse_ws = torch.empty((1, tq, h), dtype=torch.float32, device=q.device)
-    (g0, g1), sched = _schedule_args(q_offsets, kv_offsets, tq, max_q_len, t.block_m, h, cfg.tile_list, cfg.in_order)
+    (g0, g1), sched = _schedule_args(q_offsets, kv_offsets, tq, max_q_len, t.block_m, h, cfg.tile_list,
+                                     cfg.fwd_in_order)
     _jfa_fwd_kernel[(g0, g1, splits)](
         q, k, v, out_ws, lse_ws, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

@@ -111,7 +111,8 @@ def test_tile_list_grid_and_in_order_schedules(schedule: str, variant: str) -> N
     # The three launch schedules (tile list: binary search over per-sample tile counts,
     # heaviest first; plain grid with early exits; batch order located in-kernel) on the same
     # long-tailed batch.
-    cfg = dataclasses.replace(TINY, tile_list=schedule == "list", in_order=schedule == "in_order")
+    cfg = dataclasses.replace(TINY, tile_list=schedule == "list", in_order=schedule == "in_order",
+                              fwd_in_order=schedule == "in_order")
     with force_config(cfg):
         _check([40, 0, 3, 17, 1, 16], [33, 5, 0, 17, 40, 16], **VARIANTS[variant])  # type: ignore[arg-type]
 

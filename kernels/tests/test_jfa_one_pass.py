@@ -136,8 +136,8 @@ def test_head_dims(d: int, variant: str) -> None:
 def test_tile_list_schedule(schedule: str) -> None:
     # Long-tailed batch: the heaviest-first tile list, the plain grid and batch order,
     # one-pass vs both.
-    one, two = (dataclasses.replace(c, tile_list=schedule == "list", in_order=schedule == "in_order")
-                for c in (ONE, TWO))
+    one, two = (dataclasses.replace(c, tile_list=schedule == "list", in_order=schedule == "in_order",
+                                    fwd_in_order=schedule == "in_order") for c in (ONE, TWO))
     _compare([40, 0, 3, 17, 1, 16], [33, 5, 0, 17, 40, 16], one=one, two=two, seed=6, causal=True, window=20)
 
 

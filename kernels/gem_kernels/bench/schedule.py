@@ -1,6 +1,7 @@
 """Bench: the order programs take tiles in, and the tiles, on issue 15's batch (GPU).
 
     cd kernels && PYTHONPATH=. python3 -m gem_kernels.bench.schedule [--iters N] [--out DIR]
+    cd kernels && PYTHONPATH=. python3 -m gem_kernels.bench.schedule --jfa-ab 5   # JFA's A/B only
 
 GDPA SiLU causal (long kv) forward and forward+backward with each `GdpaTiles.schedule`
 (`in_order`, the default, timed first and last for the run's spread; `grid` / `list`: heaviest
@@ -45,7 +46,7 @@ def _gdpa_tiles(b: Batch, schedule: str, fwd: tuple[int, int, int, int] | None =
 
 def _jfa_cfg(b: Batch, schedule: str, fwd: tuple[int, int, int, int] | None = None) -> JfaConfig:
     cfg = dataclasses.replace(_heuristic_config(b.max, b.max, D, b.q.dtype), tile_list=schedule == "list",
-                              in_order=schedule == "in_order")
+                              in_order=schedule.startswith("in_order"), fwd_in_order=schedule == "in_order")
     if fwd is not None:
         bm, bn, w, st = fwd
         cfg = dataclasses.replace(cfg, fwd=JfaTiles(block_m=bm, block_n=bn, num_warps=w, num_stages=st))
@@ -106,7 +107,7 @@ def run(iters: int) -> list[dict[str, object]]:
         ms = bench_ms(_fwd(jfa(causal), b), iters=iters)
         ms_a = bench_ms(_fwd_bwd(jfa(causal), b), iters=iters)
         add(case=f"JFA {name}, default path", fwd_ms=ms, fwd_tf=tflops(flops, ms), fb_ms=ms_a, fb_tf=tflops(flops_all, ms_a))
-        for schedule, fwd in (("grid", None), ("in_order", None), ("in_order", (128, 64, 8, 3)),
+        for schedule, fwd in (("grid", None), ("in_order_bwd", None), ("in_order", None), ("in_order", (128, 64, 8, 3)),
                               ("in_order", (64, 64, 4, 3)), ("grid", None)):
             with force_config(_jfa_cfg(b, schedule, fwd)):
                 ms = bench_ms(_fwd(jfa(causal), b), iters=iters)
@@ -118,17 +119,49 @@ def run(iters: int) -> list[dict[str, object]]:
     return rows
 
 
+def jfa_ab(iters: int, rounds: int) -> list[dict[str, object]]:
+    """Our Triton JFA, plain grid vs batch order for the backward only (the default) vs batch
+    order for all three kernels, interleaved over `rounds` rounds (the spread between eager
+    runs is as large as the effect); rows give each round's figure and their median."""
+    b = Batch(issue_lengths(), "cuda")
+    rows: list[dict[str, object]] = []
+    for causal in (False, True):
+        flops, flops_all = attention_flops(visible_pairs(b.lengths, b.lengths, causal=causal), b.heads, D)
+        got: dict[str, tuple[list[float], list[float]]] = {}
+        for _ in range(rounds):
+            for schedule in ("grid", "in_order_bwd", "in_order"):
+                with force_config(_jfa_cfg(b, schedule)):
+                    f = tflops(flops, bench_ms(_fwd(jfa(causal), b), iters=iters))
+                    fb = tflops(flops_all, bench_ms(_fwd_bwd(jfa(causal), b), iters=iters))
+                tf, tfb = got.setdefault(schedule, ([], []))
+                tf.append(f or 0.0)
+                tfb.append(fb or 0.0)
+        for schedule, (tf, tfb) in got.items():
+            row: dict[str, object] = dict(case=f"JFA {'causal' if causal else 'full'}, ours, {schedule}",
+                                          fwd_tf=sorted(tf)[len(tf) // 2], fb_tf=sorted(tfb)[len(tfb) // 2],
+                                          fwd_rounds=" ".join(f"{x:.0f}" for x in tf),
+                                          fb_rounds=" ".join(f"{x:.0f}" for x in tfb))
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     p.add_argument("--iters", type=int, default=7, help="timed iterations per figure (median)")
     p.add_argument("--out", default=os.environ.get("OUT"), help="directory for schedule.json (default $OUT)")
+    p.add_argument("--jfa-ab", type=int, default=0, metavar="ROUNDS",
+                   help="only JFA's schedules, interleaved over ROUNDS rounds (medians)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("schedule bench needs CUDA (the CPU checks are tests/test_gdpa.py::test_every_schedule_gives_the_same_bits)")
         return 0
-    rows = run(args.iters)
+    rows = jfa_ab(args.iters, args.jfa_ab) if args.jfa_ab else run(args.iters)
     print()
-    print_table(rows, ["case", "fwd_ms", "fwd_tf", "fb_ms", "fb_tf", "bits_as_in_order", "err"])
+    if args.jfa_ab:
+        print_table(rows, ["case", "fwd_tf", "fb_tf", "fwd_rounds", "fb_rounds"])
+    else:
+        print_table(rows, ["case", "fwd_ms", "fwd_tf", "fb_ms", "fb_tf", "bits_as_in_order", "err"])
     payload: dict[str, object] = dict(env=env_info(), rows=rows)
     save_json(args.out, "schedule.json", payload)
     emit_json(payload)
