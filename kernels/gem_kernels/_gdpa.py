@@ -113,8 +113,9 @@ class GdpaTiles:
     # "list": only the real tiles, heaviest first (samples by the other side's length, each
     # sample's tiles last to first; a few torch ops per call); "grid": (B·H, the longest
     # sample's tiles reversed), programs past a sample's end exit; "auto": "list" when the
-    # grid would be mostly empty programs, else "grid" (JFA's rule). Every order gives bitwise
-    # the same result. On the H200 (issue 15's batch, SiLU causal, kernels/BENCHMARKS.md,
+    # grid would be mostly empty programs, else "grid" (JFA's rule); "in_order_rev": batch
+    # order with the q-side kernels (forward, dQ) walking each sample's tiles last to first
+    # (causal: the heavy ones first). Every order gives bitwise the same result. On the H200 (issue 15's batch, SiLU causal, kernels/BENCHMARKS.md,
     # 2026-12-04) in_order 223 useful TFLOP/s forward, grid 205, list 144, auto 123.
     schedule: str = "in_order"
 
@@ -123,7 +124,7 @@ class GdpaTiles:
             raise ValueError(f"GdpaTiles.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
 
 
-SCHEDULES = ("auto", "list", "grid", "in_order")
+SCHEDULES = ("auto", "list", "grid", "in_order", "in_order_rev")
 
 
 _TILE_OVERRIDE: dict[str, GdpaTiles] = {}
@@ -366,7 +367,7 @@ def _grid(tokens: int, b: int, max_len: int, block: int, heads: int) -> tuple[in
 
 def _schedule(
     t: GdpaTiles, offsets: torch.Tensor, other_offsets: torch.Tensor, rows: int, max_len: int, block: int,
-    heads: int,
+    heads: int, *, q_side: bool = True,
 ) -> tuple[tuple[int, int], tuple[object, ...], dict[str, object]]:
     """(grid, args H/CUM/ORDER, constexprs TILE_LIST/LOG2B/IN_ORDER) of a long-kv kernel that
     tiles `offsets`' side by `block` rows, in the order `t.schedule` names (see `GdpaTiles`);
@@ -374,8 +375,8 @@ def _schedule(
     from gem_kernels._triton_jfa import _schedule_args
 
     tile_list = {"auto": None, "list": True}.get(t.schedule, False)
-    grid, sched = _schedule_args(offsets, other_offsets, rows, max_len, block, heads, tile_list,
-                                 t.schedule == "in_order")
+    in_order = {"in_order": 1, "in_order_rev": 2 if q_side else 1}.get(t.schedule, 0)
+    grid, sched = _schedule_args(offsets, other_offsets, rows, max_len, block, heads, tile_list, in_order)
     return grid, (heads, sched["CUM"], sched["ORDER"]), {k: sched[k] for k in ("TILE_LIST", "LOG2B", "IN_ORDER")}
 
 
@@ -482,7 +483,7 @@ def gdpa_backward_triton(
     )
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     t = gdpa_tiles(max_kv_len, d, kind="dkdv")
-    grid_kv, sched, sc = _schedule(t, kv_offsets, q_offsets, tkv, max_kv_len, t.block_n, h)
+    grid_kv, sched, sc = _schedule(t, kv_offsets, q_offsets, tkv, max_kv_len, t.block_n, h, q_side=False)
     _gdpa_bwd_dkdv_kernel[grid_kv](
         q, k, v, dout, dk, dv, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

@@ -79,6 +79,9 @@ class JfaConfig:
     # `fwd_in_order`: the same for the forward.
     in_order: bool = False
     fwd_in_order: bool = False
+    # In batch order, the q-side kernels (forward, dQ) walk each sample's tiles last to first:
+    # for causal attention the heavy tiles start first (dK/dV keeps first to last).
+    reverse_q: bool = False
     # Backward in one pass (see `jfa_backward`): the dK/dV kernel, with `dkdv` tiles and
     # schedule, also adds dQ into an fp32 workspace with atomics (5 matmuls per tile pair
     # instead of 7; `dq` tiles and `kv_split` then play no part in the backward). False = the
@@ -373,7 +376,7 @@ def _locate(offsets, pid, B, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr):
 
 @triton.jit
 def _schedule(OFF, CUM, ORDER, H, B, BLOCK: tl.constexpr, TILE_LIST: tl.constexpr, LOG2B: tl.constexpr,
-              IN_ORDER: tl.constexpr = False):
+              IN_ORDER: tl.constexpr = 0):
     """(sample b, head h, block start, ok) of this program; `OFF` are the tiled side's offsets.
 
     Grid mode: axis 0 = B·H, axis 1 = blocks of the longest sequence in reverse (programs
@@ -383,12 +386,17 @@ def _schedule(OFF, CUM, ORDER, H, B, BLOCK: tl.constexpr, TILE_LIST: tl.constexp
     beyond the bound's slack, and the heaviest work starts first. In-order mode (IN_ORDER):
     axis 0 = the same bound on the real tiles in batch order, each sample's first to last,
     found in-kernel from `OFF` (`_locate`, 2^LOG2B >= B lanes: no host ops), axis 1 = heads;
-    programs running together then read the same sample's keys (L2 hits).
+    programs running together then read the same sample's keys (L2 hits). IN_ORDER = 2: the
+    same, each sample's tiles last to first (for causal q tiles, the heavy ones first).
     """
     if IN_ORDER:
         pid = tl.program_id(0)
         h = tl.program_id(1)
         b, blk, total = _locate(OFF, pid, B, BLOCK, 1 << LOG2B)
+        if IN_ORDER == 2:
+            bb = tl.minimum(b, B - 1)  # b == B past the last tile (ok is False then)
+            n = (tl.load(OFF + bb + 1) - tl.load(OFF + bb) + BLOCK - 1) // BLOCK
+            blk = (n - 1 - blk).to(blk.dtype)
         return b, h, blk * BLOCK, pid < total
     pid = tl.program_id(0)
     h = pid % H
@@ -907,20 +915,21 @@ def _dot_prec(dtype: torch.dtype) -> str:
 
 def _schedule_args(
     offsets: torch.Tensor, other_offsets: torch.Tensor, rows: int, max_len: int, block: int, h: int,
-    tile_list: bool | None, in_order: bool = False,
+    tile_list: bool | None, in_order: int = 0,
 ) -> tuple[tuple[int, int], dict[str, object]]:
     """Grid (axes 0 and 1) and the schedule kernel args for tiling `offsets`' side by `block`.
 
     The tile list pays a few tiny device ops (lengths, argsort, cumsum; no host sync) and is
     used only when the plain grid would launch mostly empty programs (long-tailed lengths).
-    `in_order` (before `tile_list`) is the tile list in batch order, found in-kernel (no ops).
+    `in_order` (before `tile_list`) is the tile list in batch order, found in-kernel (no ops):
+    0 off, 1 each sample's tiles first to last, 2 last to first (`_schedule`'s IN_ORDER).
     """
     b = offsets.numel() - 1
     list_tiles = triton.cdiv(rows, block) + b
     if in_order:
         grid = (min(list_tiles, b * triton.cdiv(max_len, block)), h)
         log2b = max(4, (b - 1).bit_length())
-        return grid, dict(CUM=offsets, ORDER=offsets, B=b, TILE_LIST=False, LOG2B=log2b, IN_ORDER=True)
+        return grid, dict(CUM=offsets, ORDER=offsets, B=b, TILE_LIST=False, LOG2B=log2b, IN_ORDER=int(in_order))
     grid_tiles = b * triton.cdiv(max_len, block)
     if tile_list or (tile_list is None and grid_tiles > 2 * list_tiles):
         lengths = offsets[1:] - offsets[:-1]
@@ -928,9 +937,14 @@ def _schedule_args(
         order = torch.argsort(work, descending=True, stable=True)
         cum = ((lengths[order] + block - 1) // block).cumsum(0)
         return (h * list_tiles, 1), dict(CUM=cum, ORDER=order, B=b, TILE_LIST=True, LOG2B=max(1, b.bit_length()),
-                                         IN_ORDER=False)
+                                         IN_ORDER=0)
     return (b * h, triton.cdiv(max_len, block)), dict(CUM=offsets, ORDER=offsets, B=b, TILE_LIST=False, LOG2B=1,
-                                                      IN_ORDER=False)
+                                                      IN_ORDER=0)
+
+
+def _q_order(cfg: JfaConfig, in_order: bool) -> int:
+    """`_schedule_args`' in_order for a q-side kernel (forward, dQ) of `cfg`."""
+    return (2 if cfg.reverse_q else 1) if in_order else 0
 
 
 def jfa_forward(
@@ -963,7 +977,7 @@ def jfa_forward(
         out_ws = torch.empty_like(q).unsqueeze(0)
         lse_ws = torch.empty((1, tq, h), dtype=torch.float32, device=q.device)
     (g0, g1), sched = _schedule_args(q_offsets, kv_offsets, tq, max_q_len, t.block_m, h, cfg.tile_list,
-                                     cfg.fwd_in_order)
+                                     _q_order(cfg, cfg.fwd_in_order))
     _jfa_fwd_kernel[(g0, g1, splits)](
         q, k, v, out_ws, lse_ws, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -1056,7 +1070,7 @@ def jfa_backward(
     )
     win = window if window is not None else 0
     grid_kv, sched_kv = _schedule_args(kv_offsets, q_offsets, k.shape[0], max_kv_len, cfg.dkdv.block_n, h, cfg.tile_list,
-                                       cfg.in_order)
+                                       int(cfg.in_order))
     dq_tma, tma_loads = _tma_modes(cfg, q, dout, dq_acc)
     bm = cfg.dkdv.block_m
     _jfa_bwd_dkdv_kernel[grid_kv](
@@ -1079,7 +1093,7 @@ def jfa_backward(
     else:
         dq_ws = torch.empty_like(q).unsqueeze(0)
     (g0, g1), sched_q = _schedule_args(q_offsets, kv_offsets, tq, max_q_len, cfg.dq.block_m, h, cfg.tile_list,
-                                       cfg.in_order)
+                                       _q_order(cfg, cfg.in_order))
     _jfa_bwd_dq_kernel[(g0, g1, splits)](
         q, k, v, dout, lse, delta, dq_ws, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

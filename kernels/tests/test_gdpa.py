@@ -153,7 +153,7 @@ def test_every_schedule_gives_the_same_bits(variant: str) -> None:
     lk = lq if variant != "band" else [rng.choice([0, 5, 33, 64]) for _ in lq]
     kw = dict(VARIANTS[variant], activation="silu")
     want = _fwd_bwd_bits(lq, lk, "in_order", 3, **kw)
-    for schedule in ("list", "grid", "auto"):
+    for schedule in ("list", "grid", "auto", "in_order_rev"):
         got = _fwd_bwd_bits(lq, lk, schedule, 3, **kw)
         for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
             assert torch.equal(a, b), f"{schedule} {name}"

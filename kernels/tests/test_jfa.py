@@ -105,14 +105,15 @@ def test_unequal_lengths_bottom_right(variant: str) -> None:
 
 
 @needs_triton
-@pytest.mark.parametrize("schedule", ["list", "grid", "in_order"])
+@pytest.mark.parametrize("schedule", ["list", "grid", "in_order", "in_order_rev"])
 @pytest.mark.parametrize("variant", ["full", "causal_window"])
 def test_tile_list_grid_and_in_order_schedules(schedule: str, variant: str) -> None:
-    # The three launch schedules (tile list: binary search over per-sample tile counts,
-    # heaviest first; plain grid with early exits; batch order located in-kernel) on the same
-    # long-tailed batch.
-    cfg = dataclasses.replace(TINY, tile_list=schedule == "list", in_order=schedule == "in_order",
-                              fwd_in_order=schedule == "in_order")
+    # The launch schedules (tile list: binary search over per-sample tile counts, heaviest
+    # first; plain grid with early exits; batch order located in-kernel, the q-side kernels'
+    # tiles first to last or last to first) on the same long-tailed batch.
+    batch = schedule.startswith("in_order")
+    cfg = dataclasses.replace(TINY, tile_list=schedule == "list", in_order=batch, fwd_in_order=batch,
+                              reverse_q=schedule == "in_order_rev")
     with force_config(cfg):
         _check([40, 0, 3, 17, 1, 16], [33, 5, 0, 17, 40, 16], **VARIANTS[variant])  # type: ignore[arg-type]
 

@@ -132,12 +132,13 @@ def test_head_dims(d: int, variant: str) -> None:
 
 
 @needs_triton
-@pytest.mark.parametrize("schedule", ["list", "grid", "in_order"])
+@pytest.mark.parametrize("schedule", ["list", "grid", "in_order", "in_order_rev"])
 def test_tile_list_schedule(schedule: str) -> None:
-    # Long-tailed batch: the heaviest-first tile list, the plain grid and batch order,
-    # one-pass vs both.
-    one, two = (dataclasses.replace(c, tile_list=schedule == "list", in_order=schedule == "in_order",
-                                    fwd_in_order=schedule == "in_order") for c in (ONE, TWO))
+    # Long-tailed batch: the heaviest-first tile list, the plain grid and batch order (q-side
+    # tiles first to last or last to first), one-pass vs both.
+    batch = schedule.startswith("in_order")
+    one, two = (dataclasses.replace(c, tile_list=schedule == "list", in_order=batch, fwd_in_order=batch,
+                                    reverse_q=schedule == "in_order_rev") for c in (ONE, TWO))
     _compare([40, 0, 3, 17, 1, 16], [33, 5, 0, 17, 40, 16], one=one, two=two, seed=6, causal=True, window=20)
 
 

@@ -1,7 +1,7 @@
 """Bench: the order programs take tiles in, and the tiles, on issue 15's batch (GPU).
 
     cd kernels && PYTHONPATH=. python3 -m gem_kernels.bench.schedule [--iters N] [--out DIR]
-    cd kernels && PYTHONPATH=. python3 -m gem_kernels.bench.schedule --jfa-ab 5   # JFA's A/B only
+    cd kernels && PYTHONPATH=. python3 -m gem_kernels.bench.schedule --jfa-ab 7 --gdpa-ab 7   # interleaved A/Bs only
 
 GDPA SiLU causal (long kv) forward and forward+backward with each `GdpaTiles.schedule`
 (`in_order`, the default, timed first and last for the run's spread; `grid` / `list`: heaviest
@@ -45,8 +45,12 @@ def _gdpa_tiles(b: Batch, schedule: str, fwd: tuple[int, int, int, int] | None =
 
 
 def _jfa_cfg(b: Batch, schedule: str, fwd: tuple[int, int, int, int] | None = None) -> JfaConfig:
+    """`schedule`: grid, list, in_order (all three kernels), in_order_bwd (the backward's only);
+    a `_rev` suffix walks the q-side kernels' tiles last to first (`JfaConfig.reverse_q`)."""
     cfg = dataclasses.replace(_heuristic_config(b.max, b.max, D, b.q.dtype), tile_list=schedule == "list",
-                              in_order=schedule.startswith("in_order"), fwd_in_order=schedule == "in_order")
+                              in_order=schedule.startswith("in_order"),
+                              fwd_in_order=schedule in ("in_order", "in_order_rev"),
+                              reverse_q=schedule.endswith("_rev"))
     if fwd is not None:
         bm, bn, w, st = fwd
         cfg = dataclasses.replace(cfg, fwd=JfaTiles(block_m=bm, block_n=bn, num_warps=w, num_stages=st))
@@ -119,25 +123,33 @@ def run(iters: int) -> list[dict[str, object]]:
     return rows
 
 
-def jfa_ab(iters: int, rounds: int) -> list[dict[str, object]]:
-    """Our Triton JFA, plain grid vs batch order for the backward only (the default) vs batch
-    order for all three kernels, interleaved over `rounds` rounds (the spread between eager
-    runs is as large as the effect); rows give each round's figure and their median."""
+JFA_AB = ("grid", "in_order_bwd", "in_order_bwd_rev", "in_order", "in_order_rev")
+GDPA_AB = ("in_order", "in_order_rev", "grid")
+
+
+def interleaved_ab(op: str, iters: int, rounds: int) -> list[dict[str, object]]:
+    """`op` "jfa": our Triton JFA in each of JFA_AB's orders (`_jfa_cfg`); "gdpa": GDPA SiLU
+    causal in each of GDPA_AB's `GdpaTiles.schedule`s; interleaved over `rounds` rounds (the
+    spread between eager runs is as large as the effects); rows give each round's figure and
+    their median."""
     b = Batch(issue_lengths(), "cuda")
     rows: list[dict[str, object]] = []
-    for causal in (False, True):
+    for causal in ((False, True) if op == "jfa" else (True,)):
         flops, flops_all = attention_flops(visible_pairs(b.lengths, b.lengths, causal=causal), b.heads, D)
         got: dict[str, tuple[list[float], list[float]]] = {}
         for _ in range(rounds):
-            for schedule in ("grid", "in_order_bwd", "in_order"):
-                with force_config(_jfa_cfg(b, schedule)):
-                    f = tflops(flops, bench_ms(_fwd(jfa(causal), b), iters=iters))
-                    fb = tflops(flops_all, bench_ms(_fwd_bwd(jfa(causal), b), iters=iters))
+            for schedule in (JFA_AB if op == "jfa" else GDPA_AB):
+                ctx = force_config(_jfa_cfg(b, schedule)) if op == "jfa" else force_tiles(**_gdpa_tiles(b, schedule))
+                fn = jfa(causal) if op == "jfa" else gdpa()
+                with ctx:
+                    f = tflops(flops, bench_ms(_fwd(fn, b), iters=iters))
+                    fb = tflops(flops_all, bench_ms(_fwd_bwd(fn, b), iters=iters))
                 tf, tfb = got.setdefault(schedule, ([], []))
                 tf.append(f or 0.0)
                 tfb.append(fb or 0.0)
         for schedule, (tf, tfb) in got.items():
-            row: dict[str, object] = dict(case=f"JFA {'causal' if causal else 'full'}, ours, {schedule}",
+            name = f"JFA {'causal' if causal else 'full'}, ours" if op == "jfa" else "GDPA silu causal"
+            row: dict[str, object] = dict(case=f"{name}, {schedule}",
                                           fwd_tf=sorted(tf)[len(tf) // 2], fb_tf=sorted(tfb)[len(tfb) // 2],
                                           fwd_rounds=" ".join(f"{x:.0f}" for x in tf),
                                           fb_rounds=" ".join(f"{x:.0f}" for x in tfb))
@@ -152,13 +164,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=os.environ.get("OUT"), help="directory for schedule.json (default $OUT)")
     p.add_argument("--jfa-ab", type=int, default=0, metavar="ROUNDS",
                    help="only JFA's schedules, interleaved over ROUNDS rounds (medians)")
+    p.add_argument("--gdpa-ab", type=int, default=0, metavar="ROUNDS",
+                   help="only GDPA's schedules, interleaved over ROUNDS rounds (medians)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("schedule bench needs CUDA (the CPU checks are tests/test_gdpa.py::test_every_schedule_gives_the_same_bits)")
         return 0
-    rows = jfa_ab(args.iters, args.jfa_ab) if args.jfa_ab else run(args.iters)
+    if args.jfa_ab or args.gdpa_ab:
+        rows = interleaved_ab("jfa", args.iters, args.jfa_ab) if args.jfa_ab else []
+        rows += interleaved_ab("gdpa", args.iters, args.gdpa_ab) if args.gdpa_ab else []
+    else:
+        rows = run(args.iters)
     print()
-    if args.jfa_ab:
+    if args.jfa_ab or args.gdpa_ab:
         print_table(rows, ["case", "fwd_tf", "fb_tf", "fwd_rounds", "fb_rounds"])
     else:
         print_table(rows, ["case", "fwd_ms", "fwd_tf", "fb_ms", "fb_tf", "bits_as_in_order", "err"])
