@@ -14,7 +14,7 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   [ -f "$OUT/table.log" ] && { echo "=== table"; grep -vE "^\{" "$OUT/table.log" | tail -n 32 | cut -c1-220; }
   [ -f "$OUT/jab.log" ] && { echo "=== jfa a/b"; grep -vE "^(\{|\[)" "$OUT/jab.log" | tail -n 16 | cut -c1-200; }
   [ -f "$OUT/sched.log" ] && { echo "=== schedule"; grep -vE "^(\{|\[)" "$OUT/sched.log" | grep -v "^sweep" | tail -n 40 | cut -c1-200; grep "failed" "$OUT/sched.log" | head -5 | cut -c1-200; }
-  for f in t_gdpa t_narrow t_jfa; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -E "passed|failed|error" "$OUT/$f.log" | tail -n 4 | cut -c1-300; }; done
+  for f in t_gdpa t_narrow t_jfa t_sched; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -E "passed|failed|error" "$OUT/$f.log" | tail -n 4 | cut -c1-300; }; done
 }
 left() { echo $(( ${1} - $(date +%s) + T0 )); }
 T0=$(date +%s)
@@ -23,6 +23,10 @@ case "${PART:-a}" in
 e)  # q-side tiles last to first in batch order (JfaConfig.reverse_q, GdpaTiles "in_order_rev"),
     # interleaved A/Bs of JFA's and GDPA's orders over 7 rounds
   (cd kernels && PYTHONPATH=.:$PYTHONPATH st jab 300 python3 -m gem_kernels.bench.schedule --jfa-ab 7 --gdpa-ab 7 --iters 15) ;;
+g)  # the forward in batch order by default: JFA's orders again on another box, plus the
+    # trainer's pooling forward (grid vs batch order); the schedule tests on the GPU
+  (cd kernels && PYTHONPATH=.:$PYTHONPATH st jab 200 python3 -m gem_kernels.bench.schedule --jfa-ab 7 --iters 15)
+  st t_sched $(left 330) python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa.py kernels/tests/test_jfa_one_pass.py kernels/tests/test_gdpa.py -k schedule ;;
 f)  # the final defaults' GPU tests
   st t_gdpa 250 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_gdpa.py kernels/tests/test_gdpa_narrow_tiles.py -k "gpu or schedule"
   st t_jfa $(left 400) python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa.py kernels/tests/test_jfa_one_pass.py -k "gpu or schedule" ;;

@@ -296,12 +296,12 @@ def _heuristic_config(
     # Split-kv and the tile-list schedule are built and tested but off by default: on the H200
     # (BENCHMARKS.md) neither beat the plain grid in eager use (their extra torch ops cost
     # more host time than they saved on the device). Enable them through `force_config`.
-    # Batch order (`in_order`) is the two-pass backward's default: on the H200 (issue 15's
-    # batch, 2026-12-04, kernels/BENCHMARKS.md) our forward+backward 272 / 268 vs 231 / 224
-    # useful TFLOP/s full and 182 / 176 vs 153-171 causal against the plain grid in two runs.
-    # The forward keeps the grid (batch order: 317 vs 298 in one run, 269 vs 250-291 in the
-    # other: no clear gain). The one-pass backward keeps the grid: its dQ atomics would
-    # collide more with neighbouring programs on one sample (not measured).
+    # Batch order is the default of the forward (`fwd_in_order`) and of the two-pass backward
+    # (`in_order`). On the H200 (issue 15's batch, 2026-12-04, kernels/BENCHMARKS.md), over 7
+    # interleaved rounds on each of two boxes, against the plain grid: forward+backward 1.17x /
+    # 1.17x full and 1.09x / 1.06x causal; the forward 1.04x / 1.14x full and 0.98x / 1.10x
+    # causal. The one-pass backward keeps the grid: its dQ atomics would collide more with
+    # neighbouring programs on one sample (not measured).
     if one_pass:
         wide = lowp and d <= 128
         dkdv = JfaTiles(
@@ -313,7 +313,8 @@ def _heuristic_config(
             # full / causal)
             num_stages=3 if wide else 2,
         )
-    return JfaConfig(fwd=fwd, dkdv=dkdv, dq=dq, kv_split=0, tile_list=False, in_order=not one_pass, one_pass=one_pass)
+    return JfaConfig(fwd=fwd, dkdv=dkdv, dq=dq, kv_split=0, tile_list=False, in_order=not one_pass, fwd_in_order=True,
+                     one_pass=one_pass)
 
 
 @triton.jit

@@ -24,9 +24,10 @@ import torch
 
 from gem_kernels._gdpa import GdpaTiles, force_tiles, gdpa_tiles
 from gem_kernels._triton_jfa import JfaConfig, JfaTiles, _heuristic_config, force_config
-from gem_kernels.bench._common import (attention_flops, bench_ms, emit_json, env_info, issue_lengths, print_table,
-                                       save_json, tflops, visible_pairs)
-from gem_kernels.bench.table import D, Batch, _check, _fwd, _fwd_bwd, gdpa, jfa
+from gem_kernels.bench._common import (attention_flops, bench_ms, emit_json, env_info, issue_lengths,
+                                       offsets_from_lengths, print_table, save_json, tflops, trainer_lengths,
+                                       visible_pairs)
+from gem_kernels.bench.table import DT, D, Batch, _check, _fwd, _fwd_bwd, gdpa, jfa
 
 KINDS = ("fwd", "dq", "dkdv")
 SWEEP = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 4, 3), (128, 64, 4, 3),
@@ -158,6 +159,35 @@ def interleaved_ab(op: str, iters: int, rounds: int) -> list[dict[str, object]]:
     return rows
 
 
+def pma_ab(iters: int, rounds: int) -> list[dict[str, object]]:
+    """The trainer's pooling shape (32 seed queries per sample over its events, H=8; the JFA
+    forward that stays ours where FlashAttention-4 runs the rest): our forward in the plain
+    grid vs batch order, interleaved over `rounds` rounds."""
+    from gem_kernels import jagged_flash_attention
+
+    kv_len = trainer_lengths()
+    q_len = [32] * len(kv_len)
+    heads = 8
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q = torch.randn(sum(q_len), heads, D, generator=g, device="cuda").to(DT)
+    k, v = (torch.randn(sum(kv_len), heads, D, generator=g, device="cuda").to(DT) for _ in range(2))
+    qo, ko = offsets_from_lengths(q_len, "cuda"), offsets_from_lengths(kv_len, "cuda")
+    flops, _ = attention_flops(visible_pairs(q_len, kv_len), heads, D)
+    got: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(rounds):
+        for in_order in (False, True):
+            cfg = dataclasses.replace(_heuristic_config(32, max(kv_len), D, DT), fwd_in_order=in_order)
+            with force_config(cfg), torch.no_grad():
+                ms = bench_ms(lambda: jagged_flash_attention(q, k, v, qo, ko, 32, max(kv_len)), iters=iters)
+            got[in_order].append(tflops(flops, ms) or 0.0)
+    rows: list[dict[str, object]] = []
+    for in_order, tf in got.items():
+        rows.append(dict(case=f"JFA pooling fwd (32 q / sample, H=8), ours, {'in_order' if in_order else 'grid'}",
+                         fwd_tf=sorted(tf)[len(tf) // 2], fwd_rounds=" ".join(f"{x:.0f}" for x in tf)))
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     p.add_argument("--iters", type=int, default=7, help="timed iterations per figure (median)")
@@ -173,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.jfa_ab or args.gdpa_ab:
         rows = interleaved_ab("jfa", args.iters, args.jfa_ab) if args.jfa_ab else []
         rows += interleaved_ab("gdpa", args.iters, args.gdpa_ab) if args.gdpa_ab else []
+        rows += pma_ab(args.iters, args.jfa_ab) if args.jfa_ab else []
     else:
         rows = run(args.iters)
     print()
