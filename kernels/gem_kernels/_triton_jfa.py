@@ -296,12 +296,14 @@ def _heuristic_config(
     # Split-kv and the tile-list schedule are built and tested but off by default: on the H200
     # (BENCHMARKS.md) neither beat the plain grid in eager use (their extra torch ops cost
     # more host time than they saved on the device). Enable them through `force_config`.
-    # Batch order is the default of the forward (`fwd_in_order`) and of the two-pass backward
-    # (`in_order`). On the H200 (issue 15's batch, 2026-12-04, kernels/BENCHMARKS.md), over 7
-    # interleaved rounds on each of two boxes, against the plain grid: forward+backward 1.17x /
-    # 1.17x full and 1.09x / 1.06x causal; the forward 1.04x / 1.14x full and 0.98x / 1.10x
-    # causal. The one-pass backward keeps the grid: its dQ atomics would collide more with
-    # neighbouring programs on one sample (not measured).
+    # Batch order is the default of the two-pass backward (`in_order`) and of the forward
+    # when a sample has more than one q tile (`fwd_in_order`). On the H200 (issue 15's batch,
+    # 2026-12-04, kernels/BENCHMARKS.md), 7 interleaved rounds on each of three boxes, against
+    # the plain grid: forward+backward 1.17x / 1.17x / 1.18x full and 1.09x / 1.06x / 1.04x
+    # causal; the forward 1.04x / 1.14x / 1.07x full and 0.98x / 1.10x / 1.01x causal. The
+    # trainer's pooling forward (32 queries per sample: one q tile) was 0.80x in batch order,
+    # so one-tile queries keep the grid. The one-pass backward keeps the grid: its dQ atomics
+    # would collide more with neighbouring programs on one sample (not measured).
     if one_pass:
         wide = lowp and d <= 128
         dkdv = JfaTiles(
@@ -313,8 +315,8 @@ def _heuristic_config(
             # full / causal)
             num_stages=3 if wide else 2,
         )
-    return JfaConfig(fwd=fwd, dkdv=dkdv, dq=dq, kv_split=0, tile_list=False, in_order=not one_pass, fwd_in_order=True,
-                     one_pass=one_pass)
+    return JfaConfig(fwd=fwd, dkdv=dkdv, dq=dq, kv_split=0, tile_list=False, in_order=not one_pass,
+                     fwd_in_order=max_q_len > bm, one_pass=one_pass)
 
 
 @triton.jit

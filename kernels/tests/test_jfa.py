@@ -7,6 +7,7 @@ heuristic tiles.
 
 import dataclasses
 import os
+import random
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gem_kernels import jagged_flash_attention
-from gem_kernels._triton_jfa import JfaConfig, JfaTiles, force_config, pick_config
+from gem_kernels._triton_jfa import JfaConfig, JfaTiles, _heuristic_config, force_config, pick_config
 
 CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -243,3 +244,20 @@ def test_gpu_cross_and_pooling(shape: str, monkeypatch: pytest.MonkeyPatch) -> N
     short = torch.randint(0, 33, (16,), generator=g).tolist()
     lq, lk = (long, short) if shape == "cross" else (short, long)
     _check(lq, lk, h=4, d=128, dtype=torch.bfloat16)
+
+
+def test_default_schedule_batch_order_except_one_tile_queries() -> None:
+    # The heuristic's launch order (measured on the H200, kernels/BENCHMARKS.md 2026-12-04):
+    # the two-pass backward in batch order; the forward too when a sample has more than one
+    # q tile, the plain grid for the pooling's one-tile queries (0.80x in batch order); the
+    # one-pass backward in the grid.
+    rng = random.Random(11)
+    for _ in range(20):
+        mq, mk = rng.randint(1, 5000), rng.randint(1, 5000)
+        for one_pass in (False, True):
+            cfg = _heuristic_config(mq, mk, 128, torch.bfloat16, one_pass)
+            assert cfg.fwd_in_order == (mq > cfg.fwd.block_m), (mq, cfg)
+            assert cfg.in_order == (not one_pass)
+            assert not cfg.reverse_q and cfg.tile_list is False
+    assert not _heuristic_config(32, 13613, 128, torch.bfloat16).fwd_in_order  # the pooling shape
+    assert _heuristic_config(4787, 4787, 128, torch.bfloat16).fwd_in_order  # issue 15's batch
