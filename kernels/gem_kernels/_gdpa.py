@@ -115,8 +115,10 @@ class GdpaTiles:
     # sample's tiles reversed), programs past a sample's end exit; "auto": "list" when the
     # grid would be mostly empty programs, else "grid" (JFA's rule); "in_order_rev": batch
     # order with the q-side kernels (forward, dQ) walking each sample's tiles last to first
-    # (causal: the heavy ones first). Every order gives bitwise the same result. On the H200 (issue 15's batch, SiLU causal, kernels/BENCHMARKS.md,
-    # 2026-12-04) in_order 223 useful TFLOP/s forward, grid 205, list 144, auto 123.
+    # (causal: the heavy ones first). Every order gives bitwise the same result. On the H200
+    # (issue 15's batch, SiLU causal, 7 interleaved rounds, kernels/BENCHMARKS.md 2026-12-04)
+    # in_order 216 / 217 useful TFLOP/s fwd / fwd+bwd, in_order_rev 201 / 221, grid 218 / 220
+    # (equal within the spread); list (and auto, which picks it there) 25-35 % slower.
     schedule: str = "in_order"
 
     def __post_init__(self) -> None:
