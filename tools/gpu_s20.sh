@@ -27,6 +27,8 @@ g)  # the forward in batch order by default: JFA's orders again on another box, 
     # trainer's pooling forward (grid vs batch order); the schedule tests on the GPU
   (cd kernels && PYTHONPATH=.:$PYTHONPATH st jab 200 python3 -m gem_kernels.bench.schedule --jfa-ab 7 --iters 15)
   st t_sched $(left 330) python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa.py kernels/tests/test_jfa_one_pass.py kernels/tests/test_gdpa.py -k schedule ;;
+h)  # the one-pass backward's dK/dV order on the trainer batch (the last "not measured")
+  (cd kernels && PYTHONPATH=.:$PYTHONPATH st jab 150 python3 -m gem_kernels.bench.schedule --onepass-ab 5 --iters 5) ;;
 f)  # the final defaults' GPU tests
   st t_gdpa 250 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_gdpa.py kernels/tests/test_gdpa_narrow_tiles.py -k "gpu or schedule"
   st t_jfa $(left 400) python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa.py kernels/tests/test_jfa_one_pass.py -k "gpu or schedule" ;;

@@ -188,6 +188,28 @@ def pma_ab(iters: int, rounds: int) -> list[dict[str, object]]:
     return rows
 
 
+def onepass_ab(iters: int, rounds: int) -> list[dict[str, object]]:
+    """The one-pass backward (dQ by fp32 atomics; the default from 8,192 keys where
+    FlashAttention-4 is absent) on the trainer's self-attention batch (H=8, its length law at
+    ~262k tokens, 4 CLS tokens per sample): its dK/dV programs in the plain grid vs batch
+    order, fwd+bwd, interleaved over `rounds` rounds."""
+    lengths = [n + 4 for n in trainer_lengths()]
+    b = Batch(lengths, "cuda", heads=8)
+    _, flops_all = attention_flops(visible_pairs(lengths, lengths), b.heads, D)
+    got: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(rounds):
+        for in_order in (False, True):
+            cfg = dataclasses.replace(_heuristic_config(b.max, b.max, D, DT, True), in_order=in_order)
+            with force_config(cfg):
+                got[in_order].append(tflops(flops_all, bench_ms(_fwd_bwd(jfa(False), b), iters=iters)) or 0.0)
+    rows: list[dict[str, object]] = []
+    for in_order, tf in got.items():
+        rows.append(dict(case=f"JFA one-pass fwd+bwd, trainer batch H=8, dK/dV {'in_order' if in_order else 'grid'}",
+                         fb_tf=sorted(tf)[len(tf) // 2], fb_rounds=" ".join(f"{x:.0f}" for x in tf)))
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     p.add_argument("--iters", type=int, default=7, help="timed iterations per figure (median)")
@@ -196,18 +218,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="only JFA's schedules, interleaved over ROUNDS rounds (medians)")
     p.add_argument("--gdpa-ab", type=int, default=0, metavar="ROUNDS",
                    help="only GDPA's schedules, interleaved over ROUNDS rounds (medians)")
+    p.add_argument("--onepass-ab", type=int, default=0, metavar="ROUNDS",
+                   help="only the one-pass backward's dK/dV order on the trainer batch (medians)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("schedule bench needs CUDA (the CPU checks are tests/test_gdpa.py::test_every_schedule_gives_the_same_bits)")
         return 0
-    if args.jfa_ab or args.gdpa_ab:
+    ab = args.jfa_ab or args.gdpa_ab or args.onepass_ab
+    if ab:
         rows = interleaved_ab("jfa", args.iters, args.jfa_ab) if args.jfa_ab else []
+        rows += onepass_ab(args.iters, args.onepass_ab) if args.onepass_ab else []
         rows += interleaved_ab("gdpa", args.iters, args.gdpa_ab) if args.gdpa_ab else []
         rows += pma_ab(args.iters, args.jfa_ab) if args.jfa_ab else []
     else:
         rows = run(args.iters)
     print()
-    if args.jfa_ab or args.gdpa_ab:
+    if ab:
         print_table(rows, ["case", "fwd_tf", "fb_tf", "fwd_rounds", "fb_rounds"])
     else:
         print_table(rows, ["case", "fwd_ms", "fwd_tf", "fb_ms", "fb_tf", "bits_as_in_order", "err"])
