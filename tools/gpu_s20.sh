@@ -8,6 +8,12 @@
 #   PART=c  the final state: the issue's table (`bench.table`), the schedule bench again, and
 #           every GDPA and JFA GPU test.
 #   PART=d  JFA's schedules interleaved over 7 rounds (medians), then the JFA GPU tests.
+#   PART=e  the q-side tiles last to first in batch order: JFA's and GDPA's orders interleaved.
+#   PART=f  (not run) the GPU tests of the final defaults (GDPA, JFA).
+#   PART=g  JFA's orders again (the forward in batch order by default then) with the pooling
+#           shape's forward, then the schedule tests on the GPU.
+#   PART=h  (not run: too little device time was left to start a box) the one-pass backward's
+#           dK/dV order (grid vs batch order) on the trainer batch.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
