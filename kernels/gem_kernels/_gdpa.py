@@ -429,7 +429,7 @@ def gdpa_forward_triton(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
         scale, 1.0 / divisor, window or 0, b, *sched, **sc,
-        D=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_B=_block_b(b), ACT=activation,
+        D=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n, ACT=activation,
         TANH=_tanh(t, q.dtype), CAUSAL=causal, HAS_WINDOW=window is not None, PREC=_prec(q.dtype),
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
@@ -452,10 +452,7 @@ def gdpa_backward_triton(
     if b == 0 or tq == 0 or tkv == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dq = torch.empty_like(q)
-    common = dict(
-        D=d, BLOCK_B=_block_b(b), ACT=activation, CAUSAL=causal, HAS_WINDOW=window is not None,
-        PREC=_prec(q.dtype),
-    )
+    common = dict(D=d, ACT=activation, CAUSAL=causal, HAS_WINDOW=window is not None, PREC=_prec(q.dtype))
     t = gdpa_tiles(max_kv_len, d, kind="dq")
     if max_kv_len <= t.block_n and not _FORCE_SPLIT_BWD and not torch.are_deterministic_algorithms_enabled():
         # Short kv (the whole kv of every sample in one tile): one kernel; each program walks
@@ -472,7 +469,7 @@ def gdpa_backward_triton(
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1), dka.stride(0), dka.stride(1),
             scale, 1.0 / divisor, window or 0, b, Q_TILES=t.q_tiles, TANH=_tanh(t, q.dtype), **common,
-            BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
+            BLOCK_B=_block_b(b), BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
         )
         return dq, dka.to(k.dtype), dva.to(v.dtype)
     grid_q, sched, sc = _schedule(t, q_offsets, kv_offsets, tq, max_q_len, t.block_m, h)

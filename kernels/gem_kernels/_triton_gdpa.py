@@ -205,7 +205,7 @@ def _fwd_inner(acc, q, K, V, kv_start, stride_kt, stride_vt, offs_m, offs_d, sta
 def _gdpa_fwd_kernel(Q, K, V, O, q_offsets, kv_offsets,
                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                      scale, inv_div, window, B, H, CUM, ORDER,
-                     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+                     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
                      TILE_LIST: tl.constexpr, LOG2B: tl.constexpr, IN_ORDER: tl.constexpr):
     b, h, start, ok = _schedule(q_offsets, CUM, ORDER, H, B, BLOCK_M, TILE_LIST, LOG2B, IN_ORDER)
@@ -272,7 +272,7 @@ def _gdpa_bwd_dq_kernel(Q, K, V, DO, DQ, q_offsets, kv_offsets,
                         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                         stride_dot, stride_doh, stride_dqt, stride_dqh,
                         scale, inv_div, window, B, H, CUM, ORDER,
-                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
                         TILE_LIST: tl.constexpr, LOG2B: tl.constexpr, IN_ORDER: tl.constexpr):
     b, h, start, ok = _schedule(q_offsets, CUM, ORDER, H, B, BLOCK_M, TILE_LIST, LOG2B, IN_ORDER)
@@ -347,7 +347,7 @@ def _gdpa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, q_offsets, kv_offsets,
                           stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                           stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
                           scale, inv_div, window, B, H, CUM, ORDER,
-                          D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+                          D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
                           TILE_LIST: tl.constexpr, LOG2B: tl.constexpr, IN_ORDER: tl.constexpr):
     b, h, start, ok = _schedule(kv_offsets, CUM, ORDER, H, B, BLOCK_N, TILE_LIST, LOG2B, IN_ORDER)

@@ -379,7 +379,7 @@ def _locate(offsets, pid, B, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr):
 
 @triton.jit
 def _schedule(OFF, CUM, ORDER, H, B, BLOCK: tl.constexpr, TILE_LIST: tl.constexpr, LOG2B: tl.constexpr,
-              IN_ORDER: tl.constexpr = 0):
+              IN_ORDER: tl.constexpr):
     """(sample b, head h, block start, ok) of this program; `OFF` are the tiled side's offsets.
 
     Grid mode: axis 0 = B·H, axis 1 = blocks of the longest sequence in reverse (programs

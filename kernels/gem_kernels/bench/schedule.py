@@ -124,6 +124,17 @@ def run(iters: int) -> list[dict[str, object]]:
     return rows
 
 
+def _rounds_row(case: str, **figures: list[float]) -> dict[str, object]:
+    """One A/B row: for each `name=[figure per round]`, `name` = the rounds' median and
+    `<name minus _tf>_rounds` = every round's figure; printed as it is made."""
+    row: dict[str, object] = {"case": case}
+    for name, xs in figures.items():
+        row[name] = sorted(xs)[len(xs) // 2]
+        row[name.removesuffix("_tf") + "_rounds"] = " ".join(f"{x:.0f}" for x in xs)
+    print(row, flush=True)
+    return row
+
+
 JFA_AB = ("grid", "in_order_bwd", "in_order_bwd_rev", "in_order", "in_order_rev")
 GDPA_AB = ("in_order", "in_order_rev", "grid")
 
@@ -148,14 +159,8 @@ def interleaved_ab(op: str, iters: int, rounds: int) -> list[dict[str, object]]:
                 tf, tfb = got.setdefault(schedule, ([], []))
                 tf.append(f or 0.0)
                 tfb.append(fb or 0.0)
-        for schedule, (tf, tfb) in got.items():
-            name = f"JFA {'causal' if causal else 'full'}, ours" if op == "jfa" else "GDPA silu causal"
-            row: dict[str, object] = dict(case=f"{name}, {schedule}",
-                                          fwd_tf=sorted(tf)[len(tf) // 2], fb_tf=sorted(tfb)[len(tfb) // 2],
-                                          fwd_rounds=" ".join(f"{x:.0f}" for x in tf),
-                                          fb_rounds=" ".join(f"{x:.0f}" for x in tfb))
-            rows.append(row)
-            print(row, flush=True)
+        name = f"JFA {'causal' if causal else 'full'}, ours" if op == "jfa" else "GDPA silu causal"
+        rows += [_rounds_row(f"{name}, {schedule}", fwd_tf=tf, fb_tf=tfb) for schedule, (tf, tfb) in got.items()]
     return rows
 
 
@@ -180,12 +185,8 @@ def pma_ab(iters: int, rounds: int) -> list[dict[str, object]]:
             with force_config(cfg), torch.no_grad():
                 ms = bench_ms(lambda: jagged_flash_attention(q, k, v, qo, ko, 32, max(kv_len)), iters=iters)
             got[in_order].append(tflops(flops, ms) or 0.0)
-    rows: list[dict[str, object]] = []
-    for in_order, tf in got.items():
-        rows.append(dict(case=f"JFA pooling fwd (32 q / sample, H=8), ours, {'in_order' if in_order else 'grid'}",
-                         fwd_tf=sorted(tf)[len(tf) // 2], fwd_rounds=" ".join(f"{x:.0f}" for x in tf)))
-        print(rows[-1], flush=True)
-    return rows
+    return [_rounds_row(f"JFA pooling fwd (32 q / sample, H=8), ours, {'in_order' if in_order else 'grid'}", fwd_tf=tf)
+            for in_order, tf in got.items()]
 
 
 def onepass_ab(iters: int, rounds: int) -> list[dict[str, object]]:
@@ -202,12 +203,8 @@ def onepass_ab(iters: int, rounds: int) -> list[dict[str, object]]:
             cfg = dataclasses.replace(_heuristic_config(b.max, b.max, D, DT, True), in_order=in_order)
             with force_config(cfg):
                 got[in_order].append(tflops(flops_all, bench_ms(_fwd_bwd(jfa(False), b), iters=iters)) or 0.0)
-    rows: list[dict[str, object]] = []
-    for in_order, tf in got.items():
-        rows.append(dict(case=f"JFA one-pass fwd+bwd, trainer batch H=8, dK/dV {'in_order' if in_order else 'grid'}",
-                         fb_tf=sorted(tf)[len(tf) // 2], fb_rounds=" ".join(f"{x:.0f}" for x in tf)))
-        print(rows[-1], flush=True)
-    return rows
+    return [_rounds_row(f"JFA one-pass fwd+bwd, trainer batch H=8, dK/dV {'in_order' if in_order else 'grid'}",
+                        fb_tf=tf) for in_order, tf in got.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
