@@ -16,12 +16,14 @@ builds them.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 import torch
 
 from gem_kernels._jagged import check_jagged, check_offsets, check_triton_device, resolve_backend
+from gem_kernels._launch import CachedLaunch
 
 _BACKENDS = ("auto", "triton", "reference")
 TRITON_HEAD_DIMS = (32, 64, 128, 256)
@@ -167,8 +169,12 @@ def block_attention(
         out: torch.Tensor = torch.ops.gem_kernels.block_attention_fwd(*args)
         return out
     # Eager: a plain autograd.Function over the same launchers (the custom op's Python
-    # dispatch costs more host time than this memory-bound kernel takes on the GPU).
-    return _BlockFunction.apply(*args)  # type: ignore[no-any-return, no-untyped-call]
+    # dispatch costs more host time than this memory-bound kernel takes on the GPU), and the
+    # bare launcher where no gradient is wanted (the Function's apply alone costs ~11 us of
+    # host time, kernels/BENCHMARKS.md 2026-12-04).
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _BlockFunction.apply(*args)  # type: ignore[no-any-return, no-untyped-call]
+    return block_forward_triton(*args)
 
 
 class _BlockFunction(torch.autograd.Function):
@@ -200,22 +206,41 @@ LAUNCH: dict[str, Any] = {"heads_inner": True, "heads_inner_bwd": False, "num_wa
 
 
 def _launch_common(
-    q: torch.Tensor, offsets: torch.Tensor, max_len: int, block_size: int, *, bwd: bool = False,
+    q: torch.Tensor, offsets: torch.Tensor, max_len: int, block_size: int, *, bwd: bool = False, rope: bool = False,
+) -> tuple[tuple[int, ...], dict[str, Any]]:
+    """(grid, constexprs and launch options) of one launch; the dict is cached and shared: read it,
+    never change it."""
+    t, h, d = q.shape
+    return _launch_meta(t, h, d, offsets.numel() - 1, max_len, block_size, q.dtype, bwd, rope,
+                        tuple(LAUNCH.items()))
+
+
+@functools.lru_cache(maxsize=256)
+def _launch_meta(
+    t: int, h: int, d: int, b: int, max_len: int, block_size: int, dtype: torch.dtype, bwd: bool, rope: bool,
+    launch: tuple[tuple[str, Any], ...],
 ) -> tuple[tuple[int, ...], dict[str, Any]]:
     from gem_kernels._gdpa import _block_b, _prec
 
-    t, h, d = q.shape
-    b = offsets.numel() - 1
+    lay = dict(launch)
     blocks = min(t // block_size + b, b * max(1, -(-max_len // block_size)))
-    heads_inner = bool(LAUNCH["heads_inner_bwd" if bwd else "heads_inner"])
+    heads_inner = bool(lay["heads_inner_bwd" if bwd else "heads_inner"])
     grid: tuple[int, ...] = (blocks * h,) if heads_inner else (blocks, h)
     bsp = max(16, 1 << (block_size - 1).bit_length())
-    warps = LAUNCH["num_warps_bwd" if bwd else "num_warps"] or (4 if bsp * d <= 64 * 128 else 8)
+    warps = lay["num_warps_bwd" if bwd else "num_warps"] or (4 if bsp * d <= 64 * 128 else 8)
     meta: dict[str, Any] = dict(
-        D=d, BS=block_size, BSP=bsp, BLOCK_B=_block_b(b), PREC=_prec(q.dtype), HEADS_INNER=heads_inner,
+        D=d, BS=block_size, BSP=bsp, BLOCK_B=_block_b(b), PREC=_prec(dtype), HEADS_INNER=heads_inner, ROPE=rope,
         num_warps=warps, num_stages=1,
     )
     return grid, meta
+
+
+@functools.cache
+def _launchers() -> tuple[CachedLaunch, CachedLaunch]:
+    """The forward's and backward's cached launches (`gem_kernels._launch`), made on first use."""
+    from gem_kernels._triton_block import _block_bwd_kernel, _block_fwd_kernel
+
+    return CachedLaunch(_block_fwd_kernel), CachedLaunch(_block_bwd_kernel)
 
 
 def block_forward_triton(
@@ -223,22 +248,19 @@ def block_forward_triton(
     block_size: int, cos: torch.Tensor | None, sin: torch.Tensor | None, scale: float,
 ) -> torch.Tensor:
     """Launches the Triton forward. Returns `[T, H, D]`."""
-    from gem_kernels._triton_block import _block_fwd_kernel
-
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty_like(q)
     b = offsets.numel() - 1
     if q.shape[0] == 0 or b == 0:
         return out
-    grid, meta = _launch_common(q, offsets, max_len, block_size)
     rope = cos is not None and sin is not None
+    grid, meta = _launch_common(q, offsets, max_len, block_size, rope=rope)
     cos_t = cos.contiguous() if cos is not None else q
     sin_t = sin.contiguous() if sin is not None else q
-    _block_fwd_kernel[grid](
+    _launchers()[0](grid, (
         q, k, v, out, cos_t, sin_t, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), cos_t.stride(0) if rope else 0, scale, b, q.shape[1], ROPE=rope, **meta,
-    )
+        out.stride(0), out.stride(1), cos_t.stride(0) if rope else 0, scale, b, q.shape[1]), meta)
     return out
 
 
@@ -247,23 +269,20 @@ def block_backward_triton(
     max_len: int, block_size: int, cos: torch.Tensor | None, sin: torch.Tensor | None, scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launches the fused Triton backward (RoPE undone in-kernel). Returns (dq, dk, dv)."""
-    from gem_kernels._triton_block import _block_bwd_kernel
-
     q, k, v, dout = q.contiguous(), k.contiguous(), v.contiguous(), dout.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     b = offsets.numel() - 1
     if q.shape[0] == 0 or b == 0:
         return dq, dk, dv
-    grid, meta = _launch_common(q, offsets, max_len, block_size, bwd=True)
     rope = cos is not None and sin is not None
+    grid, meta = _launch_common(q, offsets, max_len, block_size, bwd=True, rope=rope)
     cos_t = cos.contiguous() if cos is not None else q
     sin_t = sin.contiguous() if sin is not None else q
-    _block_bwd_kernel[grid](
+    _launchers()[1](grid, (
         q, k, v, dout, dq, dk, dv, cos_t, sin_t, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1), dk.stride(0), dk.stride(1),
-        dv.stride(0), dv.stride(1), cos_t.stride(0) if rope else 0, scale, b, q.shape[1], ROPE=rope, **meta,
-    )
+        dv.stride(0), dv.stride(1), cos_t.stride(0) if rope else 0, scale, b, q.shape[1]), meta)
     return dq, dk, dv
 
 

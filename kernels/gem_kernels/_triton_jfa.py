@@ -302,8 +302,10 @@ def _heuristic_config(
     # the plain grid: forward+backward 1.17x / 1.17x / 1.18x full and 1.09x / 1.06x / 1.04x
     # causal; the forward 1.04x / 1.14x / 1.07x full and 0.98x / 1.10x / 1.01x causal. The
     # trainer's pooling forward (32 queries per sample: one q tile) was 0.80x in batch order,
-    # so one-tile queries keep the grid. The one-pass backward keeps the grid: its dQ atomics
-    # would collide more with neighbouring programs on one sample (not measured).
+    # so one-tile queries keep the grid. The one-pass backward runs in batch order too, though
+    # its dQ atomics could collide more with neighbouring programs on one sample: on the
+    # trainer's batch (H=8, ~262k tokens) fwd+bwd 304.5 vs 295.3 TFLOP/s in the grid, 5 of 5
+    # interleaved rounds (`bench.schedule --onepass-ab 5`, 2026-12-04).
     if one_pass:
         wide = lowp and d <= 128
         dkdv = JfaTiles(
@@ -315,7 +317,7 @@ def _heuristic_config(
             # full / causal)
             num_stages=3 if wide else 2,
         )
-    return JfaConfig(fwd=fwd, dkdv=dkdv, dq=dq, kv_split=0, tile_list=False, in_order=not one_pass,
+    return JfaConfig(fwd=fwd, dkdv=dkdv, dq=dq, kv_split=0, tile_list=False, in_order=True,
                      fwd_in_order=max_q_len > bm, one_pass=one_pass)
 
 

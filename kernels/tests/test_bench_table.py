@@ -21,6 +21,7 @@ def test_bwd_compare_runs_every_path_and_agrees() -> None:
     for case in ("tiny", "tiny causal"):
         assert {(case, "two-pass"), (case, "one-pass"), (case, "one-pass tma"), (case, "one-pass tma+loads")} <= paths
         assert sum(1 for r in rows if r["case"] == case and r["path"] == "one-pass sweep") >= len(table.BWD_SWEEP) - 1
+        assert sum(1 for r in rows if r["case"] == case and r["path"] == "two-pass sweep") >= len(table.BWD2_SWEEP) - 1
     for r in rows:
         err = r["err"]
         assert isinstance(err, float) and err < 2e-2, r  # bf16 gradients vs fp32 / two-pass

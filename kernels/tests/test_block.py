@@ -199,3 +199,51 @@ def test_gpu_real_sizes(d: int, rope: bool) -> None:
     g = torch.Generator().manual_seed(d)
     lengths = torch.randint(0, 3000, (12,), generator=g).tolist() + [0, 1, 63, 64, 65]
     _check(lengths, block_size=64, rope=rope, h=4, d=d, dtype=torch.bfloat16)
+
+
+@needs_triton
+def test_no_grad_call_skips_autograd_and_matches() -> None:
+    # Inputs that want no gradient take the bare launcher (no autograd.Function): same values
+    # as the autograd path and the reference, and no graph.
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    lengths = [7, 0, 20, 33]
+    off = _offsets(lengths)
+    q, k, v = (torch.randn(sum(lengths), 2, 32, generator=g, device=DEVICE) for _ in range(3))
+    bare = block_attention(q, k, v, off, 33, block_size=16, backend="triton")
+    assert bare.grad_fn is None
+    qg = q.clone().requires_grad_()
+    tracked = block_attention(qg, k, v, off, 33, block_size=16, backend="triton")
+    assert tracked.grad_fn is not None
+    with torch.no_grad():
+        assert block_attention(qg, k, v, off, 33, block_size=16, backend="triton").grad_fn is None
+    torch.testing.assert_close(bare, tracked.detach(), atol=0, rtol=0)
+    ref = block_attention(q, k, v, off, 33, block_size=16, backend="reference")
+    torch.testing.assert_close(bare, ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(not CUDA, reason="the cached launch runs only on CUDA (the interpreter takes Triton's path)")
+def test_gpu_cached_launch_respecializes() -> None:
+    # The cached launch (gem_kernels._launch) must pick a new binary whenever Triton would:
+    # a misaligned view (address not 16-byte aligned), another dtype, another head count.
+    from gem_kernels._block import _launchers
+
+    fwd = _launchers()[0]
+    g = torch.Generator(device=DEVICE).manual_seed(9)
+    lengths = [100, 1, 64, 300, 0, 65]
+    off = _offsets(lengths)
+    t = sum(lengths)
+    sizes = []
+    for dtype, h, shift in ((torch.bfloat16, 4, 0), (torch.bfloat16, 4, 0), (torch.bfloat16, 4, 1),
+                            (torch.float16, 4, 0), (torch.bfloat16, 2, 3), (torch.bfloat16, 4, 0)):
+        base = [torch.randn(t * h * 64 + shift, generator=g, device=DEVICE).to(dtype) for _ in range(3)]
+        q, k, v = (x[shift:].view(t, h, 64) for x in base)
+        assert (q.data_ptr() % 16 == 0) == (shift == 0)
+        before = fwd.cache_size()
+        out = block_attention(q, k, v, off, 300, block_size=64)
+        ref = block_attention(q.float(), k.float(), v.float(), off, 300, block_size=64, backend="reference")
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+        sizes.append(fwd.cache_size())
+        assert sizes[-1] >= before
+    assert sizes[1] == sizes[0]  # the same specialization again: the kept kernel, no new entry
+    assert sizes[2] == sizes[1] + 1  # the misaligned view: a binary of its own
+    assert sizes[5] == sizes[4]  # back to the first specialization

@@ -207,6 +207,31 @@ def onepass_ab(iters: int, rounds: int) -> list[dict[str, object]]:
                         fb_tf=tf) for in_order, tf in got.items()]
 
 
+TWOPASS_DKDV = (JfaTiles(block_m=32, block_n=64, num_warps=4, num_stages=3),
+                JfaTiles(block_m=16, block_n=64, num_warps=4, num_stages=3),
+                JfaTiles(block_m=32, block_n=64, num_warps=4, num_stages=2))
+
+
+def twopass_ab(iters: int, rounds: int) -> list[dict[str, object]]:
+    """The two-pass backward's dK/dV tiles on issue 15's batch, full and causal, fwd+bwd,
+    interleaved over `rounds` rounds (the first tiles are the heuristic's; `bench.table
+    --bwd-compare`'s sweep found 16x64 1.18x on causal and 0.82x on full in one sample)."""
+    b = Batch(issue_lengths(), "cuda")
+    rows = []
+    for causal in (False, True):
+        _, flops_all = attention_flops(visible_pairs(b.lengths, b.lengths, causal=causal), b.heads, D)
+        two = _heuristic_config(b.max, b.max, D, DT, False)
+        got: dict[int, list[float]] = {i: [] for i in range(len(TWOPASS_DKDV))}
+        for _ in range(rounds):
+            for i, t in enumerate(TWOPASS_DKDV):
+                with force_config(dataclasses.replace(two, dkdv=t)):
+                    got[i].append(tflops(flops_all, bench_ms(_fwd_bwd(jfa(causal), b), iters=iters)) or 0.0)
+        rows += [_rounds_row(f"JFA two-pass fwd+bwd, issue batch {'causal' if causal else 'full'}, dK/dV "
+                             f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}", fb_tf=got[i])
+                 for i, t in enumerate(TWOPASS_DKDV)]
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     p.add_argument("--iters", type=int, default=7, help="timed iterations per figure (median)")
@@ -217,14 +242,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="only GDPA's schedules, interleaved over ROUNDS rounds (medians)")
     p.add_argument("--onepass-ab", type=int, default=0, metavar="ROUNDS",
                    help="only the one-pass backward's dK/dV order on the trainer batch (medians)")
+    p.add_argument("--twopass-ab", type=int, default=0, metavar="ROUNDS",
+                   help="only the two-pass backward's dK/dV tiles on issue 15's batch (medians)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("schedule bench needs CUDA (the CPU checks are tests/test_gdpa.py::test_every_schedule_gives_the_same_bits)")
         return 0
-    ab = args.jfa_ab or args.gdpa_ab or args.onepass_ab
+    ab = args.jfa_ab or args.gdpa_ab or args.onepass_ab or args.twopass_ab
     if ab:
         rows = interleaved_ab("jfa", args.iters, args.jfa_ab) if args.jfa_ab else []
         rows += onepass_ab(args.iters, args.onepass_ab) if args.onepass_ab else []
+        rows += twopass_ab(args.iters, args.twopass_ab) if args.twopass_ab else []
         rows += interleaved_ab("gdpa", args.iters, args.gdpa_ab) if args.gdpa_ab else []
         rows += pma_ab(args.iters, args.jfa_ab) if args.jfa_ab else []
     else:

@@ -305,6 +305,21 @@ BWD_SWEEP = (
 )
 
 
+# Two-pass dK/dV tile sweep (q x kv, warps, stages; `dq` tiles kept): ncu (2026-12-04,
+# kernels/BENCHMARKS.md) found the heuristic's 32x64 / 4 warps kernel at 255 registers with
+# millions of local-memory loads (its two [BLOCK_N, D] fp32 accumulators over 128 threads).
+# 8 warps halve the accumulators' registers per thread.
+BWD2_SWEEP = (
+    JfaTiles(block_m=32, block_n=64, num_warps=8, num_stages=3),
+    JfaTiles(block_m=32, block_n=64, num_warps=4, num_stages=2),
+    JfaTiles(block_m=64, block_n=64, num_warps=8, num_stages=2),
+    JfaTiles(block_m=64, block_n=64, num_warps=8, num_stages=3),
+    JfaTiles(block_m=32, block_n=128, num_warps=8, num_stages=2),
+    JfaTiles(block_m=64, block_n=128, num_warps=8, num_stages=2),
+    JfaTiles(block_m=16, block_n=64, num_warps=4, num_stages=3),
+)
+
+
 def long_lengths() -> list[int]:
     """A long mix at the trainer's token count: the issue batch scaled by 262,144 / its tokens,
     clamped to 64..16384 (255,604 tokens, mean ~4,000; this was the bench's "trainer" case
@@ -378,6 +393,7 @@ def bwd_compare(iters: int, cases: list[BwdCase] | None = None, device: str = "c
                    ("one-pass tma+loads", dataclasses.replace(one, tma=True, tma_loads=True))]
         if sweep:
             configs += [("one-pass sweep", dataclasses.replace(one, dkdv=t)) for t in BWD_SWEEP if t != one.dkdv]
+            configs += [("two-pass sweep", dataclasses.replace(two, dkdv=t)) for t in BWD2_SWEEP if t != two.dkdv]
         two_ms = math.nan
         for path, cfg in configs:
             tiles = _tiles(cfg.dkdv) if cfg.one_pass else f"dkdv {_tiles(cfg.dkdv)}; dq {_tiles(cfg.dq)}"
@@ -388,7 +404,7 @@ def bwd_compare(iters: int, cases: list[BwdCase] | None = None, device: str = "c
                 with force_config(cfg):
                     ms = bench_ms(bwd, warmup=2, iters=iters)
                     err = max(_rel_err(g, w) for g, w in zip(bwd(), base))
-                    if path != "one-pass sweep":
+                    if not path.endswith("sweep"):
                         fb_ms = bench_ms(_fwd_bwd(jfa(causal), b), warmup=1, iters=iters)
                         if heads == H:  # the issue batch: the fp32 reference on the first 8 samples
                             err = _check(jfa(causal), jfa(causal, "reference"), b.head(8))
@@ -414,17 +430,18 @@ def print_bwd_compare(rows: list[dict[str, object]]) -> None:
           "samples for the issue batch's main rows (not the sweep), else of dq/dk/dv vs two-pass; tma = what "
           "the TMA rows ran: reduce / loads, '-' = the plain path):")
     print_table(rows, ["case", "path", "tiles", "tma", "bwd_ms", "bwd_tflops", "bwd_x", "fb_ms", "fb_tflops", "err"])
-    print("\nfastest one-pass config per case (backward only):")
-    for case in dict.fromkeys(str(r["case"]) for r in rows):
-        ones = [r for r in rows if r["case"] == case and str(r["path"]).startswith("one-pass")
-                and isinstance(r["bwd_ms"], float)]
-        if not ones:
-            print(f"  {case}: no one-pass config ran")
-            continue
-        best = min(ones, key=lambda r: _num(r["bwd_ms"]))
-        print(f"  {case}: {best['path']} {best['tiles']}  {_num(best['bwd_ms']):.3f} ms  "
-              f"{_num(best['bwd_x']):.2f}x two-pass  "
-              f"err {_num(best['err']):.2g}")
+    for kind in ("one-pass", "two-pass"):
+        print(f"\nfastest {kind} config per case (backward only):")
+        for case in dict.fromkeys(str(r["case"]) for r in rows):
+            ones = [r for r in rows if r["case"] == case and str(r["path"]).startswith(kind)
+                    and isinstance(r["bwd_ms"], float)]
+            if not ones:
+                print(f"  {case}: no {kind} config ran")
+                continue
+            best = min(ones, key=lambda r: _num(r["bwd_ms"]))
+            print(f"  {case}: {best['path']} {best['tiles']}  {_num(best['bwd_ms']):.3f} ms  "
+                  f"{_num(best['bwd_x']):.2f}x two-pass  "
+                  f"err {_num(best['err']):.2g}")
 
 
 def _num(x: object) -> float:
