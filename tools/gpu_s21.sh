@@ -14,6 +14,8 @@
 #           Triton's path): the host-time probe, the table, the Block and launch tests.
 #   PART=e  the final launch code (u64 flag in the key, the interpreter read once): the probe and
 #           the Block and launch tests again.
+#   PART=f  the pipelined JFA forward (`JfaConfig.fwd_pipe_qk`, opt-in): interleaved A/B
+#           (`bench.schedule --pipe-ab 5`), then its GPU tests.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
@@ -21,6 +23,7 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   [ -f "$OUT/ncu.log" ] && { echo "=== ncu log"; grep -vE "^==PROF==" "$OUT/ncu.log" | tail -n 8 | cut -c1-200; }
   [ -f "$OUT/probe.log" ] && { echo "=== host time"; tail -n 11 "$OUT/probe.log"; }
   [ -f "$OUT/bwd.log" ] && { echo "=== bwd"; grep -vE "^(\{|\[)" "$OUT/bwd.log" | grep -A80 "JFA backward, two-pass" | cut -c1-230; }
+  [ -f "$OUT/pab.log" ] && { echo "=== pipe a/b"; grep -vE "^(\{|\[)" "$OUT/pab.log" | tail -n 20 | cut -c1-200; grep -iE "error|Traceback" "$OUT/pab.log" | head -5; }
   [ -f "$OUT/tab.log" ] && { echo "=== two-pass a/b"; grep -vE "^(\{|\[)" "$OUT/tab.log" | tail -n 9 | cut -c1-200; }
   [ -f "$OUT/table.log" ] && { echo "=== table"; grep -vE "^\{" "$OUT/table.log" | tail -n 24 | cut -c1-220; }
   for f in t_block t_jfa; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -E "passed|failed|error" "$OUT/$f.log" | tail -n 4 | cut -c1-300; }; done
@@ -54,5 +57,8 @@ d)
 e)
   st probe 60 python3 tools/probe_launch.py
   st t_block 90 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_block.py kernels/tests/test_launch.py ;;
+f)
+  (cd kernels && PYTHONPATH=.:$PYTHONPATH st pab 200 python3 -m gem_kernels.bench.schedule --pipe-ab 4 --iters 10)
+  st t_jfa $(left 300) python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa.py -k "pipelined" ;;
 esac
 gpu_end
