@@ -14,8 +14,9 @@
 #           Triton's path): the host-time probe, the table, the Block and launch tests.
 #   PART=e  the final launch code (u64 flag in the key, the interpreter read once): the probe and
 #           the Block and launch tests again.
-#   PART=f  the pipelined JFA forward (`JfaConfig.fwd_pipe_qk`, opt-in): interleaved A/B
-#           (`bench.schedule --pipe-ab 5`), then its GPU tests.
+#   PART=f  (ran at commit 309450e; the experiment was reverted after it, so this PART needs that
+#           commit) the pipelined JFA forward (`JfaConfig.fwd_pipe_qk`): interleaved A/B
+#           (`bench.schedule --pipe-ab 4`), then its GPU tests.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"

@@ -82,10 +82,6 @@ class JfaConfig:
     # In batch order, the q-side kernels (forward, dQ) walk each sample's tiles last to first:
     # for causal attention the heavy tiles start first (dK/dV keeps first to last).
     reverse_q: bool = False
-    # The forward's unmasked kv tiles as a software pipeline: the next tile's Q·K^T is issued
-    # before this tile's softmax, so the tensor cores can overlap it (FlashAttention-3's
-    # intra-warpgroup overlap). Same values; opt-in until measured.
-    fwd_pipe_qk: bool = False
     # Backward in one pass (see `jfa_backward`): the dK/dV kernel, with `dkdv` tiles and
     # schedule, also adds dQ into an fp32 workspace with atomics (5 matmuls per tile pair
     # instead of 7; `dq` tiles and `kv_split` then play no part in the backward). False = the
@@ -500,36 +496,6 @@ def _fwd_tile(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
 
 
 @triton.jit
-def _fwd_full_tiles_pipelined(acc, l_i, m_i, q, k_base, v_base, f_lo, f_hi, offs_m, offs_n, offs_d,
-                              stride_kt, stride_vt, shift, lk, scale_log2, WINDOW,
-                              CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
-                              UPCAST: tl.constexpr):
-    """The unmasked kv tiles [f_lo, f_hi) with the next tile's Q·K^T issued before this tile's
-    softmax (FlashAttention-3's intra-warpgroup overlap, written as a software pipeline): the
-    tensor cores can run S_{j+1} while the softmax of S_j runs. The same operations per tile
-    as `_fwd_tile` with MASKED=False, so the same values."""
-    if f_hi > f_lo:
-        kT = tl.load(k_base + (f_lo + offs_n)[None, :] * stride_kt + offs_d[:, None])
-        qk = _mma(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_PREC, UPCAST) * scale_log2
-        for start_n in range(f_lo, f_hi - BLOCK_N, BLOCK_N):
-            nxt = start_n + BLOCK_N + offs_n
-            kT_n = tl.load(k_base + nxt[None, :] * stride_kt + offs_d[:, None])
-            qk_n = _mma(q, kT_n, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_PREC, UPCAST) * scale_log2
-            v = tl.load(v_base + (start_n + offs_n)[:, None] * stride_vt + offs_d[None, :])
-            p, acc, l_i, m_i = _softmax_step(qk, acc, l_i, m_i, offs_m, start_n + offs_n, shift, lk, WINDOW,
-                                             CAUSAL, HAS_WINDOW, False)
-            acc = _mma(p.to(v.dtype), v, acc, DOT_PREC, UPCAST)
-            qk = qk_n
-        last = f_hi - BLOCK_N + offs_n
-        v = tl.load(v_base + last[:, None] * stride_vt + offs_d[None, :])
-        p, acc, l_i, m_i = _softmax_step(qk, acc, l_i, m_i, offs_m, last, shift, lk, WINDOW, CAUSAL, HAS_WINDOW,
-                                         False)
-        acc = _mma(p.to(v.dtype), v, acc, DOT_PREC, UPCAST)
-    return acc, l_i, m_i
-
-
-@triton.jit
 def _softmax_step(qk, acc, l_i, m_i, offs_m, cols, shift, lk, WINDOW, CAUSAL: tl.constexpr,
                   HAS_WINDOW: tl.constexpr, MASKED: tl.constexpr):
     """The online-softmax update of one tile's log2-domain scores `qk` [BM, BN] (shared by the
@@ -557,7 +523,7 @@ def _jfa_fwd_kernel(
     H, scale_log2, WINDOW,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-    TILE_LIST: tl.constexpr, LOG2B: tl.constexpr, IN_ORDER: tl.constexpr, PIPE_QK: tl.constexpr = False,
+    TILE_LIST: tl.constexpr, LOG2B: tl.constexpr, IN_ORDER: tl.constexpr,
 ):
     b, h, m_start, ok = _schedule(QO, CUM, ORDER, H, B, BLOCK_M, TILE_LIST, LOG2B, IN_ORDER)
     if not ok:
@@ -586,15 +552,10 @@ def _jfa_fwd_kernel(
         acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
                                   stride_kt, stride_vt, shift, lk, scale_log2, WINDOW,
                                   CAUSAL, HAS_WINDOW, True, BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
-    if PIPE_QK:
-        acc, l_i, m_i = _fwd_full_tiles_pipelined(acc, l_i, m_i, q, k_base, v_base, f_lo, f_hi, offs_m, offs_n,
-                                                  offs_d, stride_kt, stride_vt, shift, lk, scale_log2, WINDOW,
-                                                  CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
-    else:
-        for start_n in range(f_lo, f_hi, BLOCK_N):
-            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
-                                      stride_kt, stride_vt, shift, lk, scale_log2, WINDOW,
-                                      CAUSAL, HAS_WINDOW, False, BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
+    for start_n in range(f_lo, f_hi, BLOCK_N):
+        acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+                                  stride_kt, stride_vt, shift, lk, scale_log2, WINDOW,
+                                  CAUSAL, HAS_WINDOW, False, BLOCK_M, BLOCK_N, DOT_PREC, UPCAST)
     for start_n in range(f_hi, hi, BLOCK_N):
         acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
                                   stride_kt, stride_vt, shift, lk, scale_log2, WINDOW,
@@ -818,7 +779,7 @@ def _jfa_bwd_dq_kernel(
     H, scale, scale_log2, WINDOW,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-    TILE_LIST: tl.constexpr, LOG2B: tl.constexpr, IN_ORDER: tl.constexpr, PIPE_QK: tl.constexpr = False,
+    TILE_LIST: tl.constexpr, LOG2B: tl.constexpr, IN_ORDER: tl.constexpr,
 ):
     b, h, m_start, ok = _schedule(QO, CUM, ORDER, H, B, BLOCK_M, TILE_LIST, LOG2B, IN_ORDER)
     if not ok:
@@ -1030,7 +991,7 @@ def jfa_forward(
         h, scale * _LOG2E, window if window is not None else 0,
         CAUSAL=causal, HAS_WINDOW=window is not None, D=d,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q),
-        TILE_LIST=sched["TILE_LIST"], LOG2B=sched["LOG2B"], IN_ORDER=sched["IN_ORDER"], PIPE_QK=cfg.fwd_pipe_qk,
+        TILE_LIST=sched["TILE_LIST"], LOG2B=sched["LOG2B"], IN_ORDER=sched["IN_ORDER"],
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     if splits == 1:

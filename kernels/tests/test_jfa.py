@@ -120,32 +120,6 @@ def test_tile_list_grid_and_in_order_schedules(schedule: str, variant: str) -> N
 
 
 @needs_triton
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_pipelined_forward_same_values(variant: str) -> None:
-    # JfaConfig.fwd_pipe_qk: the unmasked tiles with the next Q·K^T issued before this tile's
-    # softmax. Against the reference (gradients too), and the same output bits as the plain loop
-    # (the same operations per tile). Samples with 0, 1, 2 and 3+ full tiles (pipeline prologue
-    # and epilogue only, one loop trip, several).
-    lengths = [40, 0, 3, 17, 1, 16, 33, 64, 48]
-    _check_pipe_fwd(TINY, lengths, VARIANTS[variant], seed=3)
-
-
-def _check_pipe_fwd(cfg: JfaConfig, lengths: list[int], variant: dict[str, object], *, d: int = 16, h: int = 2,
-                    dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
-    with force_config(dataclasses.replace(cfg, fwd_pipe_qk=True)):
-        _check(lengths, lengths, d=d, h=h, dtype=dtype, seed=seed, **variant)  # type: ignore[arg-type]
-    g = torch.Generator(device=DEVICE).manual_seed(seed)
-    off = _offsets(lengths)
-    q, k, v = (torch.randn(sum(lengths), h, d, generator=g, device=DEVICE).to(dtype) for _ in range(3))
-    mx = max(lengths)
-    outs = []
-    for pipe in (False, True):
-        with force_config(dataclasses.replace(cfg, fwd_pipe_qk=pipe)), torch.no_grad():
-            outs.append(jagged_flash_attention(q, k, v, off, off, mx, mx, backend="triton", **variant))  # type: ignore[arg-type]
-    torch.testing.assert_close(outs[1], outs[0], atol=0, rtol=0)
-
-
-@needs_triton
 @pytest.mark.parametrize("causal,window", [(True, 20), (False, 18)])
 def test_wide_window_full_tiles(causal: bool, window: int) -> None:
     # Windows wider than a tile: interior tiles take the unmasked path, edges the masked one.
@@ -259,17 +233,6 @@ def test_gpu_real_sizes(d: int, variant: str, monkeypatch: pytest.MonkeyPatch) -
     g = torch.Generator().manual_seed(d)
     lq = torch.randint(0, 1500, (12,), generator=g).tolist() + [0, 1, 127, 128, 129]
     _check(lq, lq, h=4, d=d, dtype=torch.bfloat16, **VARIANTS[variant])  # type: ignore[arg-type]
-
-
-@pytest.mark.skipif(not CUDA, reason="GPU-size test")
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_gpu_pipelined_forward(variant: str) -> None:
-    g = torch.Generator().manual_seed(7)
-    lq = torch.randint(0, 3000, (12,), generator=g).tolist() + [0, 1, 127, 128, 129, 256]
-    cfg = _heuristic_config(max(lq), max(lq), 128, torch.bfloat16)
-    # 2 stages: 128x128 tiles with 3 stages and the second score tile need 256 KB of shared memory
-    cfg = dataclasses.replace(cfg, fwd=dataclasses.replace(cfg.fwd, num_stages=2))
-    _check_pipe_fwd(cfg, lq, VARIANTS[variant], d=128, h=4, dtype=torch.bfloat16)
 
 
 @pytest.mark.skipif(not CUDA, reason="GPU-size test")

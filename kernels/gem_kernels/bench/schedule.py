@@ -232,46 +232,6 @@ def twopass_ab(iters: int, rounds: int) -> list[dict[str, object]]:
     return rows
 
 
-def pipe_ab(iters: int, rounds: int) -> list[dict[str, object]]:
-    """`JfaConfig.fwd_pipe_qk` (the next Q·K^T issued before this tile's softmax) against the
-    plain forward loop, forward only, interleaved over `rounds` rounds: issue 15's batch full
-    and causal, the trainer's self-attention batch (H=8) and the dense 8 x 4096 x 16 heads case;
-    each with the heuristic's tiles and with 128x64 kv tiles (fewer registers for the second
-    score tile). The pipelined output is checked bitwise against the plain one first."""
-    cases = [("issue full", Batch(issue_lengths(), "cuda"), False),
-             ("issue causal", Batch(issue_lengths(), "cuda"), True),
-             ("trainer H=8 full", Batch([n + 4 for n in trainer_lengths()], "cuda", heads=8), False),
-             ("dense 8x4096 H=16", Batch([4096] * 8, "cuda", heads=16), False)]
-    rows = []
-    for name, b, causal in cases:
-        f_fwd, _ = attention_flops(visible_pairs(b.lengths, b.lengths, causal=causal), b.heads, D)
-        base = _heuristic_config(b.max, b.max, D, DT, False)
-        narrow = dataclasses.replace(base, fwd=dataclasses.replace(base.fwd, block_n=64))
-        # 128x128 tiles with 3 stages and a second score tile need 256 KB of shared memory
-        # (the H200 has 227 KB): the pipelined 128x128 runs 2 stages.
-        s2 = dataclasses.replace(base, fwd=dataclasses.replace(base.fwd, num_stages=2))
-        cfgs = {"plain": base, "plain s2": s2, "pipe s2": dataclasses.replace(s2, fwd_pipe_qk=True),
-                "plain 128x64": narrow, "pipe 128x64": dataclasses.replace(narrow, fwd_pipe_qk=True)}
-        outs: dict[str, torch.Tensor] = {}
-        for label, cfg in cfgs.items():
-            with force_config(cfg):
-                out = _fwd(jfa(causal), b)()
-                assert isinstance(out, torch.Tensor)
-                outs[label] = out
-        same = {label: bool(torch.equal(outs[label], outs["plain 128x64" if "64" in label else "plain"]))
-                for label in cfgs}
-        got: dict[str, list[float]] = {label: [] for label in cfgs}
-        for _ in range(rounds):
-            for label, cfg in cfgs.items():
-                with force_config(cfg):
-                    got[label].append(tflops(f_fwd, bench_ms(_fwd(jfa(causal), b), iters=iters)) or 0.0)
-        rows += [_rounds_row(f"JFA fwd {name}, {label} (bitwise {'=' if same[label] else '!='} plain)",
-                             fwd_tf=got[label]) for label in cfgs]
-        del b
-        torch.cuda.empty_cache()
-    return rows
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     p.add_argument("--iters", type=int, default=7, help="timed iterations per figure (median)")
@@ -284,18 +244,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="only the one-pass backward's dK/dV order on the trainer batch (medians)")
     p.add_argument("--twopass-ab", type=int, default=0, metavar="ROUNDS",
                    help="only the two-pass backward's dK/dV tiles on issue 15's batch (medians)")
-    p.add_argument("--pipe-ab", type=int, default=0, metavar="ROUNDS",
-                   help="only the pipelined JFA forward (JfaConfig.fwd_pipe_qk) against the plain loop (medians)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("schedule bench needs CUDA (the CPU checks are tests/test_gdpa.py::test_every_schedule_gives_the_same_bits)")
         return 0
-    ab = args.jfa_ab or args.gdpa_ab or args.onepass_ab or args.twopass_ab or args.pipe_ab
+    ab = args.jfa_ab or args.gdpa_ab or args.onepass_ab or args.twopass_ab
     if ab:
         rows = interleaved_ab("jfa", args.iters, args.jfa_ab) if args.jfa_ab else []
         rows += onepass_ab(args.iters, args.onepass_ab) if args.onepass_ab else []
         rows += twopass_ab(args.iters, args.twopass_ab) if args.twopass_ab else []
-        rows += pipe_ab(args.iters, args.pipe_ab) if args.pipe_ab else []
         rows += interleaved_ab("gdpa", args.iters, args.gdpa_ab) if args.gdpa_ab else []
         rows += pma_ab(args.iters, args.jfa_ab) if args.jfa_ab else []
     else:
