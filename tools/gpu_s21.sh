@@ -17,6 +17,9 @@
 #   PART=f  (ran at commit 309450e; the experiment was reverted after it, so this PART needs that
 #           commit) the pipelined JFA forward (`JfaConfig.fwd_pipe_qk`): interleaved A/B
 #           (`bench.schedule --pipe-ab 4`), then its GPU tests.
+#   PART=g  (issue 16, the nineteenth session's open question, without FlashAttention-4) the h200
+#           trainer with fp8_block_wgrad_bf16 from cold, then bf16 on the same box: does
+#           gem-precision 0.3.5 close the gap between fp8's steady MFU and its median step?
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
@@ -24,6 +27,12 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   [ -f "$OUT/ncu.log" ] && { echo "=== ncu log"; grep -vE "^==PROF==" "$OUT/ncu.log" | tail -n 8 | cut -c1-200; }
   [ -f "$OUT/probe.log" ] && { echo "=== host time"; tail -n 11 "$OUT/probe.log"; }
   [ -f "$OUT/bwd.log" ] && { echo "=== bwd"; grep -vE "^(\{|\[)" "$OUT/bwd.log" | grep -A80 "JFA backward, two-pass" | cut -c1-230; }
+  for f in tr_fp8c tr_bf16; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; python3 -c "
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{') and 'mfu_steady' in l]
+keys = ('steps', 'loss', 'mfu', 'mfu_steady', 'step_s_median', 'time_to_first_step_s', 'compile_graphs',
+        'recompiles_per_100_steps', 'compute_s', 'data_wait_frac')
+print({k: rows[-1].get(k) for k in keys} if rows else 'no summary line')" "$OUT/$f.log"; tail -n 2 "$OUT/$f.log" | cut -c1-200; }; done
   [ -f "$OUT/pab.log" ] && { echo "=== pipe a/b"; grep -vE "^(\{|\[)" "$OUT/pab.log" | tail -n 20 | cut -c1-200; grep -iE "error|Traceback" "$OUT/pab.log" | head -5; }
   [ -f "$OUT/tab.log" ] && { echo "=== two-pass a/b"; grep -vE "^(\{|\[)" "$OUT/tab.log" | tail -n 9 | cut -c1-200; }
   [ -f "$OUT/table.log" ] && { echo "=== table"; grep -vE "^\{" "$OUT/table.log" | tail -n 24 | cut -c1-220; }
@@ -61,5 +70,9 @@ e)
 f)
   (cd kernels && PYTHONPATH=.:$PYTHONPATH st pab 200 python3 -m gem_kernels.bench.schedule --pipe-ab 4 --iters 10)
   st t_jfa $(left 300) python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa.py -k "pipelined" ;;
+g)
+  TR="python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 60"
+  st tr_fp8c 215 $TR --precision fp8_block_wgrad_bf16
+  st tr_bf16 $(left 385) $TR ;;
 esac
 gpu_end
