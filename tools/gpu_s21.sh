@@ -73,6 +73,6 @@ f)
 g)
   TR="python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 60"
   st tr_fp8c 215 $TR --precision fp8_block_wgrad_bf16
-  st tr_bf16 $(left 385) $TR ;;
+  st tr_bf16 $(left 360) $TR ;;
 esac
 gpu_end
