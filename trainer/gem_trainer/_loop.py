@@ -33,7 +33,7 @@ import torch.nn.functional as F
 import gem_data
 import gem_model
 from gem_checkpoint import Checkpointer, RNGState
-from gem_trainer._metrics import WARMUP_STEPS, MetricLog, Timers, mfu
+from gem_trainer._metrics import WARMUP_STEPS, MetricLog, Timers, mfu, slow_steps
 from gem_trainer._optim import Optimizers, RowWiseAdagrad, dense_adamw, embedding_tables
 from gem_trainer._stats import task_metrics
 from gem_trainer.config import TrainConfig, keep_bf16_patterns, resolve_ckpt_writer
@@ -611,6 +611,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             timers.first_step = t_end - t_start
         timers.model_flops += 3.0 * p.flops
         timers.step_s.append(t_end - p.t0)
+        timers.opt_host_s.append(p.t3 - p.t2)
         if cfg.compile and timers.steps_done == WARMUP_STEPS:
             timers.extra["warm_graphs"] = _compile_counts()["graphs"]
             save_compile_cache()
@@ -774,6 +775,9 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         # The same over the steps after the first WARMUP_STEPS (compilation excluded).
         "mfu_steady": mfu(timers.steady_flops * world, timers.steady_s, ngpu),
         "step_s_median": statistics.median(timers.step_s) if timers.step_s else None,
+        # the steady steps over 1.5x the steady median (what a gap between mfu_steady and the
+        # median step is made of)
+        "slow_steps": slow_steps(timers, WARMUP_STEPS),
         "data_wait_frac": timers.data_wait / busy if busy > 0 else 0.0,
         "ckpt_stall_s": timers.ckpt_stall,
         "ckpt_final_wait_s": timers.extra.get("ckpt_final_wait_s", 0.0),

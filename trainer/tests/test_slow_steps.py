@@ -1,0 +1,49 @@
+"""The summary's `slow_steps`: the steady steps over 1.5x the steady median, with the host time
+of their optimizer phase (what a gap between `mfu_steady` and the median step is made of)."""
+
+import random
+import time
+
+import pytest
+
+from gem_trainer import _optim, presets_tiny, train
+from gem_trainer._metrics import WARMUP_STEPS, Timers, slow_steps
+
+
+def test_slow_steps_picks_the_outliers_after_warmup() -> None:
+    rng = random.Random(4)
+    t = Timers(start_step=100)
+    t.step_s = [5.0] * WARMUP_STEPS + [1.0 + 0.1 * rng.random() for _ in range(30)]
+    t.opt_host_s = [0.01] * len(t.step_s)
+    slow = {WARMUP_STEPS + 3: 2.0, WARMUP_STEPS + 17: 4.0, WARMUP_STEPS + 20: 1.6}
+    for i, v in slow.items():
+        t.step_s[i] = v
+        t.opt_host_s[i] = v - 1.0
+    got = slow_steps(t, WARMUP_STEPS)
+    # slowest first; step numbers count from the resumed run's start; warm-up steps never count
+    assert [g["step"] for g in got] == [100 + i + 1 for i in sorted(slow, key=lambda i: -slow[i])]
+    assert [g["step_s"] for g in got] == sorted(slow.values(), reverse=True)
+    assert [g["opt_host_s"] for g in got] == pytest.approx([v - 1.0 for v in sorted(slow.values(), reverse=True)])
+    assert slow_steps(t, WARMUP_STEPS, top=1)[0]["step_s"] == 4.0
+    assert slow_steps(t, len(t.step_s)) == []  # nothing after the warm-up
+    t.step_s = t.step_s[:WARMUP_STEPS] + [1.0] * 30
+    assert slow_steps(t, WARMUP_STEPS) == []  # no outlier
+
+
+def test_a_slow_optimizer_step_shows_in_the_summary(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One steady step's optimizer phase takes 1.5 s more (as a first-seen compile would): the
+    # summary names that step and puts the time in its optimizer phase.
+    target = WARMUP_STEPS + 3  # set_step gets the steps done so far: this is step target + 1
+    real = _optim.Optimizers.set_step
+
+    def set_step(self: _optim.Optimizers, step: int) -> None:
+        if step == target:
+            time.sleep(1.5)
+        real(self, step)
+
+    monkeypatch.setattr(_optim.Optimizers, "set_step", set_step)
+    s = train(presets_tiny(steps=WARMUP_STEPS + 8, batch_size=16, eval_batches=0, progress=False))
+    assert s["steps"] == WARMUP_STEPS + 8, s
+    slow = s["slow_steps"]
+    assert slow and slow[0]["step"] == target + 1, slow
+    assert slow[0]["opt_host_s"] >= 1.5 and slow[0]["step_s"] >= 1.5, slow
