@@ -1,7 +1,8 @@
 """The issue-15 table bench's JFA backward comparison runs end to end on CPU (Triton's
 interpreter, tiny lengths): every path and sweep row gives gradients that match (timings on
 CPU mean nothing; the H200 figures are in BENCHMARKS.md). And its trainer case draws the
-trainer's length law."""
+trainer's length law. The Nsight Compute bench (`bench.ncu_cases --small`) runs every case on a
+toy batch."""
 
 from __future__ import annotations
 
@@ -51,3 +52,38 @@ def test_trainer_lengths_follow_the_trainer_batches() -> None:
     assert table.trainer_lengths(seed=1) != t
     long = table.long_lengths()
     assert sum(long) / len(long) > 3 * sum(t) / len(t)
+
+
+def test_ncu_cases_small_runs_every_case() -> None:
+    # The Nsight Compute bench on a toy batch: every case runs (cuDNN's only on CUDA) and gives
+    # finite values; the forward cases agree with the ops' plain-PyTorch references.
+    import torch
+
+    from gem_kernels import block_attention, generalized_dot_product_attention, jagged_flash_attention
+    from gem_kernels.bench import ncu_cases
+    from gem_kernels.bench._common import offsets_from_lengths
+
+    names = ncu_cases.main(["--small", "--device", "cpu"])
+    assert "dense_fwd_cudnn" not in names and len(names) == 10
+    cases = ncu_cases._cases("cpu", small=True)
+    outs = {n: cases[n]() for n in names}
+    for n, o in outs.items():
+        for t in (o if isinstance(o, tuple) else (o,)):
+            assert isinstance(t, torch.Tensor) and torch.isfinite(t.float()).all(), n
+    # the same inputs as _cases: seed 1 for q, k, v, do
+    lengths = ncu_cases.SMALL_LENGTHS
+    off = offsets_from_lengths(lengths, "cpu")
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(sum(lengths), 2, 32, generator=g).to(torch.bfloat16) for _ in range(3))
+    mx = max(lengths)
+    refs = {
+        "jfa_fwd_full": jagged_flash_attention(q, k, v, off, off, mx, mx, backend="reference"),
+        "jfa_fwd_causal": jagged_flash_attention(q, k, v, off, off, mx, mx, causal=True, backend="reference"),
+        "gdpa_fwd": generalized_dot_product_attention(q, k, v, off, off, mx, mx, activation="silu", causal=True,
+                                                      backend="reference"),
+        "block_fwd": block_attention(q, k, v, off, mx, block_size=64, backend="reference"),
+    }
+    for n, want in refs.items():
+        got = outs[n]
+        assert isinstance(got, torch.Tensor)
+        torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2, msg=lambda m: f"{n}: {m}")

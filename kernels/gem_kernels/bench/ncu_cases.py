@@ -13,7 +13,8 @@ one launch of each kernel of that call and nothing else. The batch is the issue'
 (`torch.manual_seed(62)`, 64 log-normal lengths, H=4, D=128, bf16); the dense case is
 8 x 4096, 16 heads. The peers (cuDNN's dense forward, torch's FlashAttention-2 backward) are
 profiled beside ours as what a kernel at the ceiling looks like. Without `ncu` the script
-only runs the calls (a smoke test of the cases).
+only runs the calls. `--small --device cpu` runs them on a toy batch under Triton's CPU
+interpreter (tests/test_bench_table.py does, so the bench cannot rot).
 """
 
 from __future__ import annotations
@@ -32,13 +33,20 @@ H, D = 4, 128
 DT = torch.bfloat16
 
 
-def _cases(device: str) -> dict[str, Callable[[], object]]:
-    lengths = issue_lengths()
+SMALL_LENGTHS = [40, 3, 17, 0, 33]  # `--small`: a toy batch for Triton's CPU interpreter
+
+
+def _cases(device: str, *, small: bool = False) -> dict[str, Callable[[], object]]:
+    """Case name -> one call. `small`: SMALL_LENGTHS, H=2, D=32 and a 2 x 64 dense batch (a
+    smoke run under TRITON_INTERPRET=1); cuDNN's dense case only on CUDA."""
+    lengths = SMALL_LENGTHS if small else issue_lengths()
+    heads, d = (2, 32) if small else (H, D)
+    dense_b, dense_t, dense_h = (2, 64, 2) if small else (8, 4096, 16)
     off = offsets_from_lengths(lengths, device)
     mx = max(lengths)
     g = torch.Generator(device=device).manual_seed(1)
     t = sum(lengths)
-    q, k, v, do = (torch.randn(t, H, D, generator=g, device=device).to(DT) for _ in range(4))
+    q, k, v, do = (torch.randn(t, heads, d, generator=g, device=device).to(DT) for _ in range(4))
 
     def jfa_fwd(causal: bool) -> Callable[[], object]:
         def run() -> object:
@@ -78,13 +86,13 @@ def _cases(device: str) -> dict[str, Callable[[], object]]:
         return block_attention(q, k, v, off, mx, block_size=64)
 
     gd = torch.Generator(device=device).manual_seed(3)
-    qd, kd, vd = (torch.randn(8 * 4096, 16, D, generator=gd, device=device).to(DT) for _ in range(3))
-    offd = offsets_from_lengths([4096] * 8, device)
-    qp, kp, vp = (x.view(8, 4096, 16, D).transpose(1, 2).contiguous() for x in (qd, kd, vd))
+    qd, kd, vd = (torch.randn(dense_b * dense_t, dense_h, d, generator=gd, device=device).to(DT) for _ in range(3))
+    offd = offsets_from_lengths([dense_t] * dense_b, device)
+    qp, kp, vp = (x.view(dense_b, dense_t, dense_h, d).transpose(1, 2).contiguous() for x in (qd, kd, vd))
 
     def dense_ours() -> object:
         with torch.no_grad():
-            return jagged_flash_attention(qd, kd, vd, offd, offd, 4096, 4096, backend="triton")
+            return jagged_flash_attention(qd, kd, vd, offd, offd, dense_t, dense_t, backend="triton")
 
     def dense_cudnn() -> object:
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -92,7 +100,7 @@ def _cases(device: str) -> dict[str, Callable[[], object]]:
         with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return F.scaled_dot_product_attention(qp, kp, vp)
 
-    return {
+    cases: dict[str, Callable[[], object]] = {
         "jfa_fwd_full": jfa_fwd(False),
         "jfa_fwd_causal": jfa_fwd(True),
         "jfa_fb_full_two_pass": fwd_bwd(jfa(False), "two_pass"),
@@ -103,23 +111,31 @@ def _cases(device: str) -> dict[str, Callable[[], object]]:
         "gdpa_fb": fwd_bwd(gdpa, None),
         "block_fwd": block,
         "dense_fwd_ours": dense_ours,
-        "dense_fwd_cudnn": dense_cudnn,
     }
+    if device != "cpu":
+        cases["dense_fwd_cudnn"] = dense_cudnn
+    return cases
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[str]:
+    """Runs the cases; returns the names run (in order)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     p.add_argument("--device", default="cuda")
-    args = p.parse_args()
-    cases = _cases(args.device)
+    p.add_argument("--small", action="store_true", help="a toy batch (a CPU smoke run under TRITON_INTERPRET=1)")
+    args = p.parse_args(argv)
+    cases = _cases(args.device, small=args.small)
     names = [c for c in args.cases.split(",") if c] or list(cases)
     unknown = sorted(set(names) - set(cases))
     if unknown:
         raise SystemExit(f"--cases: unknown {unknown}; known: {sorted(cases)}")
+    cuda = args.device != "cpu"
     for name in names:
-        for _ in range(2):
+        for _ in range(1 if not cuda else 2):
             cases[name]()
+    if not cuda:  # no profiler: the warm-up calls were the run
+        print(f"ran {', '.join(names)} (no profiler on {args.device})", flush=True)
+        return names
     torch.cuda.synchronize()
     cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
     for name in names:
@@ -130,6 +146,7 @@ def main() -> None:
         torch.cuda.synchronize()
         cudart.cudaProfilerStop()
         print(f"ran {name}", flush=True)
+    return names
 
 
 if __name__ == "__main__":
