@@ -28,6 +28,11 @@ from typing import Any
 
 import torch
 
+try:
+    from triton import knobs as _knobs
+except ImportError:  # an older Triton without knobs: no hooks to honour here
+    _knobs = None
+
 _I32 = 1 << 31
 _I64 = 1 << 63
 
@@ -50,8 +55,8 @@ def _other(a: Any) -> Any:
 class CachedLaunch:
     """`launch(grid, args, consts)` runs `kernel[grid](*args, **consts)`; `args` are the
     kernel's leading runtime arguments in order, `consts` its constexprs (every one the kernel
-    declares after `args`) plus launch options (`num_warps`, `num_stages`). `consts` must be
-    hashable values, fixed for a given `consts_key`."""
+    declares after `args`) plus launch options (`num_warps`, `num_stages`), all hashable (they
+    are part of the cache key)."""
 
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
@@ -67,7 +72,6 @@ class CachedLaunch:
             return
         key = (torch.cuda.current_device(), tuple(consts.items()), spec_key(args))
         hit = self._cache.get(key)
-        g3 = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
         if hit is None:
             compiled = self.kernel[grid](*args, **consts)
             tail = tuple(consts[n] for n in self.names[len(args):])
@@ -75,17 +79,11 @@ class CachedLaunch:
                 self._cache[key] = (compiled, tail)
             return
         compiled, tail = hit
-        compiled[g3](*args, *tail)
+        compiled[(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)](*args, *tail)
 
     def cache_size(self) -> int:
         """How many specializations have a compiled kernel kept (tests)."""
         return len(self._cache)
-
-
-try:
-    from triton import knobs as _knobs
-except ImportError:  # an older Triton without knobs: no hooks to honour here
-    _knobs = None
 
 
 def _hooks_set() -> bool:

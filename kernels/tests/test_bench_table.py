@@ -61,7 +61,6 @@ def test_ncu_cases_small_runs_every_case() -> None:
 
     from gem_kernels import block_attention, generalized_dot_product_attention, jagged_flash_attention
     from gem_kernels.bench import ncu_cases
-    from gem_kernels.bench._common import offsets_from_lengths
 
     names = ncu_cases.main(["--small", "--device", "cpu"])
     assert "dense_fwd_cudnn" not in names and len(names) == 10
@@ -70,12 +69,8 @@ def test_ncu_cases_small_runs_every_case() -> None:
     for n, o in outs.items():
         for t in (o if isinstance(o, tuple) else (o,)):
             assert isinstance(t, torch.Tensor) and torch.isfinite(t.float()).all(), n
-    # the same inputs as _cases: seed 1 for q, k, v, do
-    lengths = ncu_cases.SMALL_LENGTHS
-    off = offsets_from_lengths(lengths, "cpu")
-    g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(sum(lengths), 2, 32, generator=g).to(torch.bfloat16) for _ in range(3))
-    mx = max(lengths)
+    b = table.Batch(ncu_cases.SMALL_LENGTHS, "cpu", heads=2)  # the inputs _cases draws
+    q, k, v, off, mx = b.q, b.k, b.v, b.off, b.max
     refs = {
         "jfa_fwd_full": jagged_flash_attention(q, k, v, off, off, mx, mx, backend="reference"),
         "jfa_fwd_causal": jagged_flash_attention(q, k, v, off, off, mx, mx, causal=True, backend="reference"),

@@ -9,10 +9,11 @@ kernel. Timing benches (`table`, `schedule`) say how fast; ncu's counters say wh
 pipe busy, memory throughput, occupancy, where warps stall). Every case first runs twice
 outside the range (Triton's JIT compile and autotune, cuDNN's plan), then exactly once
 inside `cudaProfilerStart/Stop` under an NVTX range named after the case, so the report holds
-one launch of each kernel of that call and nothing else. The batch is the issue's
-(`torch.manual_seed(62)`, 64 log-normal lengths, H=4, D=128, bf16); the dense case is
-8 x 4096, 16 heads. The peers (cuDNN's dense forward, torch's FlashAttention-2 backward) are
-profiled beside ours as what a kernel at the ceiling looks like. Without `ncu` the script
+one launch of each kernel of that call and nothing else. The batches and calls are
+`bench.table`'s: the issue's (`torch.manual_seed(62)`, 64 log-normal lengths, H=4, D=128,
+bf16); the dense case is 8 x 4096, 16 heads. The peers (cuDNN's dense forward, torch's
+FlashAttention-2 backward) are profiled beside ours as what a kernel at the ceiling looks
+like. Without `ncu` the script
 only runs the calls. `--small --device cpu` runs them on a toy batch under Triton's CPU
 interpreter (tests/test_bench_table.py does, so the bench cannot rot).
 """
@@ -26,73 +27,37 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from gem_kernels import block_attention, generalized_dot_product_attention, jagged_flash_attention
-from gem_kernels.bench._common import issue_lengths, offsets_from_lengths
-
-H, D = 4, 128
-DT = torch.bfloat16
-
+from gem_kernels import block_attention
+from gem_kernels.bench._common import issue_lengths
+from gem_kernels.bench.table import H, Batch, _fwd, _fwd_bwd, gdpa, jfa
 
 SMALL_LENGTHS = [40, 3, 17, 0, 33]  # `--small`: a toy batch for Triton's CPU interpreter
 
 
+def _with_bwd(bwd: str, run: Callable[[], object]) -> Callable[[], object]:
+    """`run` with `GEM_JFA_BWD=bwd` (which JFA backward runs), restored after."""
+    def wrapped() -> object:
+        old = os.environ.get("GEM_JFA_BWD")
+        os.environ["GEM_JFA_BWD"] = bwd
+        try:
+            return run()
+        finally:
+            if old is None:
+                os.environ.pop("GEM_JFA_BWD", None)
+            else:
+                os.environ["GEM_JFA_BWD"] = old
+    return wrapped
+
+
 def _cases(device: str, *, small: bool = False) -> dict[str, Callable[[], object]]:
-    """Case name -> one call. `small`: SMALL_LENGTHS, H=2, D=32 and a 2 x 64 dense batch (a
-    smoke run under TRITON_INTERPRET=1); cuDNN's dense case only on CUDA."""
-    lengths = SMALL_LENGTHS if small else issue_lengths()
-    heads, d = (2, 32) if small else (H, D)
+    """Case name -> one call, on `bench.table`'s batches (D=128, bf16). `small`:
+    SMALL_LENGTHS with H=2 and a 2 x 64 dense batch (a smoke run under TRITON_INTERPRET=1);
+    cuDNN's dense case only on CUDA."""
+    b = Batch(SMALL_LENGTHS if small else issue_lengths(), device, heads=2 if small else H)
     dense_b, dense_t, dense_h = (2, 64, 2) if small else (8, 4096, 16)
-    off = offsets_from_lengths(lengths, device)
-    mx = max(lengths)
-    g = torch.Generator(device=device).manual_seed(1)
-    t = sum(lengths)
-    q, k, v, do = (torch.randn(t, heads, d, generator=g, device=device).to(DT) for _ in range(4))
-
-    def jfa_fwd(causal: bool) -> Callable[[], object]:
-        def run() -> object:
-            with torch.no_grad():
-                return jagged_flash_attention(q, k, v, off, off, mx, mx, causal=causal, backend="triton")
-        return run
-
-    def fwd_bwd(fn: Callable[..., torch.Tensor], bwd_env: str | None) -> Callable[[], object]:
-        qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
-
-        def run() -> object:
-            old = os.environ.get("GEM_JFA_BWD")
-            if bwd_env is not None:
-                os.environ["GEM_JFA_BWD"] = bwd_env
-            try:
-                o = fn(qg, kg, vg)
-                return torch.autograd.grad(o, (qg, kg, vg), do)
-            finally:
-                if old is None:
-                    os.environ.pop("GEM_JFA_BWD", None)
-                else:
-                    os.environ["GEM_JFA_BWD"] = old
-        return run
-
-    def jfa(causal: bool) -> Callable[..., torch.Tensor]:
-        return lambda a, b, c: jagged_flash_attention(a, b, c, off, off, mx, mx, causal=causal, backend="triton")
-
-    def gdpa(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        return generalized_dot_product_attention(a, b, c, off, off, mx, mx, activation="silu", causal=True,
-                                                 backend="triton")
-
-    def gdpa_fwd() -> object:
-        with torch.no_grad():
-            return gdpa(q, k, v)
-
-    def block() -> object:
-        return block_attention(q, k, v, off, mx, block_size=64)
-
-    gd = torch.Generator(device=device).manual_seed(3)
-    qd, kd, vd = (torch.randn(dense_b * dense_t, dense_h, d, generator=gd, device=device).to(DT) for _ in range(3))
-    offd = offsets_from_lengths([dense_t] * dense_b, device)
-    qp, kp, vp = (x.view(dense_b, dense_t, dense_h, d).transpose(1, 2).contiguous() for x in (qd, kd, vd))
-
-    def dense_ours() -> object:
-        with torch.no_grad():
-            return jagged_flash_attention(qd, kd, vd, offd, offd, dense_t, dense_t, backend="triton")
+    dense = Batch([dense_t] * dense_b, device, heads=dense_h)
+    qp, kp, vp = (x.view(dense_b, dense_t, dense_h, -1).transpose(1, 2).contiguous()
+                  for x in (dense.q, dense.k, dense.v))
 
     def dense_cudnn() -> object:
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -101,16 +66,16 @@ def _cases(device: str, *, small: bool = False) -> dict[str, Callable[[], object
             return F.scaled_dot_product_attention(qp, kp, vp)
 
     cases: dict[str, Callable[[], object]] = {
-        "jfa_fwd_full": jfa_fwd(False),
-        "jfa_fwd_causal": jfa_fwd(True),
-        "jfa_fb_full_two_pass": fwd_bwd(jfa(False), "two_pass"),
-        "jfa_fb_causal_two_pass": fwd_bwd(jfa(True), "two_pass"),
-        "jfa_fb_causal_one_pass": fwd_bwd(jfa(True), "one_pass"),
-        "jfa_fb_causal_flash2": fwd_bwd(jfa(True), "flash"),
-        "gdpa_fwd": gdpa_fwd,
-        "gdpa_fb": fwd_bwd(gdpa, None),
-        "block_fwd": block,
-        "dense_fwd_ours": dense_ours,
+        "jfa_fwd_full": _fwd(jfa(False), b),
+        "jfa_fwd_causal": _fwd(jfa(True), b),
+        "jfa_fb_full_two_pass": _with_bwd("two_pass", _fwd_bwd(jfa(False), b)),
+        "jfa_fb_causal_two_pass": _with_bwd("two_pass", _fwd_bwd(jfa(True), b)),
+        "jfa_fb_causal_one_pass": _with_bwd("one_pass", _fwd_bwd(jfa(True), b)),
+        "jfa_fb_causal_flash2": _with_bwd("flash", _fwd_bwd(jfa(True), b)),
+        "gdpa_fwd": _fwd(gdpa(), b),
+        "gdpa_fb": _fwd_bwd(gdpa(), b),
+        "block_fwd": lambda: block_attention(b.q, b.k, b.v, b.off, b.max, block_size=64),
+        "dense_fwd_ours": _fwd(jfa(False), dense),
     }
     if device != "cpu":
         cases["dense_fwd_cudnn"] = dense_cudnn

@@ -27,7 +27,7 @@ from gem_kernels._triton_jfa import JfaConfig, JfaTiles, _heuristic_config, forc
 from gem_kernels.bench._common import (attention_flops, bench_ms, emit_json, env_info, issue_lengths,
                                        offsets_from_lengths, print_table, save_json, tflops, trainer_lengths,
                                        visible_pairs)
-from gem_kernels.bench.table import DT, D, Batch, _check, _fwd, _fwd_bwd, gdpa, jfa
+from gem_kernels.bench.table import DT, D, Batch, _check, _fwd, _fwd_bwd, _tiles, gdpa, jfa
 
 KINDS = ("fwd", "dq", "dkdv")
 SWEEP = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 4, 3), (128, 64, 4, 3),
@@ -189,22 +189,29 @@ def pma_ab(iters: int, rounds: int) -> list[dict[str, object]]:
             for in_order, tf in got.items()]
 
 
-def onepass_ab(iters: int, rounds: int) -> list[dict[str, object]]:
-    """The one-pass backward (dQ by fp32 atomics; the default from 8,192 keys where
-    FlashAttention-4 is absent) on the trainer's self-attention batch (H=8, its length law at
-    ~262k tokens, 4 CLS tokens per sample): its dK/dV programs in the plain grid vs batch
-    order, fwd+bwd, interleaved over `rounds` rounds."""
-    lengths = [n + 4 for n in trainer_lengths()]
-    b = Batch(lengths, "cuda", heads=8)
-    _, flops_all = attention_flops(visible_pairs(lengths, lengths), b.heads, D)
-    got: dict[bool, list[float]] = {False: [], True: []}
+def _fb_rounds(b: Batch, causal: bool, cfgs: list[JfaConfig], iters: int, rounds: int) -> list[list[float]]:
+    """Fwd+bwd useful TFLOP/s of our JFA on `b` under each forced config, interleaved over
+    `rounds` rounds: one list of per-round figures per config."""
+    _, flops_all = attention_flops(visible_pairs(b.lengths, b.lengths, causal=causal), b.heads, D)
+    got: list[list[float]] = [[] for _ in cfgs]
     for _ in range(rounds):
-        for in_order in (False, True):
-            cfg = dataclasses.replace(_heuristic_config(b.max, b.max, D, DT, True), in_order=in_order)
+        for figures, cfg in zip(got, cfgs):
             with force_config(cfg):
-                got[in_order].append(tflops(flops_all, bench_ms(_fwd_bwd(jfa(False), b), iters=iters)) or 0.0)
-    return [_rounds_row(f"JFA one-pass fwd+bwd, trainer batch H=8, dK/dV {'in_order' if in_order else 'grid'}",
-                        fb_tf=tf) for in_order, tf in got.items()]
+                figures.append(tflops(flops_all, bench_ms(_fwd_bwd(jfa(causal), b), iters=iters)) or 0.0)
+    return got
+
+
+def onepass_ab(iters: int, rounds: int) -> list[dict[str, object]]:
+    """The one-pass backward (dQ by fp32 atomics; the default from 4,096 keys where neither
+    FlashAttention-4 nor torch's FlashAttention-2 backward runs) on the trainer's
+    self-attention batch (H=8, its length law at ~262k tokens, 4 CLS tokens per sample): its
+    dK/dV programs in the plain grid vs batch order, fwd+bwd, interleaved over `rounds` rounds."""
+    b = Batch([n + 4 for n in trainer_lengths()], "cuda", heads=8)
+    one = _heuristic_config(b.max, b.max, D, DT, True)
+    orders = (False, True)
+    got = _fb_rounds(b, False, [dataclasses.replace(one, in_order=o) for o in orders], iters, rounds)
+    return [_rounds_row(f"JFA one-pass fwd+bwd, trainer batch H=8, dK/dV {'in_order' if o else 'grid'}", fb_tf=tf)
+            for o, tf in zip(orders, got)]
 
 
 TWOPASS_DKDV = (JfaTiles(block_m=32, block_n=64, num_warps=4, num_stages=3),
@@ -217,18 +224,12 @@ def twopass_ab(iters: int, rounds: int) -> list[dict[str, object]]:
     interleaved over `rounds` rounds (the first tiles are the heuristic's; `bench.table
     --bwd-compare`'s sweep found 16x64 1.18x on causal and 0.82x on full in one sample)."""
     b = Batch(issue_lengths(), "cuda")
+    two = _heuristic_config(b.max, b.max, D, DT, False)
     rows = []
     for causal in (False, True):
-        _, flops_all = attention_flops(visible_pairs(b.lengths, b.lengths, causal=causal), b.heads, D)
-        two = _heuristic_config(b.max, b.max, D, DT, False)
-        got: dict[int, list[float]] = {i: [] for i in range(len(TWOPASS_DKDV))}
-        for _ in range(rounds):
-            for i, t in enumerate(TWOPASS_DKDV):
-                with force_config(dataclasses.replace(two, dkdv=t)):
-                    got[i].append(tflops(flops_all, bench_ms(_fwd_bwd(jfa(causal), b), iters=iters)) or 0.0)
-        rows += [_rounds_row(f"JFA two-pass fwd+bwd, issue batch {'causal' if causal else 'full'}, dK/dV "
-                             f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}", fb_tf=got[i])
-                 for i, t in enumerate(TWOPASS_DKDV)]
+        got = _fb_rounds(b, causal, [dataclasses.replace(two, dkdv=t) for t in TWOPASS_DKDV], iters, rounds)
+        rows += [_rounds_row(f"JFA two-pass fwd+bwd, issue batch {'causal' if causal else 'full'}, dK/dV {_tiles(t)}",
+                             fb_tf=tf) for t, tf in zip(TWOPASS_DKDV, got)]
     return rows
 
 
