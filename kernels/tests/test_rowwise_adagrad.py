@@ -130,3 +130,120 @@ def test_gpu_item_table_size() -> None:
     w1, a1, w2, a2 = _both(w, acc, grad, lr=0.05, eps=1e-8)
     torch.testing.assert_close(a1, a2, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(w1, w2, rtol=1e-6, atol=1e-6)
+
+
+# --- sparse gradients (embedding modules with sparse=True) -----------------------------------
+
+
+def _sparse(rows: int, dim: int, n: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An uncoalesced sparse COO gradient of n looked-up ids: duplicates, one id repeated a
+    third of the time (a Zipf head; a long run after sorting), the ids in random order."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    ids = torch.randint(0, rows, (n,), generator=g, device=DEVICE)
+    ids[torch.rand(n, generator=g, device=DEVICE) < 0.33] = int(torch.randint(0, rows, (1,), generator=g, device=DEVICE))
+    vals = torch.randn(n, dim, generator=g, device=DEVICE).to(dtype)
+    return torch.sparse_coo_tensor(ids[None], vals, (rows, dim), check_invariants=True)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sparse_grad_matches_reference_and_dense(dtype: torch.dtype) -> None:
+    seed = int(torch.randint(0, 10**6, ()))
+    w, acc, _ = _table(53, 24, dtype, 0.0, seed)
+    grad = _sparse(53, 24, 90, seed, dtype)
+    assert not grad.is_coalesced()
+    hit = torch.zeros(53, dtype=torch.bool, device=DEVICE)
+    hit[grad._indices()[0]] = True
+    assert hit.any() and (~hit).any()
+    w1, a1, w2, a2 = _both(w, acc, grad, lr=0.05, eps=1e-8)
+    w3, a3 = w.clone(), acc.clone()
+    rowwise_adagrad_reference_(w3, a3, grad.to_dense(), lr=0.05, eps=1e-8)  # the dense rule
+    # bf16: the paths sum duplicate ids in different precisions (the kernel in float32)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    for wa, aa in ((w1, a1), (w2, a2)):
+        torch.testing.assert_close(aa, a3, rtol=max(tol, 1e-5), atol=tol)
+        torch.testing.assert_close(wa, w3, rtol=tol, atol=tol)
+    # rows of absent ids: bit for bit unchanged
+    assert torch.equal(w1[~hit], w[~hit]) and torch.equal(a1[~hit], acc[~hit])
+    assert not torch.equal(w1[hit], w[hit])
+
+
+@needs_triton
+def test_sparse_grad_skip_nan_and_empty() -> None:
+    w, acc, _ = _table(31, 16, torch.float32, 0.0, int(torch.randint(0, 10**6, ())))
+    grad = _sparse(31, 16, 40, int(torch.randint(0, 10**6, ())))
+    grad._values()[5] = float("nan")
+    w1, a1 = w.clone(), acc.clone()
+    rowwise_adagrad_(w1, a1, grad, lr=0.1, eps=1e-8, skip=torch.ones((), dtype=torch.bool, device=DEVICE),
+                     backend="triton")
+    assert torch.equal(w1, w) and torch.equal(a1, acc)
+    # not skipped: the NaN id's row is poisoned, as in the reference
+    w1, a1, w2, a2 = _both(w, acc, grad, lr=0.1, eps=1e-8, skip=torch.zeros((), dtype=torch.bool, device=DEVICE))
+    bad = int(grad._indices()[0, 5])
+    assert torch.isnan(w1[bad]).all() and torch.isnan(a1[bad]) and torch.isnan(w2[bad]).all()
+    keep = torch.arange(31, device=DEVICE) != bad
+    torch.testing.assert_close(w1[keep], w2[keep], rtol=1e-6, atol=1e-7)
+    # no ids at all: nothing changes
+    empty = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long, device=DEVICE),
+                                    torch.zeros(0, 16, device=DEVICE), (31, 16))
+    w1, a1 = w.clone(), acc.clone()
+    rowwise_adagrad_(w1, a1, empty, lr=0.1, eps=1e-8, backend="triton")
+    assert torch.equal(w1, w) and torch.equal(a1, acc)
+
+
+@needs_triton
+def test_embedding_modules_sparse_grad_trains_like_dense() -> None:
+    """The gradient of real embedding modules with sparse=True gives the update their dense
+    gradient gives (EmbeddingBag mean with repeated ids in a bag, Embedding)."""
+    seed = int(torch.randint(0, 10**6, ()))
+    torch.manual_seed(seed)
+    for make in (lambda s: torch.nn.EmbeddingBag(40, 12, mode="mean", include_last_offset=True, sparse=s),
+                 lambda s: torch.nn.Embedding(40, 12, sparse=s)):
+        dense, sparse = make(False).to(DEVICE), make(True).to(DEVICE)
+        sparse.load_state_dict(dense.state_dict())
+        ids = torch.randint(0, 40, (30,), device=DEVICE)
+        ids[::3] = 7
+        x = torch.randn(4, 12, device=DEVICE) if isinstance(dense, torch.nn.EmbeddingBag) else torch.randn(30, 12, device=DEVICE)
+        off = torch.tensor([0, 5, 5, 20, 30], device=DEVICE)
+        for m in (dense, sparse):
+            out = m(ids, off) if isinstance(m, torch.nn.EmbeddingBag) else m(ids)
+            (out * x).sum().backward()
+        assert sparse.weight.grad is not None and sparse.weight.grad.is_sparse
+        assert dense.weight.grad is not None and not dense.weight.grad.is_sparse
+        accs = [torch.zeros(40, device=DEVICE) for _ in range(2)]
+        with torch.no_grad():
+            rowwise_adagrad_(dense.weight, accs[0], dense.weight.grad, lr=0.05, eps=1e-8, backend="triton")
+            rowwise_adagrad_(sparse.weight, accs[1], sparse.weight.grad, lr=0.05, eps=1e-8, backend="triton")
+        torch.testing.assert_close(accs[1], accs[0], rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(sparse.weight, dense.weight, rtol=1e-6, atol=1e-6)
+
+
+def test_sparse_grad_bad_layout_names_the_rule() -> None:
+    w, acc = torch.zeros(4, 8), torch.zeros(4)
+    hybrid = torch.zeros(4, 8).to_sparse(2)  # 2 sparse dims, 0 dense
+    with pytest.raises(ValueError, match="1 sparse and 1 dense dimension"):
+        rowwise_adagrad_(w, acc, hybrid, lr=0.1, eps=0.0)
+    with pytest.raises(ValueError, match="grad.shape"):
+        rowwise_adagrad_(w, acc, torch.zeros(5, 8).to_sparse(1), lr=0.1, eps=0.0)
+    with pytest.raises(ValueError, match="grad.layout"):
+        rowwise_adagrad_(w, acc, torch.zeros(4, 8).to_sparse_csr(), lr=0.1, eps=0.0)
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU test")
+def test_gpu_sparse_item_table_no_sync() -> None:
+    """The h200 preset's item table (1M x 256) with a 262k-id Zipf-headed step: the sparse
+    update equals the dense one, and no step of it waits on the host."""
+    seed = int(torch.randint(0, 10**6, ()))
+    w, acc, _ = _table(1_000_000, 256, torch.float32, 0.0, seed)
+    grad = _sparse(1_000_000, 256, 262_144, seed)
+    w1, a1 = w.clone(), acc.clone()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rowwise_adagrad_(w1, a1, grad, lr=0.05, eps=1e-8, skip=torch.zeros((), dtype=torch.bool, device=DEVICE))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    w2, a2 = w.clone(), acc.clone()
+    rowwise_adagrad_(w2, a2, grad.to_dense(), lr=0.05, eps=1e-8)
+    torch.testing.assert_close(a1, a2, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w1, w2, rtol=1e-5, atol=1e-6)

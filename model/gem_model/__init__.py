@@ -16,6 +16,7 @@ from gem_model._layers import (
     SeqPooling,
 )
 from gem_model._baselines import LogisticRegression, PooledMLP
+from gem_model._embedding import sparse_table_grads
 from gem_model._model import GEMModel, TaskHeads
 
 __version__ = "0.3.7"
@@ -33,4 +34,5 @@ __all__ = [
     "TaskHeads",
     "__version__",
     "presets",
+    "sparse_table_grads",
 ]

@@ -25,6 +25,33 @@ def torchrec_available() -> bool:
     return importlib.util.find_spec("torchrec") is not None
 
 
+def sparse_table_grads(model: nn.Module) -> list[str]:
+    """Switches `model`'s embedding lookups to sparse gradients, in place; returns the modules'
+    names.
+
+    Every `nn.Embedding` and `nn.EmbeddingBag` (also inside an unsharded torchrec
+    EmbeddingBagCollection, which is built from `nn.EmbeddingBag`) then gives its weight a
+    sparse COO gradient: one row per looked-up id instead of a dense `[rows, dim]` tensor
+    (the 1.8 GB of zeros the h200 preset's tables would take and write every step). The
+    optimizer must take sparse gradients: row-wise Adagrad (`gem_kernels.rowwise_adagrad_`)
+    and `torch.optim.SparseAdam` do, AdamW does not. Not for FSDP-sharded tables (FSDP
+    reduces dense gradients). Left dense: `EmbeddingBag(mode="max")` (no sparse backward)
+    and lookups with a `padding_idx` (their sparse backward drops the padding rows with a
+    host sync). A table whose weight is read directly (EventArch's small tables, folded into
+    a GEMM) keeps a dense gradient whatever the flag.
+    """
+    names = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.EmbeddingBag) and mod.mode != "max" and mod.padding_idx is None:
+            mod.sparse = True
+        elif isinstance(mod, nn.Embedding) and mod.padding_idx is None:
+            mod.sparse = True
+        else:
+            continue
+        names.append(name)
+    return names
+
+
 class SparseArch(nn.Module):
     """Pooled sparse embeddings, projected to d_model: `[B, num_sparse, d_model]`."""
 

@@ -27,6 +27,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "sparse_sharding": tuple(getattr(_config, "SPARSE_SHARDINGS", ())),
     "comms": tuple(getattr(_config, "COMMS", ())),
     "ckpt_writer": tuple(getattr(_config, "CKPT_WRITERS", ())),
+    "table_grads": tuple(getattr(_config, "TABLE_GRADS", ())),
 }
 # Extra words for a few flags (the docstring says what the field is; this says how to use it).
 _EXTRA = {

@@ -83,7 +83,11 @@ def curve(
     batch in it; a filled list is replayed (the very same batches, no loader cost).
     Returns one row per evaluation: {"model", "step", "samples", "tasks": {task: metrics}}.
     """
-    opt = make_opt(model) if make_opt is not None else _loop.build_optimizer(model, cfg)
+    if make_opt is None:  # the trainer's optimizer, with the trainer's table gradients
+        _loop.apply_table_grads(model, cfg, world=1)
+        opt = _loop.build_optimizer(model, cfg)
+    else:
+        opt = make_opt(model)
     use_bf16 = device.type == "cuda" and cfg.precision != "fp32"
     torch.manual_seed(cfg.seed)
     replay = stream is not None and len(stream) >= cfg.steps

@@ -63,6 +63,12 @@ class TrainConfig:
             trains with row-wise Adagrad at `sparse_lr` (gem_trainer._optim says why).
         sparse_lr: learning rate of the embedding tables' optimizer (row-wise Adagrad, or
             torchrec's fused SGD when sparse_sharding is on).
+        table_grads: how the embedding tables' gradients are held: "auto" (the default:
+            sparse in a single process whose tables are not sharded, dense otherwise),
+            "sparse" (one row per looked-up id, `gem_model.sparse_table_grads`; the tables'
+            row-wise Adagrad updates only those rows, and no dense `[rows, dim]` gradient is
+            built: the h200 preset's would be 1.8 GB written every step) or "dense". Both give
+            the same update; the sums of repeated ids differ in float rounding only.
         sparse_mp: size of the embedding model-parallel group; 0 = every rank (1-D sharding).
             Smaller (it must divide the world size): 2-D sparse parallelism, torchrec
             `DMPCollection` through gem_parallel — the tables are sharded (`sparse_sharding`)
@@ -103,6 +109,7 @@ class TrainConfig:
     progress: bool = True
     sparse_sharding: str = "none"
     sparse_lr: float = 0.1
+    table_grads: str = "auto"
     sparse_mp: int = 0
     comms: str = "nccl"
     export_teacher: str = ""
@@ -140,6 +147,11 @@ class TrainConfig:
                              "(it sizes the group the tables are sharded over)")
         if not (self.sparse_lr > 0):
             raise ValueError(f"sparse_lr={self.sparse_lr} must be > 0")
+        if self.table_grads not in TABLE_GRADS:
+            raise ValueError(f"table_grads={self.table_grads!r} must be one of {TABLE_GRADS}")
+        if self.table_grads == "sparse" and self.sparse_sharding != "none":
+            raise ValueError(f"table_grads='sparse' needs sparse_sharding='none' (got {self.sparse_sharding!r}): "
+                             "sharded tables train inside torchrec's fused backward")
         if self.ckpt_writer not in CKPT_WRITERS:
             raise ValueError(f"ckpt_writer={self.ckpt_writer!r} must be one of {CKPT_WRITERS}")
         if self.comms not in COMMS:
@@ -169,6 +181,19 @@ def keep_bf16_patterns(cfg: TrainConfig) -> tuple[str, ...]:
 COMMS = ("nccl", "copy_engine", "auto")
 CKPT_WRITERS = ("auto", "thread", "process")
 SPARSE_SHARDINGS = ("none", "table_wise", "row_wise", "column_wise")
+TABLE_GRADS = ("auto", "sparse", "dense")
+
+
+def resolve_table_grads(table_grads: str, world: int, sparse_sharding: str) -> str:
+    """"sparse" or "dense" for this run: "auto" is sparse in one process with unsharded
+    tables; "sparse" with several processes is refused (the tables are HSDP parameters
+    there, and FSDP reduces dense gradients)."""
+    if table_grads == "sparse" and world > 1:
+        raise ValueError(f"table_grads='sparse' needs a single process (this run has {world}): with "
+                         "several, the tables are HSDP parameters and FSDP reduces dense gradients")
+    if table_grads == "auto":
+        return "sparse" if world == 1 and sparse_sharding == "none" else "dense"
+    return table_grads
 
 
 def resolve_ckpt_writer(writer: str, world: int, device: torch.device) -> str:

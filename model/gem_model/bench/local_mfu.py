@@ -19,6 +19,10 @@ compiles its blocks; the warm-up iterations absorb the compiling. The default is
 a CUDA graph and times its replay beside the plain call: the same kernels with no Python or
 launch overhead, i.e. what the GPU itself needs for the batch. The "graph" columns are that
 figure; a step that cannot be captured prints why and leaves its graph column empty.
+
+`--table-grads` (default sparse, as the trainer's single-process runs): the embedding tables'
+gradients hold one row per looked-up id (`gem_model.sparse_table_grads`); `dense` builds the
+full `[rows, dim]` gradients (zeroing and writing ~1.8 GB per fwd+bwd at this preset).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gem_model import GEMConfig, GEMModel, presets
+from gem_model import GEMConfig, GEMModel, presets, sparse_table_grads
 from gem_model._flops import Shapes
 from gem_model.bench._batch import lognormal_lengths, make_batch
 
@@ -234,6 +238,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="draw sequences (mean --mean-len, cap --cap) until this many tokens, as the "
                          "trainer's token-budgeted batches do (h200: --tokens 262144 --cap 16384); "
                          "overrides --batch")
+    ap.add_argument("--table-grads", choices=("sparse", "dense"), default="sparse",
+                    help="embedding tables' gradients: sparse (one row per looked-up id; the trainer's "
+                         "single-process default, gem_model.sparse_table_grads) or dense [rows, dim]")
     ap.add_argument("--cuda-graph", action="store_true",
                     help="also time each fwd+bwd replayed from a CUDA graph (no launch overhead; CUDA only)")
     args = ap.parse_args(argv)
@@ -276,6 +283,8 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.manual_seed(0)
     model = GEMModel(cfg).to(device)
+    if args.table_grads == "sparse":
+        sparse_table_grads(model)
     if args.mxfp8:  # applied from outside, as gem_parallel.parallelize does in the trainer
         import gem_precision
 
@@ -285,6 +294,8 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_reference:
         ref = GEMModel(dataclasses.replace(cfg, attention_backend="reference")).to(device)
         ref.load_state_dict(model.state_dict())
+        if args.table_grads == "sparse":
+            sparse_table_grads(ref)
         variants.append(("reference", ref))
     logits: dict[str, torch.Tensor] = {}
     for tag, m in variants:
@@ -347,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__, "triton": _triton_version(), "quick": args.quick,
         "batch": b, "tokens": sum(lengths), "max_len": max(lengths), "window": cfg.window,
         "d_model": cfg.d_model, "layers": cfg.num_layers, "mxfp8": args.mxfp8, "compile": args.compile,
-        "cuda_graph": args.cuda_graph,
+        "cuda_graph": args.cuda_graph, "table_grads": args.table_grads,
         "peak_tflops": PEAK / 1e12,
         "fwd_gflop": {k: v / 1e9 for k, v in fwd.items()},
         "kernels": results.get("kernels"), "reference": results.get("reference"),
