@@ -8,15 +8,20 @@
 #           Carries .fa4a (`run` carry) and copies it to /tmp/fa4a for PART=c on the same box.
 #   PART=c  (the box of PART=b, carrying .fa4b) FlashAttention-4 installed (tools/fa4_setup.sh): the
 #           local MFU, sparse then dense table gradients, then the quality bench's GEM row.
+#   PART=d  the sparse Adagrad (rows not specialised on) and its bench (tables' backward + update,
+#           dense vs sparse gradients); BlockAttention's eager plan (gem_kernels._block._Plan): its
+#           GPU tests, the host-time probe and the issue table's Block row (5 rounds); then the h200
+#           trainer 40 steps dense, sparse, dense, sparse on one box (the first from cold).
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   for f in t_adagrad t_nosync t_block; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -E "passed|failed|error|Error" "$OUT/$f.log" | tail -n 6 | cut -c1-300; }; done
   for f in mfu_sparse mfu_dense; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -vE "^\{" "$OUT/$f.log" | tail -n 16 | cut -c1-200; }; done
   [ -f "$OUT/probe.log" ] && { echo "=== host time"; tail -n 14 "$OUT/probe.log"; }
-  [ -f "$OUT/table.log" ] && { echo "=== table"; grep -vE "^\{" "$OUT/table.log" | grep -iE "block|copy" | tail -n 6 | cut -c1-220; }
+  [ -f "$OUT/table.log" ] && { echo "=== table"; grep -vE "^\{" "$OUT/table.log" | tail -n 8 | cut -c1-220; }
   [ -f "$OUT/quality.log" ] && { echo "=== quality"; grep -vE "^\{" "$OUT/quality.log" | tail -n 14 | cut -c1-220; }
-  for f in tr_sparse tr_dense tr_fp8; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; python3 -c "
+  [ -f "$OUT/adagrad.log" ] && { echo "=== adagrad"; grep -vE "^\{" "$OUT/adagrad.log" | tail -n 10 | cut -c1-200; }
+  for f in tr_sparse tr_dense tr_fp8 tr_dense2 tr_sparse2; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; python3 -c "
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{') and 'mfu_steady' in l]
 keys = ('table_grads', 'steps', 'loss', 'mfu', 'mfu_steady', 'step_s_median', 'time_to_first_step_s', 'compile_graphs',
@@ -47,5 +52,16 @@ c)
   st mfu_dense 100 $M --table-grads dense
   st quality $(left 570) python3 -m gem_trainer.bench.quality --preset h200 --steps 1000 --models gem \
       --eval-at 100,250,500,750,1000 ;;
+d)
+  st t_adagrad 60 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_rowwise_adagrad.py
+  (cd kernels && PYTHONPATH=.:$PYTHONPATH st adagrad 60 python3 -m gem_kernels.bench.adagrad --sparse)
+  st t_block 120 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_block.py kernels/tests/test_launch.py
+  st probe 60 python3 tools/probe_launch.py
+  (cd kernels && PYTHONPATH=.:$PYTHONPATH st table 60 python3 -m gem_kernels.bench.table --block 5 --iters 7)
+  TR="python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 40"
+  st tr_dense $(left 330) $TR --table-grads dense
+  st tr_sparse $(left 390) $TR
+  st tr_dense2 $(left 450) $TR --table-grads dense
+  st tr_sparse2 $(left 565) $TR ;;
 esac
 gpu_end

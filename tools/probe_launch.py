@@ -10,6 +10,11 @@ few enough calls that the launch queue never fills), each layer of the call: the
 skipped), the cached launch that the launcher uses (`gem_kernels._launch`), and the argument
 checks alone; then the event-to-event time of each in a loop (what
 `bench.table` sees); then a cProfile of the public call.
+
+The public call takes the eager fast path from its second call with a signature
+(`gem_kernels._block._Plan`): "public block_attention" times that path, "public, first call
+of a signature" the ordinary one (every check, then a new plan), and "plan's DirectLaunch" the
+plan's launch alone (pointers as ints, no runner closure).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from gem_kernels import block_attention
+from gem_kernels import _block, block_attention
 from gem_kernels._block import _BlockFunction, _launch_common, _launchers, block_forward_triton
 from gem_kernels._jagged import check_jagged, check_offsets
 from gem_kernels._triton_block import _block_fwd_kernel
@@ -71,10 +76,25 @@ def main() -> None:
     torch.cuda.synchronize()
     assert torch.equal(out, ref), "the compiled runner's output differs from the public call's"
 
+    served = block_attention(q, k, v, off, mx, block_size=64)  # a second call: served by a plan
+    torch.cuda.synchronize()
+    assert torch.equal(served, ref), "the plan's output differs from the ordinary path's"
+    (plan,) = _block._PLANS.values()
+    direct = plan.direct
+    assert direct is not None, "the plan has no direct launch (a launch hook set?)"
+    ptrs = tuple(x.data_ptr() for x in kargs[:7])
+    grid3 = (grid[0], grid[1] if len(grid) > 1 else 1, 1)
+
+    def first_call() -> object:
+        _block._PLANS.clear()
+        return block_attention(q, k, v, off, mx, block_size=64)
+
     qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
     cases: dict[str, Callable[[], object]] = {
         "public block_attention": lambda: block_attention(q, k, v, off, mx, block_size=64),
         "public, inputs requiring grad": lambda: block_attention(qg, kg, vg, off, mx, block_size=64),
+        "public, first call of a signature": first_call,
+        "plan's DirectLaunch": lambda: direct(grid3, ptrs + kargs[7:]),
         "autograd.Function.apply": lambda: _BlockFunction.apply(  # type: ignore[no-untyped-call]
             q, k, v, off, mx, 64, None, None, scale),
         "launcher block_forward_triton": lambda: block_forward_triton(q, k, v, off, mx, 64, None, None, scale),

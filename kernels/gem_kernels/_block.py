@@ -16,14 +16,16 @@ builds them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+import sys
 from typing import Any
 
 import torch
 
-from gem_kernels._jagged import check_jagged, check_offsets, check_triton_device, resolve_backend
-from gem_kernels._launch import CachedLaunch
+from gem_kernels._jagged import check_jagged, check_offsets, check_triton_device, debug_checks, resolve_backend
+from gem_kernels._launch import CachedLaunch, DirectLaunch
 
 _BACKENDS = ("auto", "triton", "reference")
 TRITON_HEAD_DIMS = (32, 64, 128, 256)
@@ -138,6 +140,11 @@ def block_attention(
     Returns:
         `[T, H, D]` in q's dtype.
     """
+    # An eager call with a signature already checked takes its plan (see `_Plan`).
+    key, served = (None, None) if torch.compiler.is_compiling() else _planned(
+        q, k, v, offsets, max_len, block_size, rope, scale, backend)
+    if served is not None:
+        return served
     if backend not in _BACKENDS:
         raise ValueError(f"backend={backend!r} must be one of {_BACKENDS}")
     device = check_jagged({"q": q, "k": k, "v": v})
@@ -166,15 +173,18 @@ def block_attention(
     cos, sin = rope if rope is not None else (None, None)
     args = (q, k, v, offsets, max_len, block_size, cos, sin, float(scale))
     if torch.compiler.is_compiling():
-        out: torch.Tensor = torch.ops.gem_kernels.block_attention_fwd(*args)
-        return out
+        traced: torch.Tensor = torch.ops.gem_kernels.block_attention_fwd(*args)
+        return traced
     # Eager: a plain autograd.Function over the same launchers (the custom op's Python
     # dispatch costs more host time than this memory-bound kernel takes on the GPU), and the
     # bare launcher where no gradient is wanted (the Function's apply alone costs ~11 us of
     # host time, kernels/BENCHMARKS.md 2026-12-04).
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _BlockFunction.apply(*args)  # type: ignore[no-any-return, no-untyped-call]
-    return block_forward_triton(*args)
+        out: torch.Tensor = _BlockFunction.apply(*args)  # type: ignore[no-untyped-call]
+    else:
+        out = block_forward_triton(*args)
+    _remember(key, q, k, v, offsets, max_len, block_size, cos, sin, float(scale))
+    return out
 
 
 class _BlockFunction(torch.autograd.Function):
@@ -191,6 +201,127 @@ class _BlockFunction(torch.autograd.Function):
         max_len, block_size, scale = ctx.meta
         dq, dk, dv = block_backward_triton(dout, q, k, v, offsets, max_len, block_size, cos, sin, scale)
         return dq, dk, dv, None, None, None, None, None, None
+
+
+# --- the eager fast path: one plan per call signature -----------------------------------------
+#
+# Issue 15: an eager call's checks and launch set-up took more host time than its kernel takes
+# on the GPU (kernels/BENCHMARKS.md). All of it depends only on the call's signature: the
+# tensors' classes, dtypes, devices, strides and [H, D], the offsets' [B+1], the host scalars'
+# types, block_size, scale, backend, the rope tables' metadata. The first call with a signature
+# runs every check and keeps a `_Plan`. A later call builds the signature, looks it up, checks
+# what the signature leaves out (T and max_len change every batch; 16-byte alignment; grad
+# mode; the offsets' contents wherever the ordinary path reads them) and launches the kept
+# binary straight away. Anything else, or anything it does not vouch for, takes the ordinary path.
+
+_PLANS: dict[tuple[Any, ...], _Plan] = {}
+_MAX_PLANS = 1024  # one per (dtype, H, D, B, ...) met; cleared when full
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Plan:
+    """What the first call with one signature checked and worked out."""
+
+    launch: dict[str, Any]  # LAUNCH then: a sweep's change makes a new plan
+    recheck: bool  # not on CUDA: the offsets' contents and TRITON_INTERPRET are read every call
+    max_len: int  # the largest max_len the checks allow (the rope tables' rows)
+    scale: float  # the default, 1/sqrt(D)
+    b: int
+    heads: int
+    heads_inner: bool
+    ints: tuple[int, ...]  # the kernel's stride arguments (every tensor contiguous)
+    meta: dict[str, Any]
+    direct: DirectLaunch | None  # None: through the CachedLaunch (under Triton's interpreter)
+
+
+def _planned(
+    q: Any, k: Any, v: Any, offsets: Any, max_len: Any, block_size: Any, rope: Any, scale: Any, backend: Any,
+) -> tuple[tuple[Any, ...] | None, torch.Tensor | None]:
+    """(the call's signature, its result where a plan serves it, else None). The signature is
+    None for arguments no plan is made for (the ordinary checks then name what is wrong)."""
+    if rope is not None and not isinstance(rope, (tuple, list)):
+        return None, None
+    try:
+        qs = q.shape
+        # Classes before values: `True == 1` and `1 == 1.0` must not match.
+        key = (backend, block_size.__class__, block_size, scale.__class__, scale, max_len.__class__,
+               q.__class__, q.dtype, q.device, qs[1], qs[2], q.stride(),
+               k.__class__, k.dtype, k.device, k.stride(), v.__class__, v.dtype, v.device, v.stride(),
+               offsets.__class__, offsets.dtype, offsets.device, offsets.shape,
+               None if rope is None else _tables_signature(rope))
+        plan = _PLANS.get(key)
+    except (AttributeError, IndexError, TypeError, ValueError):  # not tensors, an unhashable scale, ...
+        return None, None
+    # What the signature leaves out: T (k and v as q), max_len, LAUNCH, alignment.
+    if plan is None or not (k.shape == qs and v.shape == qs and 0 <= max_len <= plan.max_len
+                            and plan.launch == LAUNCH):
+        return key, None
+    qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), offsets.data_ptr()
+    if rope is None:  # q stands in for the absent tables, as in the launcher
+        cos = sin = None
+        cos_t, sin_t, cp, sp = q, q, qp, qp
+    else:
+        cos, sin = cos_t, sin_t = rope
+        cp, sp = cos.data_ptr(), sin.data_ptr()
+    if (qp | kp | vp | op | cp | sp) & 15:
+        return key, None
+    if plan.recheck or debug_checks():  # what the ordinary path reads from values or the env
+        check_offsets(offsets, "offsets", total=qs[0], max_len=max_len, max_len_name="max_len")
+        check_triton_device(q.device)
+    s = plan.scale if scale is None else float(scale)
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+        tracked: torch.Tensor = _BlockFunction.apply(  # type: ignore[no-untyped-call]
+            q, k, v, offsets, max_len, block_size, cos, sin, s)
+        return key, tracked
+    out = torch.empty_like(q)
+    t, b, h = qs[0], plan.b, plan.heads
+    if t == 0:
+        return key, out
+    n = _blocks(t, b, max_len, block_size)
+    grid = (n * h, 1, 1) if plan.heads_inner else (n, h, 1)
+    outp = out.data_ptr()
+    direct = plan.direct
+    if direct is None or outp & 15 or not direct(grid, (qp, kp, vp, outp, cp, sp, op, *plan.ints, s, b, h)):
+        _launchers()[0](grid, (q, k, v, out, cos_t, sin_t, offsets, *plan.ints, s, b, h), plan.meta)
+    return key, out
+
+
+def _tables_signature(rope: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
+    cos, sin = rope
+    return (rope.__class__, cos.__class__, cos.dtype, cos.device, cos.shape, cos.stride(),
+            sin.__class__, sin.dtype, sin.device, sin.shape, sin.stride())
+
+
+def _remember(
+    key: tuple[Any, ...] | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
+    max_len: int, block_size: int, cos: torch.Tensor | None, sin: torch.Tensor | None, scale: float,
+) -> None:
+    """Keeps a plan for `key` after the ordinary path checked and launched a call with it, where
+    that call's launch is the plan's: contiguous, 16-byte aligned inputs, T > 0, B > 0."""
+    t, h, d = q.shape
+    b = offsets.shape[0] - 1
+    tables = () if cos is None or sin is None else (cos, sin)
+    ptr = 0
+    for x in (q, k, v, offsets, *tables):
+        ptr |= x.data_ptr()
+    if (key is None or t == 0 or b == 0 or ptr & 15 or any(x.stride() != (h * d, d, 1) for x in (q, k, v))
+            or any(x.stride() != (d // 2, 1) for x in tables)):
+        return
+    _, meta = _launch_common(q, offsets, max_len, block_size, rope=bool(tables))
+    ints = (h * d, d) * 4 + ((d // 2) if tables else 0,)
+    # q stands in for out (same dtype, both aligned): the specialization of the call just made.
+    cos_t, sin_t = tables or (q, q)
+    launcher = _launchers()[0]
+    direct = launcher.direct((q, k, v, q, cos_t, sin_t, offsets, *ints, scale, b, h), meta)
+    if direct is None and not launcher.interpret:  # e.g. launched under a profiler's hook
+        return
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[key] = _Plan(
+        launch=dict(LAUNCH), recheck=q.device.type != "cuda",
+        max_len=cos_t.shape[0] if tables else sys.maxsize, scale=1.0 / math.sqrt(d), b=b, heads=h,
+        heads_inner=bool(meta["HEADS_INNER"]), ints=ints, meta=meta, direct=direct,
+    )
 
 
 # --- Triton launchers ------------------------------------------------------------------------
@@ -223,7 +354,7 @@ def _launch_meta(
     from gem_kernels._gdpa import _block_b, _prec
 
     lay = dict(launch)
-    blocks = min(t // block_size + b, b * max(1, -(-max_len // block_size)))
+    blocks = _blocks(t, b, max_len, block_size)
     heads_inner = bool(lay["heads_inner_bwd" if bwd else "heads_inner"])
     grid: tuple[int, ...] = (blocks * h,) if heads_inner else (blocks, h)
     bsp = max(16, 1 << (block_size - 1).bit_length())
@@ -233,6 +364,12 @@ def _launch_meta(
         num_warps=warps, num_stages=1,
     )
     return grid, meta
+
+
+def _blocks(t: int, b: int, max_len: int, block_size: int) -> int:
+    """Programs per head: at most T // block_size + B blocks, and B * cdiv(max_len, block_size)."""
+    by_tokens, by_len = t // block_size + b, b * (-(-max_len // block_size) or 1)
+    return by_tokens if by_tokens < by_len else by_len  # (min() costs more, on the eager fast path)
 
 
 @functools.cache

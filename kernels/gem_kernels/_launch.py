@@ -18,6 +18,11 @@ compiles and checks as always, and keeps the compiled kernel it returns. A later
 same key, on the same current CUDA device, goes straight to that kernel's runner. Under
 Triton's CPU interpreter (TRITON_INTERPRET=1), and with Triton's launch hooks set (a profiler
 such as proton), every call takes Triton's own path.
+
+`DirectLaunch` goes one step further for a caller that already knows its arguments'
+specialization (an op that caches its own checks per call signature, `_block._Plan`): no key
+at all, and the kept binary's launcher called as Triton's runner calls it, minus the runner's
+per-call closure and launch-metadata dict, which only a launch hook reads.
 """
 
 from __future__ import annotations
@@ -64,13 +69,13 @@ class CachedLaunch:
         self._cache: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = {}
         # Triton reads TRITON_INTERPRET when it decorates the kernel: a kernel made under the
         # interpreter stays interpreted.
-        self._interpret = os.environ.get("TRITON_INTERPRET") == "1"
+        self.interpret = os.environ.get("TRITON_INTERPRET") == "1"
 
     def __call__(self, grid: tuple[int, ...], args: tuple[Any, ...], consts: dict[str, Any]) -> None:
-        if self._interpret or _hooks_set():
+        if self.interpret or _hooks_set():
             self.kernel[grid](*args, **consts)
             return
-        key = (torch.cuda.current_device(), tuple(consts.items()), spec_key(args))
+        key = self._key(args, consts)
         hit = self._cache.get(key)
         if hit is None:
             compiled = self.kernel[grid](*args, **consts)
@@ -84,6 +89,49 @@ class CachedLaunch:
     def cache_size(self) -> int:
         """How many specializations have a compiled kernel kept (tests)."""
         return len(self._cache)
+
+    def direct(self, args: tuple[Any, ...], consts: dict[str, Any]) -> DirectLaunch | None:
+        """The binary that an earlier call with `args`' specialization kept, as a `DirectLaunch`;
+        None where there is none (no such call yet, the interpreter, a launch under a hook)."""
+        if self.interpret:
+            return None
+        key = self._key(args, consts)
+        hit = self._cache.get(key)
+        return None if hit is None else DirectLaunch(hit[0], hit[1], key[0])
+
+    def _key(self, args: Sequence[Any], consts: dict[str, Any]) -> tuple[Any, ...]:
+        return (torch.cuda.current_device(), tuple(consts.items()), spec_key(args))
+
+
+class DirectLaunch:
+    """`launch(grid, args)` runs one kept binary of a `CachedLaunch` on the current stream.
+
+    The caller vouches that `args` has the specialization of the call that compiled it (same
+    dtypes, 16-byte alignment, integer flags; `spec_key`): nothing here looks at them. Pointer
+    arguments may be passed as ints (`data_ptr()`), which also skips the launcher's own
+    per-pointer driver query. `grid` has three entries. Returns False, launching nothing, on
+    another current device or with a launch hook set: the caller then goes through the
+    `CachedLaunch` (with tensors).
+    """
+
+    def __init__(self, compiled: Any, tail: tuple[Any, ...], device: int) -> None:
+        from triton.runtime import driver
+
+        self.tail, self.device = tail, device
+        # What Triton's runner (CompiledKernel.__getitem__) passes to the launcher, resolved once.
+        self.run = compiled.run
+        self.function, self.packed = compiled.function, compiled.packed_metadata
+        self.current_device = driver.active.get_current_device
+        self.current_stream = driver.active.get_current_stream
+
+    def __call__(self, grid: tuple[int, int, int], args: tuple[Any, ...]) -> bool:
+        device = self.current_device()
+        if device != self.device or _hooks_set():
+            return False
+        # No launch metadata and no hooks (None): only a hook reads them, and none is set.
+        self.run(grid[0], grid[1], grid[2], self.current_stream(device), self.function, self.packed,
+                 None, None, None, *args, *self.tail)
+        return True
 
 
 def _hooks_set() -> bool:

@@ -150,7 +150,9 @@ def rowwise_adagrad_reference_(
     weight.add_((g / (acc.sqrt() + eps)[:, None]).to(weight.dtype), alpha=-lr)
 
 
-@triton.jit
+# `rows` is not specialised on: for a compacted sparse gradient it is the step's id count, which
+# changes every step (each new divisibility class would compile once more, ~1-2 s on the H200).
+@triton.jit(do_not_specialize=["rows"])
 def _rowwise_adagrad_kernel(W, ACC, G, IDS, SKIP, rows, dim, stride_w, stride_g, lr, eps, HAS_IDS: tl.constexpr,
                             HAS_SKIP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     # Gradient row r updates table row IDS[r] (HAS_IDS: a compacted sparse gradient), else row r.

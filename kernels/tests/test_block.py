@@ -247,3 +247,170 @@ def test_gpu_cached_launch_respecializes() -> None:
     assert sizes[1] == sizes[0]  # the same specialization again: the kept kernel, no new entry
     assert sizes[2] == sizes[1] + 1  # the misaligned view: a binary of its own
     assert sizes[5] == sizes[4]  # back to the first specialization
+
+
+# --- the eager fast path (one plan per call signature, gem_kernels._block._Plan) --------------
+
+
+class _Ordinary:
+    """Counts the calls that take the ordinary (checking) path: it is the one that calls
+    check_jagged."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from gem_kernels import _block
+        from gem_kernels._jagged import check_jagged as real
+
+        self.calls = 0
+
+        def counted(*args: object, **kwargs: object) -> torch.device:
+            self.calls += 1
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(_block, "check_jagged", counted)
+        monkeypatch.setattr(_block, "_PLANS", {})
+        self.plans = _block._PLANS
+
+
+def _fresh(lengths: list[int], *, h: int = 2, d: int = 32, dtype: torch.dtype = torch.float32,
+           seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    return tuple(torch.randn(sum(lengths), h, d, generator=g, device=DEVICE).to(dtype) for _ in range(3))
+
+
+def _ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, off: torch.Tensor, max_len: int, *, block_size: int,
+         rope: object = None, scale: float | None = None) -> torch.Tensor:
+    """The reference itself (not through block_attention: its checks are being counted)."""
+    from gem_kernels._block import block_attention_reference
+
+    return block_attention_reference(
+        q.float(), k.float(), v.float(), off, block_size=block_size, rope=None if rope is None else tuple(rope),  # type: ignore[arg-type]
+        scale=q.shape[2] ** -0.5 if scale is None else scale)
+
+
+@needs_triton
+def test_plan_serves_repeat_calls_on_fresh_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The second call with a signature skips the checks and matches the reference on new data;
+    # so does a batch with other T and max_len but the same B (they are not in the signature).
+    ordinary = _Ordinary(monkeypatch)
+    for seed, lengths in enumerate(([7, 0, 20, 33], [7, 1, 20, 33], [40, 16, 17, 1], [1, 0, 0, 2])):
+        q, k, v = _fresh(lengths, seed=seed)
+        off, mx = _offsets(lengths), max(lengths)
+        out = block_attention(q, k, v, off, mx, block_size=16, backend="triton")
+        torch.testing.assert_close(out, _ref(q, k, v, off, mx, block_size=16), atol=2e-5, rtol=1e-4)
+        assert out.grad_fn is None
+    assert ordinary.calls == 1 and len(ordinary.plans) == 1
+    # Inputs that want a gradient: the same plan, through the autograd.Function.
+    q, k, v = (x.requires_grad_() for x in _fresh([5, 16, 3, 9], seed=7))
+    off = _offsets([5, 16, 3, 9])
+    out = block_attention(q, k, v, off, 16, block_size=16, backend="triton")
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    q32, k32, v32 = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    ref = _ref(q32, k32, v32, off, 16, block_size=16)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+    for got, want in zip(grads, torch.autograd.grad(ref, (q32, k32, v32), dout)):
+        torch.testing.assert_close(got, want, atol=5e-5, rtol=1e-4)
+    assert ordinary.calls == 1
+
+
+@needs_triton
+def test_plan_not_served_for_another_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each change of signature runs the checks again (and is right); a misaligned view never
+    # gets a plan; a changed LAUNCH layout is a new plan.
+    from gem_kernels import _block
+
+    ordinary = _Ordinary(monkeypatch)
+    lengths = [7, 0, 20, 33]
+    off, mx = _offsets(lengths), 33
+    tables = rope_tables(40, 32, device=DEVICE)
+    base = torch.randn(3 * sum(lengths) * 2 * 32 + 1, device=DEVICE)
+    misaligned = tuple(base[1 + i * sum(lengths) * 64:][: sum(lengths) * 64].view(sum(lengths), 2, 32) for i in range(3))
+    assert misaligned[0].data_ptr() % 16
+    cases: list[tuple[tuple[torch.Tensor, ...], dict[str, object]]] = [
+        (_fresh(lengths), {"block_size": 16}),
+        (_fresh(lengths, dtype=torch.bfloat16), {"block_size": 16}),
+        (misaligned, {"block_size": 16}),
+        (misaligned, {"block_size": 16}),
+        (_fresh(lengths), {"block_size": 5}),
+        (_fresh(lengths), {"block_size": 16, "rope": tables}),
+        (_fresh(lengths), {"block_size": 16, "rope": list(tables)}),
+        (_fresh(lengths), {"block_size": 16, "scale": 0.3}),
+        (_fresh(lengths, h=3), {"block_size": 16}),
+    ]
+    for i, ((q, k, v), kw) in enumerate(cases):
+        out = block_attention(q, k, v, off, mx, backend="triton", **kw)  # type: ignore[arg-type]
+        tol = TOL[q.dtype]["out"]
+        torch.testing.assert_close(out.float(), _ref(q, k, v, off, mx, **kw), atol=tol[0], rtol=tol[1])  # type: ignore[arg-type]
+        assert ordinary.calls == i + 1, f"case {i} was served from another signature's plan"
+    assert len(ordinary.plans) == len(cases) - 2  # the misaligned view: no plan
+    monkeypatch.setitem(_block.LAUNCH, "heads_inner", not _block.LAUNCH["heads_inner"])
+    q, k, v = _fresh(lengths, seed=3)
+    out = block_attention(q, k, v, off, mx, block_size=16, backend="triton")
+    torch.testing.assert_close(out, _ref(q, k, v, off, mx, block_size=16), atol=2e-5, rtol=1e-4)
+    assert ordinary.calls == len(cases) + 1
+
+
+@needs_triton
+def test_plan_keeps_the_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With a plan for the signature, bad values still raise the ordinary path's errors: the
+    # offsets' contents (read where the ordinary path reads them), max_len against the rope
+    # tables, T of k, and the interpreter's environment on CPU tensors.
+    _Ordinary(monkeypatch)
+    lengths = [7, 0, 20, 33]
+    q, k, v = _fresh(lengths)
+    off = _offsets(lengths)
+    tables = rope_tables(33, 32, device=DEVICE)
+    for rope in (None, tables):
+        block_attention(q, k, v, off, 33, block_size=16, rope=rope, backend="triton")
+    if not CUDA:
+        with pytest.raises(ValueError, match="max_len=20 is smaller than the longest"):
+            block_attention(q, k, v, off, 20, block_size=16, backend="triton")
+        bad = off.clone()
+        bad[2] = bad[1] - 1
+        with pytest.raises(ValueError, match="offsets must be non-decreasing"):
+            block_attention(q, k, v, bad, 33, block_size=16, backend="triton")
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):
+            block_attention(q, k, v, off, 33, block_size=16, backend="triton")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match=r"rope\[0\] \(cos\).shape=\(33, 16\) must be \[P, D/2\] = \[>= max_len=34"):
+        block_attention(q, k, v, off, 34, block_size=16, rope=tables, backend="triton")
+    with pytest.raises(ValueError, match="must be equal"):
+        block_attention(q, k[1:], v, off, 33, block_size=16, backend="triton")
+    with pytest.raises(ValueError, match="max_len=-1 must be >= 0"):
+        block_attention(q, k, v, off, -1, block_size=16, backend="triton")
+    with pytest.raises(TypeError, match="max_len=True must be a host int"):
+        block_attention(q, k, v, off, True, block_size=16, backend="triton")
+
+
+@pytest.mark.skipif(not CUDA, reason="the plan's direct launch runs only on CUDA")
+def test_gpu_plan_direct_launch_matches_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Real size (issue 15's shape: H=4, D=128, bf16, lengths up to thousands): the second call
+    # goes through the plan's DirectLaunch, a batch with other T too; with a launch hook set,
+    # the plan hands the launch to Triton's own path, which calls the hook.
+    import triton
+
+    ordinary = _Ordinary(monkeypatch)
+    g = torch.Generator().manual_seed(15)
+    lengths = torch.randint(64, 3000, (24,), generator=g).tolist()
+    for seed in range(3):
+        if seed == 2:
+            lengths = lengths[::-1][:23] + [5]
+        q, k, v = _fresh(lengths, h=4, d=128, dtype=torch.bfloat16, seed=seed)
+        off, mx = _offsets(lengths), max(lengths)
+        out = block_attention(q, k, v, off, mx, block_size=64)
+        torch.testing.assert_close(out.float(), _ref(q, k, v, off, mx, block_size=64), atol=2e-2, rtol=2e-2)
+    assert ordinary.calls == 1
+    (plan,) = ordinary.plans.values()
+    assert plan.direct is not None
+    seen: list[object] = []
+    hooks = triton.knobs.runtime.launch_enter_hook
+    if not hasattr(hooks, "add"):
+        pytest.skip("a Triton without HookChain")
+    hooks.add(seen.append)
+    try:
+        out = block_attention(q, k, v, off, mx, block_size=64)
+    finally:
+        hooks.remove(seen.append)
+    assert seen and ordinary.calls == 1
+    torch.testing.assert_close(out.float(), _ref(q, k, v, off, mx, block_size=64), atol=2e-2, rtol=2e-2)

@@ -46,6 +46,7 @@ def test_interpreter_takes_tritons_path() -> None:
         launch((1,), (x, y, 10), {"BLOCK": 16})
         torch.testing.assert_close(y, x + 1)
     assert launch.cache_size() == 0
+    assert launch.direct((x, y, 10), {"BLOCK": 16}) is None  # no kept binary to launch directly
 
 
 def test_hook_detection() -> None:

@@ -203,20 +203,7 @@ def main_table(iters: int) -> list[dict[str, object]]:
             err_old)
     torch.cuda.empty_cache()
 
-    # BlockAttention(64) forward: bytes = q, k, v read + out written; roof = a plain copy.
-    nbytes = 4 * b.q.numel() * b.q.element_size()
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    copy_ms = bench_ms(lambda: dst.copy_(src), iters=iters)  # reads + writes nbytes in all
-    blk_ms = bench_ms(lambda: block_attention(b.q, b.k, b.v, b.off, b.max, block_size=64), iters=iters)
-    blk_err = _rel_err(block_attention(small.q, small.k, small.v, small.off, small.max, block_size=64),
-                       block_attention(small.q.float(), small.k.float(), small.v.float(), small.off, small.max,
-                                       block_size=64, backend="reference"))
-    rows.append({"case": "BlockAttention(64) fwd", "ours": nbytes / (blk_ms * 1e-3) / 1e12, "ours_ms": blk_ms,
-                 "peer": "copy (same bytes)", "peer_val": nbytes / (copy_ms * 1e-3) / 1e12, "peer_ms": copy_ms,
-                 "unit": "TB/s", "err": blk_err})
-    print(rows[-1], flush=True)
-    del src, dst
+    rows.append(block_row(b, small, iters))
 
     # Dense 8 x 4096, 16 heads, full: ours vs cuDNN SDPA.
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -237,6 +224,24 @@ def main_table(iters: int) -> list[dict[str, object]]:
         err_d = _rel_err(jagged_flash_attention(qd, kd, vd, offd, offd, 4096, 4096), ref_d)
     add("dense 8x4096x16 fwd", ours_d, f_dense, "cuDNN SDPA", _try_ms(cudnn, iters), err_d)
     return rows
+
+
+def block_row(b: Batch, small: Batch, iters: int) -> dict[str, object]:
+    """BlockAttention(64) forward: bytes = q, k, v read + out written; roof = a plain copy."""
+    nbytes = 4 * b.q.numel() * b.q.element_size()
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms = bench_ms(lambda: dst.copy_(src), iters=iters)  # reads + writes nbytes in all
+    blk_ms = bench_ms(lambda: block_attention(b.q, b.k, b.v, b.off, b.max, block_size=64), iters=iters)
+    blk_err = _rel_err(block_attention(small.q, small.k, small.v, small.off, small.max, block_size=64),
+                       block_attention(small.q.float(), small.k.float(), small.v.float(), small.off, small.max,
+                                       block_size=64, backend="reference"))
+    row: dict[str, object] = {
+        "case": "BlockAttention(64) fwd", "ours": nbytes / (blk_ms * 1e-3) / 1e12, "ours_ms": blk_ms,
+        "peer": "copy (same bytes)", "peer_val": nbytes / (copy_ms * 1e-3) / 1e12, "peer_ms": copy_ms,
+        "unit": "TB/s", "err": blk_err}
+    print(row, flush=True)
+    return row
 
 
 def sweep(iters: int) -> list[dict[str, object]]:
@@ -452,6 +457,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--iters", type=int, default=7, help="timed iterations per figure (median)")
     p.add_argument("--no-sweep", action="store_true")
+    p.add_argument("--block", type=int, default=0, metavar="ROUNDS",
+                   help="only the BlockAttention row, this many times (its eager call is host-bound: "
+                        "box-to-box and round-to-round spread)")
     p.add_argument("--narrow-bwd", action="store_true", help="only GDPA fwd+bwd, default vs narrow backward tiles")
     p.add_argument("--bwd-compare", action="store_true",
                    help="only the JFA backward: two-pass vs one-pass (+ TMA variants, one-pass tile sweep)")
@@ -479,6 +487,12 @@ def main() -> None:
     if args.narrow_bwd:
         nb: dict[str, object] = {"bench": "table_narrow_bwd", **env_info(), "rows": narrow_bwd(args.iters)}
         emit_json(nb)
+        return
+    if args.block:
+        b = Batch(issue_lengths(), "cuda")
+        blk = [block_row(b, b.head(8), args.iters) for _ in range(args.block)]
+        print_table(blk, ["case", "ours", "peer_val", "unit", "peer", "ours_ms", "peer_ms", "err"])
+        emit_json({"bench": "table_block", **env_info(), "rows": blk})
         return
     rows = main_table(args.iters)
     save_json(args.out, "table.json", {"bench": "table", **env_info(), "rows": rows, "sweep": "not run yet"})  # if cut off
