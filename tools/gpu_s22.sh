@@ -12,6 +12,8 @@
 #           dense vs sparse gradients); BlockAttention's eager plan (gem_kernels._block._Plan): its
 #           GPU tests, the host-time probe and the issue table's Block row (5 rounds); then the h200
 #           trainer 40 steps dense, sparse, dense, sparse on one box (the first from cold).
+#   PART=e  where the sparse step's extra ~2 ms goes: the compiled h200 step profiled
+#           (tools/profile_trainer.py, 8 steps after 8), sparse table gradients (cold), then dense.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
@@ -21,6 +23,7 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   [ -f "$OUT/table.log" ] && { echo "=== table"; grep -vE "^\{" "$OUT/table.log" | tail -n 8 | cut -c1-220; }
   [ -f "$OUT/quality.log" ] && { echo "=== quality"; grep -vE "^\{" "$OUT/quality.log" | tail -n 14 | cut -c1-220; }
   [ -f "$OUT/adagrad.log" ] && { echo "=== adagrad"; grep -vE "^\{" "$OUT/adagrad.log" | tail -n 10 | cut -c1-200; }
+  for f in prof_sparse prof_dense; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -E "^(Self CUDA|\{)|embedding|sort|scatter|cumsum|adagrad|index|ne_|fill|Memset|copy|zeros|radix|segment|cub|compute_grad|sum_and_scatter|krn|partial" "$OUT/$f.log" | cut -c1-40,120-230 | head -40; }; done
   for f in tr_sparse tr_dense tr_fp8 tr_dense2 tr_sparse2; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; python3 -c "
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{') and 'mfu_steady' in l]
@@ -63,5 +66,9 @@ d)
   st tr_sparse $(left 390) $TR
   st tr_dense2 $(left 450) $TR --table-grads dense
   st tr_sparse2 $(left 565) $TR ;;
+e)
+  P="python3 tools/profile_trainer.py --preset h200 --steps 18 --skip 8 --rows 70"
+  st prof_sparse 200 $P --table-grads sparse
+  st prof_dense $(left 300) $P --table-grads dense ;;
 esac
 gpu_end

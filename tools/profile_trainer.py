@@ -2,6 +2,7 @@
 
     python3 tools/profile_trainer.py [--preset h200] [--steps 12] [--skip 0] [--batch-tokens N]
                                      [--precision fp8_block_wgrad_bf16] [--keep-bf16 PATTERNS]
+                                     [--table-grads sparse|dense]
 
 Prints the kernels with the most CUDA time and the sum of kernel time per profiled step
 against the steps' wall time (how much the GPU idles). `--skip N` starts the profiler after
@@ -28,6 +29,7 @@ p.add_argument("--precision", default=None,
                help="override the preset's precision (e.g. fp8_block_wgrad_bf16: what its compiled step spends)")
 p.add_argument("--keep-bf16", default=None,
                help="override the preset's keep_bf16 (fnmatch patterns a low-precision recipe leaves in bf16)")
+p.add_argument("--table-grads", default=None, help="override table_grads (sparse or dense)")
 p.add_argument("--rows", type=int, default=30, help="rows of the kernel table")
 p.add_argument("--trace", default=None, help="also write a Chrome trace here")
 p.add_argument("--shapes", action="store_true",
@@ -44,6 +46,8 @@ if a.precision is not None:
     over["precision"] = a.precision
 if a.keep_bf16 is not None:
     over["keep_bf16"] = a.keep_bf16
+if a.table_grads is not None:
+    over["table_grads"] = a.table_grads
 cfg = tc.PRESETS[a.preset](**over)
 # The settled step n is booked one step late, so profile [skip, steps - 1): the last queued
 # step still runs inside the window.
