@@ -23,7 +23,7 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   [ -f "$OUT/table.log" ] && { echo "=== table"; grep -vE "^\{" "$OUT/table.log" | tail -n 8 | cut -c1-220; }
   [ -f "$OUT/quality.log" ] && { echo "=== quality"; grep -vE "^\{" "$OUT/quality.log" | tail -n 14 | cut -c1-220; }
   [ -f "$OUT/adagrad.log" ] && { echo "=== adagrad"; grep -vE "^\{" "$OUT/adagrad.log" | tail -n 10 | cut -c1-200; }
-  for f in prof_sparse prof_dense; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -E "^(Self CUDA|\{)|embedding|sort|scatter|cumsum|adagrad|index|ne_|fill|Memset|copy|zeros|radix|segment|cub|compute_grad|sum_and_scatter|krn|partial" "$OUT/$f.log" | cut -c1-40,120-230 | head -40; }; done
+  for f in prof_sparse prof_dense; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -E "^(Self CUDA|\{)|embedding|sort|scatter|cumsum|adagrad|index|ne_|fill|Memset|copy|zeros|radix|segment|cub|compute_grad|sum_and_scatter|krn|partial" "$OUT/$f.log" | awk '/^\{/ {print; next} {printf "%-62s %10s %7s %6s\n", substr($0,1,62), $(NF-4), $(NF-3), $NF}' | head -36; }; done
   for f in tr_sparse tr_dense tr_fp8 tr_dense2 tr_sparse2; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; python3 -c "
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{') and 'mfu_steady' in l]
