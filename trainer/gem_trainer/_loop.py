@@ -36,7 +36,7 @@ from gem_checkpoint import Checkpointer, RNGState
 from gem_trainer._metrics import WARMUP_STEPS, MetricLog, Timers, mfu, slow_steps
 from gem_trainer._optim import Optimizers, RowWiseAdagrad, dense_adamw, embedding_tables
 from gem_trainer._stats import task_metrics
-from gem_trainer.config import TrainConfig, keep_bf16_patterns, resolve_ckpt_writer, resolve_table_grads
+from gem_trainer.config import TrainConfig, keep_bf16_patterns, resolve_ckpt_writer
 
 
 class _AppState:
@@ -190,7 +190,7 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
     # Every value but fp32/bf16 (autocast) is a gem_precision recipe that converts the linears.
     precision = None if cfg.precision in ("fp32", "bf16") else cfg.precision
     fp8_min_speedup = cfg.fp8_min_speedup if cfg.precision.startswith("fp8_block") else 0.0
-    apply_table_grads(model, cfg, world)  # sparse only in one process with unsharded tables
+    apply_table_grads(model, cfg, world)  # (sparse: one process, unsharded tables)
     if world == 1 and not sharded:
         done = gem_parallel.parallelize(model, None, precision=precision, compile=cfg.compile,
                                         keep_bf16=keep_bf16_patterns(cfg), fp8_min_speedup=fp8_min_speedup)
@@ -223,14 +223,17 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
     return done.model, build_optimizer(done.model, cfg, exclude=done.ignored_params)
 
 
-def apply_table_grads(model: torch.nn.Module, cfg: TrainConfig, world: int) -> str:
-    """Switches the model's embedding lookups to sparse gradients where `cfg.table_grads`
-    resolves to "sparse" for this run (config.resolve_table_grads); returns what it resolved
-    to. The tables' optimizer (`RowWiseAdagrad`) takes either kind."""
-    kind = resolve_table_grads(cfg.table_grads, world, cfg.sparse_sharding)
-    if kind == "sparse":
-        gem_model.sparse_table_grads(model)
-    return kind
+def apply_table_grads(model: torch.nn.Module, cfg: TrainConfig, world: int) -> None:
+    """Switches the model's embedding lookups to sparse gradients where `cfg.table_grads` is
+    "sparse" (`gem_model.sparse_table_grads`); the tables' `RowWiseAdagrad` takes either kind.
+    Refused with several processes: the tables are HSDP parameters there, and FSDP reduces
+    dense gradients (config.validate already refused sharded tables)."""
+    if cfg.table_grads != "sparse":
+        return
+    if world > 1:
+        raise ValueError(f"table_grads='sparse' needs a single process (this run has {world}): with "
+                         "several, the tables are HSDP parameters and FSDP reduces dense gradients")
+    gem_model.sparse_table_grads(model)
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig,
@@ -804,7 +807,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         "time_to_first_step_s": timers.first_step,
         "world_size": world,
         "sparse": _sparse_summary(cfg, world, sparse_sync is not None),
-        "table_grads": resolve_table_grads(cfg.table_grads, world, cfg.sparse_sharding),
+        "table_grads": cfg.table_grads,
         "device": str(device),
         **_preflight.run_info(cfg, device, det, resumed_from),
     }

@@ -84,7 +84,7 @@ def curve(
     Returns one row per evaluation: {"model", "step", "samples", "tasks": {task: metrics}}.
     """
     if make_opt is None:  # the trainer's optimizer, with the trainer's table gradients
-        _loop.apply_table_grads(model, cfg, world=1)
+        _loop.apply_table_grads(model, cfg, world=1)  # (cfg.table_grads: dense unless asked)
         opt = _loop.build_optimizer(model, cfg)
     else:
         opt = make_opt(model)

@@ -63,12 +63,13 @@ class TrainConfig:
             trains with row-wise Adagrad at `sparse_lr` (gem_trainer._optim says why).
         sparse_lr: learning rate of the embedding tables' optimizer (row-wise Adagrad, or
             torchrec's fused SGD when sparse_sharding is on).
-        table_grads: how the embedding tables' gradients are held: "auto" (the default:
-            sparse in a single process whose tables are not sharded, dense otherwise),
-            "sparse" (one row per looked-up id, `gem_model.sparse_table_grads`; the tables'
-            row-wise Adagrad updates only those rows, and no dense `[rows, dim]` gradient is
-            built: the h200 preset's would be 1.8 GB written every step) or "dense". Both give
-            the same update; the sums of repeated ids differ in float rounding only.
+        table_grads: how the embedding tables' gradients are held: "dense" (the default: one
+            `[rows, dim]` tensor per table) or "sparse" (one row per looked-up id,
+            `gem_model.sparse_table_grads`; row-wise Adagrad updates only those rows). Sparse
+            needs one process and unsharded tables. It saves the dense gradients' memory (1.8 GB
+            at the h200 preset, ~all of it zeros) but not time: on the H200 the update's
+            compaction of the ids costs what the backward saves, and the step was 0.8 % slower
+            (trainer/BENCHMARKS.md). Both give the same update up to float rounding.
         sparse_mp: size of the embedding model-parallel group; 0 = every rank (1-D sharding).
             Smaller (it must divide the world size): 2-D sparse parallelism, torchrec
             `DMPCollection` through gem_parallel — the tables are sharded (`sparse_sharding`)
@@ -109,7 +110,7 @@ class TrainConfig:
     progress: bool = True
     sparse_sharding: str = "none"
     sparse_lr: float = 0.1
-    table_grads: str = "auto"
+    table_grads: str = "dense"
     sparse_mp: int = 0
     comms: str = "nccl"
     export_teacher: str = ""
@@ -181,19 +182,7 @@ def keep_bf16_patterns(cfg: TrainConfig) -> tuple[str, ...]:
 COMMS = ("nccl", "copy_engine", "auto")
 CKPT_WRITERS = ("auto", "thread", "process")
 SPARSE_SHARDINGS = ("none", "table_wise", "row_wise", "column_wise")
-TABLE_GRADS = ("auto", "sparse", "dense")
-
-
-def resolve_table_grads(table_grads: str, world: int, sparse_sharding: str) -> str:
-    """"sparse" or "dense" for this run: "auto" is sparse in one process with unsharded
-    tables; "sparse" with several processes is refused (the tables are HSDP parameters
-    there, and FSDP reduces dense gradients)."""
-    if table_grads == "sparse" and world > 1:
-        raise ValueError(f"table_grads='sparse' needs a single process (this run has {world}): with "
-                         "several, the tables are HSDP parameters and FSDP reduces dense gradients")
-    if table_grads == "auto":
-        return "sparse" if world == 1 and sparse_sharding == "none" else "dense"
-    return table_grads
+TABLE_GRADS = ("dense", "sparse")
 
 
 def resolve_ckpt_writer(writer: str, world: int, device: torch.device) -> str:

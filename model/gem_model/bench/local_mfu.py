@@ -20,9 +20,11 @@ a CUDA graph and times its replay beside the plain call: the same kernels with n
 launch overhead, i.e. what the GPU itself needs for the batch. The "graph" columns are that
 figure; a step that cannot be captured prints why and leaves its graph column empty.
 
-`--table-grads` (default sparse, as the trainer's single-process runs): the embedding tables'
-gradients hold one row per looked-up id (`gem_model.sparse_table_grads`); `dense` builds the
-full `[rows, dim]` gradients (zeroing and writing ~1.8 GB per fwd+bwd at this preset).
+`--table-grads sparse`: the embedding tables' gradients hold one row per looked-up id
+(`gem_model.sparse_table_grads`) instead of the full `[rows, dim]` ones (the default, as the
+trainer's: ~1.8 GB zeroed and written per fwd+bwd at this preset). Sparse makes the fwd+bwd
+faster, but the optimizer then sorts and sums the ids, outside this bench: in the trainer's
+step the two cost the same, so a figure with it is not the step's.
 """
 
 from __future__ import annotations
@@ -238,9 +240,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="draw sequences (mean --mean-len, cap --cap) until this many tokens, as the "
                          "trainer's token-budgeted batches do (h200: --tokens 262144 --cap 16384); "
                          "overrides --batch")
-    ap.add_argument("--table-grads", choices=("sparse", "dense"), default="sparse",
-                    help="embedding tables' gradients: sparse (one row per looked-up id; the trainer's "
-                         "single-process default, gem_model.sparse_table_grads) or dense [rows, dim]")
+    ap.add_argument("--table-grads", choices=("dense", "sparse"), default="dense",
+                    help="embedding tables' gradients: dense [rows, dim] (the trainer's default) or sparse "
+                         "(one row per looked-up id, gem_model.sparse_table_grads: the backward skips the "
+                         "dense gradients, the optimizer then compacts the ids, outside this bench)")
     ap.add_argument("--cuda-graph", action="store_true",
                     help="also time each fwd+bwd replayed from a CUDA graph (no launch overhead; CUDA only)")
     args = ap.parse_args(argv)
