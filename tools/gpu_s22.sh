@@ -14,7 +14,6 @@
 #           trainer 40 steps dense, sparse, dense, sparse on one box (the first from cold).
 #   PART=e  where the sparse step's extra ~2 ms goes: the compiled h200 step profiled
 #           (tools/profile_trainer.py, 8 steps after 8), sparse table gradients (cold), then dense.
-#   PART=f  the Block row's 5 rounds and the host-time probe on a second box (box-to-box spread).
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
@@ -71,8 +70,5 @@ e)
   P="python3 tools/profile_trainer.py --preset h200 --steps 18 --skip 8 --rows 70"
   st prof_sparse 200 $P --table-grads sparse
   st prof_dense $(left 300) $P --table-grads dense ;;
-f)
-  (cd kernels && PYTHONPATH=.:$PYTHONPATH st table 60 python3 -m gem_kernels.bench.table --block 5 --iters 7)
-  st probe 60 python3 tools/probe_launch.py ;;
 esac
 gpu_end
