@@ -247,7 +247,7 @@ def _planned(
         key = (backend, block_size.__class__, block_size, scale.__class__, scale, max_len.__class__,
                q.__class__, q.dtype, q.device, qs[1], qs[2], q.stride(),
                k.__class__, k.dtype, k.device, k.stride(), v.__class__, v.dtype, v.device, v.stride(),
-               offsets.__class__, offsets.dtype, offsets.device, offsets.shape,
+               offsets.__class__, offsets.dtype, offsets.device, offsets.shape, offsets.stride(),
                None if rope is None else _tables_signature(rope))
         plan = _PLANS.get(key)
     except (AttributeError, IndexError, TypeError, ValueError):  # not tensors, an unhashable scale, ...
@@ -304,7 +304,8 @@ def _remember(
     ptr = 0
     for x in (q, k, v, offsets, *tables):
         ptr |= x.data_ptr()
-    if (key is None or t == 0 or b == 0 or ptr & 15 or any(x.stride() != (h * d, d, 1) for x in (q, k, v))
+    if (key is None or t == 0 or b == 0 or ptr & 15 or not offsets.is_contiguous()
+            or any(x.stride() != (h * d, d, 1) for x in (q, k, v))
             or any(x.stride() != (d // 2, 1) for x in tables)):
         return
     _, meta = _launch_common(q, offsets, max_len, block_size, rope=bool(tables))
@@ -385,7 +386,7 @@ def block_forward_triton(
     block_size: int, cos: torch.Tensor | None, sin: torch.Tensor | None, scale: float,
 ) -> torch.Tensor:
     """Launches the Triton forward. Returns `[T, H, D]`."""
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    q, k, v, offsets = q.contiguous(), k.contiguous(), v.contiguous(), offsets.contiguous()
     out = torch.empty_like(q)
     b = offsets.numel() - 1
     if q.shape[0] == 0 or b == 0:
@@ -406,7 +407,7 @@ def block_backward_triton(
     max_len: int, block_size: int, cos: torch.Tensor | None, sin: torch.Tensor | None, scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launches the fused Triton backward (RoPE undone in-kernel). Returns (dq, dk, dv)."""
-    q, k, v, dout = q.contiguous(), k.contiguous(), v.contiguous(), dout.contiguous()
+    q, k, v, dout, offsets = q.contiguous(), k.contiguous(), v.contiguous(), dout.contiguous(), offsets.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     b = offsets.numel() - 1
     if q.shape[0] == 0 or b == 0:

@@ -403,6 +403,7 @@ def gdpa_forward_triton(
     from gem_kernels._triton_gdpa import _gdpa_fwd_kernel
 
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    q_offsets, kv_offsets = q_offsets.contiguous(), kv_offsets.contiguous()  # (read with unit stride)
     out = torch.empty_like(q)
     tq, h, d = q.shape
     b = q_offsets.numel() - 1
@@ -446,6 +447,7 @@ def gdpa_backward_triton(
     from gem_kernels._triton_gdpa import _gdpa_bwd_dkdv_kernel, _gdpa_bwd_dq_kernel
 
     q, k, v, dout = q.contiguous(), k.contiguous(), v.contiguous(), dout.contiguous()
+    q_offsets, kv_offsets = q_offsets.contiguous(), kv_offsets.contiguous()
     tq, h, d = q.shape
     tkv = k.shape[0]
     b = q_offsets.numel() - 1

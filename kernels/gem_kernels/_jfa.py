@@ -72,6 +72,8 @@ def jagged_flash_attention(
     if q.shape[2] not in TRITON_HEAD_DIMS:
         raise ValueError(f"q.shape[2]={q.shape[2]} (head dim D) must be one of {TRITON_HEAD_DIMS} for backend='triton'")
     check_triton_device(device)
+    # Every path below reads the offsets with a unit stride (a strided view gave wrong results).
+    q_offsets, kv_offsets = q_offsets.contiguous(), kv_offsets.contiguous()
     args = (q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, bool(causal), window, float(scale))
     if torch.compiler.is_compiling():
         out, _ = torch.ops.gem_kernels.jfa_fwd(*args)

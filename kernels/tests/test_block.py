@@ -314,6 +314,32 @@ def test_plan_serves_repeat_calls_on_fresh_data(monkeypatch: pytest.MonkeyPatch)
 
 
 @needs_triton
+def test_strided_offsets_match_contiguous(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Offsets that are a strided view (every other element of a buffer): the kernel reads them
+    # contiguously, so the launchers make them contiguous, and no plan is kept for them (the
+    # plan launches the caller's pointer). Forward and backward, twice each (a second call
+    # would be a plan's).
+    ordinary = _Ordinary(monkeypatch)
+    lengths = [9, 0, 21, 4]
+    off, mx = _offsets(lengths), max(lengths)
+    buf = torch.zeros(2 * off.numel(), dtype=torch.int64, device=off.device)
+    buf[::2] = off
+    strided = buf[::2]
+    assert not strided.is_contiguous() and torch.equal(strided, off)
+    for seed in (0, 1):
+        q, k, v = (x.requires_grad_() for x in _fresh(lengths, seed=seed))
+        out = block_attention(q, k, v, strided, mx, block_size=8, backend="triton")
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        q32, k32, v32 = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        ref = _ref(q32, k32, v32, off, mx, block_size=8)
+        torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+        for got, want in zip(grads, torch.autograd.grad(ref, (q32, k32, v32), dout)):
+            torch.testing.assert_close(got, want, atol=5e-5, rtol=1e-4)
+    assert ordinary.calls == 2 and not ordinary.plans
+
+
+@needs_triton
 def test_plan_not_served_for_another_signature(monkeypatch: pytest.MonkeyPatch) -> None:
     # Each change of signature runs the checks again (and is right); a misaligned view never
     # gets a plan; a changed LAUNCH layout is a new plan.

@@ -52,17 +52,20 @@ def _check(
     window: int | None = None,
     divisor: float | None = None,
     seed: int = 0,
+    strided_offsets: bool = False,
 ) -> None:
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     qo, ko = _offsets(lq), _offsets(lk)
     mq, mk = max(lq, default=0), max(lk, default=0)
+    # The Triton call may get the offsets as strided views (every other element of a buffer).
+    tqo, tko = (_every_other(qo), _every_other(ko)) if strided_offsets else (qo, ko)
 
     def rnd(t: int) -> torch.Tensor:
         return torch.randn(t, h, d, generator=g, device=DEVICE).to(dtype).requires_grad_()
 
     q, k, v = rnd(sum(lq)), rnd(sum(lk)), rnd(sum(lk))
     kw = dict(activation=activation, causal=causal, window=window, divisor=divisor)
-    out = gdpa(q, k, v, qo, ko, mq, mk, backend="triton", **kw)  # type: ignore[arg-type]
+    out = gdpa(q, k, v, tqo, tko, mq, mk, backend="triton", **kw)  # type: ignore[arg-type]
     dout = torch.randn(out.shape, generator=g, device=DEVICE).to(dtype)
     grads = torch.autograd.grad(out, (q, k, v), dout, allow_unused=True)
     q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
@@ -78,6 +81,14 @@ def _check(
         want = torch.zeros_like(x, dtype=torch.float32) if want is None else want
         assert torch.isfinite(got).all(), name
         torch.testing.assert_close(got.float(), want, atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}")
+
+
+def _every_other(off: torch.Tensor) -> torch.Tensor:
+    buf = torch.zeros(2 * off.numel(), dtype=off.dtype, device=off.device)
+    buf[::2] = off
+    view = buf[::2]
+    assert not view.is_contiguous() and torch.equal(view, off)
+    return view
 
 
 EDGE = [17, 0, 1, 16, 15, 33]
@@ -160,6 +171,14 @@ def test_every_schedule_gives_the_same_bits(variant: str) -> None:
     with gdpa_module.force_tiles(**{kind: dataclasses.replace(gdpa_tiles(64, 16, kind=kind), schedule="list")
                                      for kind in ("fwd", "dq", "dkdv")}):
         _check(lq, lk, activation="silu", h=2, seed=5, **VARIANTS[variant])  # type: ignore[arg-type]
+
+
+@needs_triton
+@pytest.mark.parametrize("lk", [EDGE, [4, 0, 2, 3, 1, 4]], ids=["self", "short_kv"])
+def test_strided_offsets(lk: list[int]) -> None:
+    """Offsets passed as strided views give the contiguous offsets' results (the kernels read
+    them with a unit stride: the launchers make them contiguous)."""
+    _check(EDGE, lk, causal=lk is EDGE, h=2, strided_offsets=True)
 
 
 def test_bad_schedule_is_refused() -> None:

@@ -52,16 +52,19 @@ def _check(
     causal: bool = False,
     window: int | None = None,
     seed: int = 0,
+    strided_offsets: bool = False,
 ) -> None:
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     qo, ko = _offsets(lq), _offsets(lk)
     mq, mk = max(lq, default=0), max(lk, default=0)
+    # The Triton call may get the offsets as strided views (every other element of a buffer).
+    tqo, tko = (_every_other(qo), _every_other(ko)) if strided_offsets else (qo, ko)
 
     def rnd(t: int) -> torch.Tensor:
         return torch.randn(t, h, d, generator=g, device=DEVICE).to(dtype).requires_grad_()
 
     q, k, v = rnd(sum(lq)), rnd(sum(lk)), rnd(sum(lk))
-    out = jagged_flash_attention(q, k, v, qo, ko, mq, mk, causal=causal, window=window, backend="triton")
+    out = jagged_flash_attention(q, k, v, tqo, tko, mq, mk, causal=causal, window=window, backend="triton")
     dout = torch.randn(out.shape, generator=g, device=DEVICE).to(dtype)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     # Reference in fp32 on the same rounded inputs.
@@ -80,6 +83,14 @@ def _check(
             assert err <= tol, f"{name}: max error {err:.3g} (relative to max |ref|) > {tol}"
 
 
+def _every_other(off: torch.Tensor) -> torch.Tensor:
+    buf = torch.zeros(2 * off.numel(), dtype=off.dtype, device=off.device)
+    buf[::2] = off
+    view = buf[::2]
+    assert not view.is_contiguous() and torch.equal(view, off)
+    return view
+
+
 EDGE_Q = [17, 0, 1, 16, 15, 33]
 EDGE_K = [17, 3, 0, 16, 15, 33]
 VARIANTS = {
@@ -88,6 +99,15 @@ VARIANTS = {
     "causal_window": dict(causal=True, window=5),
     "band": dict(causal=False, window=3),
 }
+
+
+@needs_triton
+@pytest.mark.parametrize("bwd", ["two_pass", "one_pass"])
+def test_strided_offsets(bwd: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offsets passed as strided views give the contiguous offsets' results, forward and both
+    backwards (the kernels read them with a unit stride: the public call makes them contiguous)."""
+    monkeypatch.setenv("GEM_JFA_BWD", bwd)
+    _check(EDGE_Q, EDGE_K, causal=True, strided_offsets=True)
 
 
 @needs_triton
