@@ -19,6 +19,7 @@ from gem_kernels import _gdpa as gdpa_module
 from gem_kernels import jagged_flash_attention
 from gem_kernels._gdpa import ACTIVATION_NAMES, ACTIVATIONS, gdpa_tiles
 from gem_kernels._jagged import visible_mask
+from _strided import every_other
 
 CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -58,7 +59,7 @@ def _check(
     qo, ko = _offsets(lq), _offsets(lk)
     mq, mk = max(lq, default=0), max(lk, default=0)
     # The Triton call may get the offsets as strided views (every other element of a buffer).
-    tqo, tko = (_every_other(qo), _every_other(ko)) if strided_offsets else (qo, ko)
+    tqo, tko = (every_other(qo), every_other(ko)) if strided_offsets else (qo, ko)
 
     def rnd(t: int) -> torch.Tensor:
         return torch.randn(t, h, d, generator=g, device=DEVICE).to(dtype).requires_grad_()
@@ -81,14 +82,6 @@ def _check(
         want = torch.zeros_like(x, dtype=torch.float32) if want is None else want
         assert torch.isfinite(got).all(), name
         torch.testing.assert_close(got.float(), want, atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}")
-
-
-def _every_other(off: torch.Tensor) -> torch.Tensor:
-    buf = torch.zeros(2 * off.numel(), dtype=off.dtype, device=off.device)
-    buf[::2] = off
-    view = buf[::2]
-    assert not view.is_contiguous() and torch.equal(view, off)
-    return view
 
 
 EDGE = [17, 0, 1, 16, 15, 33]

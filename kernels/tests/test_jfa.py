@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from gem_kernels import jagged_flash_attention
 from gem_kernels._triton_jfa import JfaConfig, JfaTiles, _heuristic_config, force_config, pick_config
+from _strided import every_other
 
 CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -58,7 +59,7 @@ def _check(
     qo, ko = _offsets(lq), _offsets(lk)
     mq, mk = max(lq, default=0), max(lk, default=0)
     # The Triton call may get the offsets as strided views (every other element of a buffer).
-    tqo, tko = (_every_other(qo), _every_other(ko)) if strided_offsets else (qo, ko)
+    tqo, tko = (every_other(qo), every_other(ko)) if strided_offsets else (qo, ko)
 
     def rnd(t: int) -> torch.Tensor:
         return torch.randn(t, h, d, generator=g, device=DEVICE).to(dtype).requires_grad_()
@@ -81,14 +82,6 @@ def _check(
         if want.numel():
             err = float((got.float() - want).abs().max()) / max(1.0, float(want.abs().max()))
             assert err <= tol, f"{name}: max error {err:.3g} (relative to max |ref|) > {tol}"
-
-
-def _every_other(off: torch.Tensor) -> torch.Tensor:
-    buf = torch.zeros(2 * off.numel(), dtype=off.dtype, device=off.device)
-    buf[::2] = off
-    view = buf[::2]
-    assert not view.is_contiguous() and torch.equal(view, off)
-    return view
 
 
 EDGE_Q = [17, 0, 1, 16, 15, 33]

@@ -42,13 +42,10 @@ def sparse_table_grads(model: nn.Module) -> list[str]:
     """
     names = []
     for name, mod in model.named_modules():
-        if isinstance(mod, nn.EmbeddingBag) and mod.mode != "max" and mod.padding_idx is None:
+        if (isinstance(mod, (nn.Embedding, nn.EmbeddingBag)) and mod.padding_idx is None
+                and getattr(mod, "mode", None) != "max"):
             mod.sparse = True
-        elif isinstance(mod, nn.Embedding) and mod.padding_idx is None:
-            mod.sparse = True
-        else:
-            continue
-        names.append(name)
+            names.append(name)
     return names
 
 
