@@ -44,6 +44,17 @@ def torchrun_cmd(nproc: int, *args: str) -> list[str]:
             "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "gem_trainer", *args]
 
 
+# Warnings every rank prints at start-up; in a failed multi-rank run they filled the kept tail
+# of stderr and hid the failing rank's own lines.
+_NOISE = ("is_fx_tracing will return true", "dense tensor size calculation in dry run")
+
+
+def stderr_tail(err: str, n: int = 5000) -> str:
+    """The last `n` characters of a run's stderr without the ranks' repeated start-up warnings
+    (an assertion message: what a failure shows)."""
+    return "\n".join(ln for ln in err.splitlines() if not any(w in ln for w in _NOISE))[-n:]
+
+
 def summary(out: str) -> dict[str, Any]:
     return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
 

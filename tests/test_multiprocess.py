@@ -5,7 +5,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _run import env, gem, losses, torchrun_cmd
+from _run import env, gem, losses, stderr_tail, torchrun_cmd
 
 COMMON = ["--steps", "4", "--eval-batches", "0", "--log-every", "1", "--no-progress", "--lr", "1e-3"]
 
@@ -21,7 +21,7 @@ def test_two_process_gloo_matches_one_process(tmp_path: Path, extra: list[str]) 
     assert one.returncode == 0, one.stderr[-3000:]
     cmd = torchrun_cmd(2, *COMMON, *extra, "--batch-size", "16", "--log-dir", str(tmp_path / "two"))
     two = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=900)
-    assert two.returncode == 0, two.stderr[-5000:]
+    assert two.returncode == 0, stderr_tail(two.stderr)
     a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert sorted(a) == sorted(b) == [1, 2, 3, 4]
     for step in a:
@@ -35,7 +35,7 @@ def test_two_process_evaluation_scores_every_rank_held_out_samples() -> None:
 
     cmd = torchrun_cmd(2, "--steps", "2", "--batch-size", "16", "--eval-batches", "2", "--no-progress")
     res = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-5000:]
+    assert res.returncode == 0, stderr_tail(res.stderr)
     s = json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("{")][-1])
     for task, m in s["tasks"].items():
         assert m["eval_samples"] == 2 * 2 * 16, (task, m)  # 2 ranks x 2 batches x 16

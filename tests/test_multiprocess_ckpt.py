@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from _run import env, losses, torchrun_cmd
+from _run import env, losses, stderr_tail, torchrun_cmd
 
 STEPS = 16
 COMMON = ["--eval-batches", "0", "--log-every", "1", "--no-progress", "--lr", "1e-3",
@@ -45,7 +45,7 @@ def _children(pid: int) -> list[int]:
 def test_two_process_sharded_kill_and_resume_is_bitwise(tmp_path: Path) -> None:
     ref = subprocess.run(_torchrun("--steps", str(STEPS), "--log-dir", str(tmp_path / "ref")),
                          env=env(), capture_output=True, text=True, timeout=300)
-    assert ref.returncode == 0, ref.stderr[-5000:]
+    assert ref.returncode == 0, stderr_tail(ref.stderr)
     want = losses(tmp_path / "ref")
     assert sorted(want) == list(range(1, STEPS + 1))
 
@@ -63,7 +63,7 @@ def test_two_process_sharded_kill_and_resume_is_bitwise(tmp_path: Path) -> None:
     assert left and 0 < max(left) < STEPS, f"kill did not land mid-run: committed {left}"
 
     res = subprocess.run(_torchrun(*run, "--resume"), env=env(), capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-5000:]
+    assert res.returncode == 0, stderr_tail(res.stderr)
     got = losses(logs)
     assert sorted(got) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):

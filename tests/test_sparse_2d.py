@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from _run import env, gem, losses, torchrun_cmd
+from _run import env, gem, losses, stderr_tail, torchrun_cmd
 
 STEPS = 5
 COMMON = ["--eval-batches", "0", "--log-every", "1", "--no-progress", "--lr", "1e-3",
@@ -33,7 +33,7 @@ def test_2d_sparse_matches_one_process_and_resumes_bitwise(tmp_path: Path) -> No
     ck = tmp_path / "ck"
     four = _four("--steps", str(STEPS), "--ckpt-dir", str(ck), "--ckpt-every", "3",
                  "--log-dir", str(tmp_path / "four"))
-    assert four.returncode == 0, four.stderr[-5000:]
+    assert four.returncode == 0, stderr_tail(four.stderr)
     summary = json.loads(four.stdout.strip().splitlines()[-1])
     assert summary["sparse"] == {"sharding": "table_wise", "mp": 2, "replicas": 2, "replica_sync": True}
     a, b = losses(tmp_path / "one"), losses(tmp_path / "four")
@@ -46,7 +46,7 @@ def test_2d_sparse_matches_one_process_and_resumes_bitwise(tmp_path: Path) -> No
     assert sorted(p.name for p in ck.iterdir()) == ["step_3", "step_5"]
     shutil.rmtree(ck / "step_5")
     again = _four("--steps", str(STEPS), "--ckpt-dir", str(ck), "--resume", "--log-dir", str(tmp_path / "again"))
-    assert again.returncode == 0, again.stderr[-5000:]
+    assert again.returncode == 0, stderr_tail(again.stderr)
     got = losses(tmp_path / "again")
     assert sorted(got) == [4, 5]
     for step in got:
