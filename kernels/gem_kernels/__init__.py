@@ -14,7 +14,7 @@ from gem_kernels._block import block_attention
 from gem_kernels._rowwise_adagrad import rowwise_adagrad_, rowwise_adagrad_reference_
 from gem_kernels._rope import rope_qkv_grad
 
-__version__ = "0.3.4"
+__version__ = "0.3.5"
 
 # One import line and one entry per op, so op files merge without conflicts.
 __all__ = [

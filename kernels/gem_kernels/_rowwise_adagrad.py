@@ -133,10 +133,10 @@ def rowwise_adagrad_reference_(
     skip: torch.Tensor | None = None,
 ) -> None:
     """The plain-PyTorch update (the specification); a sparse `grad` is coalesced (duplicate
-    ids summed) and only its rows are updated."""
+    ids summed in float32, as the kernel does) and only its rows are updated."""
     if grad.layout == torch.sparse_coo:
-        c = grad.coalesce()
-        ids, v = c.indices()[0], c.values().float()
+        c = grad.float().coalesce()
+        ids, v = c.indices()[0], c.values()
         if skip is not None:
             v = torch.where(skip, 0.0, v)
         acc.index_add_(0, ids, v.square().mean(dim=1))
