@@ -164,12 +164,25 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"gem: error: {cli_message(str(e))}", file=sys.stderr)
         return 2
+    _release_process_group()
     if summary.get("world_size", 1) == 1 or _rank() == 0:
         for task, m in summary["tasks"].items():
             print(f"{task:>12}: NE {_num(m['ne'])} (Bayes {_num(m['ne_bayes'])})  "
                   f"AUC {_num(m['auc'])} (Bayes {_num(m['auc_bayes'])})")
         print(dumps(summary))
     return 1 if summary.get("stop_reason") == "nan" else 0
+
+
+def _release_process_group() -> None:
+    """Destroys the process group a finished run initialised (torchrun ranks; one process with
+    torchrec tables runs in a world of one). Left alive, Gloo's worker threads can meet the
+    interpreter's shutdown and abort the process ("terminate called without an active
+    exception", SIGABRT after a good run). Only after a run that returned: a rank that failed
+    may leave others inside a collective, and a destroy there could wait for them."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _rank() -> int:

@@ -269,3 +269,16 @@ def test_slow_runs_say_so() -> None:
     assert _preflight.slow_run_notices(tiny(precision="mxfp8_rceil"), torch.device("cuda")) == []
     assert _preflight.effective_precision(tiny(precision="bf16"), cpu) == "fp32"
     assert _preflight.effective_precision(tiny(precision="mxfp8_floor"), cpu) == "mxfp8_floor (emulated)"
+
+
+# ---- shutdown ---------------------------------------------------------------------------------
+def test_a_finished_run_destroys_its_process_group(capsys: pytest.CaptureFixture[str]) -> None:
+    # One process with torchrec tables trains in a world of one (a process group); a run that
+    # leaves it alive can abort at interpreter exit (Gloo threads), so main() destroys it.
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    rc, out, err = _run(capsys, "--steps", "1", "--sparse-sharding", "table_wise")
+    assert rc == 0, err
+    assert _summary(out)["sparse"]["sharding"] == "table_wise"
+    assert not dist.is_initialized()
