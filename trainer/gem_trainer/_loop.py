@@ -33,6 +33,7 @@ import torch.nn.functional as F
 import gem_data
 import gem_model
 from gem_checkpoint import Checkpointer, RNGState
+from gem_trainer._gc import GcWatch
 from gem_trainer._metrics import WARMUP_STEPS, MetricLog, Timers, mfu, slow_steps
 from gem_trainer._optim import Optimizers, RowWiseAdagrad, dense_adamw, embedding_tables
 from gem_trainer._stats import task_metrics
@@ -386,6 +387,8 @@ class _Pending:
     t1: float = 0.0
     t2: float = 0.0
     t3: float = 0.0
+    gc0: float = 0.0  # the collector's pauses so far (GcWatch.pause_s) at t0 and at t3
+    gc3: float = 0.0
     samples: int = 0
     tokens: int = 0
     flops: float = 0.0
@@ -580,6 +583,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     pending: _Pending | None = None
     queued = 0  # steps queued by this loop (selects the readback buffer)
     sync_debug = _SyncDebug.from_env(cuda)
+    gcw = GcWatch().start()
 
     def save_compile_cache() -> None:
         """Rank 0 writes the compile artifacts once, after the warm-up (or at the end of a
@@ -626,9 +630,12 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         timers.model_flops += 3.0 * p.flops
         timers.step_s.append(t_end - p.t0)
         timers.opt_host_s.append(p.t3 - p.t2)
+        timers.gc_s.append((gcw.pause_s if final else p.gc3) - p.gc0)  # collector pauses in the window
         if cfg.compile and timers.steps_done == WARMUP_STEPS:
             timers.extra["warm_graphs"] = _compile_counts()["graphs"]
             save_compile_cache()
+        if cfg.gc_freeze and timers.steps_done == WARMUP_STEPS:
+            gcw.freeze()  # between step windows: booked as the run's, not a step's
         if timers.steps_done > WARMUP_STEPS:
             timers.steady_flops += 3.0 * p.flops
             timers.steady_s += t_end - p.t0
@@ -685,6 +692,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         while books.reason is None and books.step + (pending is not None) < cfg.steps:
             sync_debug.maybe_start(timers.steps_done)
             t0 = time.perf_counter()
+            gc0 = gcw.pause_s
             batch = next(it)
             t1 = time.perf_counter()
             with autocast(use_bf16):
@@ -740,7 +748,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
                 opt_events[1].record()  # also marks the readback of `lt` done
             t3 = time.perf_counter()
             p = _Pending(host=host, opt_events=opt_events, t0=t0, t1=t1, t2=t2, t3=t3,
-                         samples=batch.num_samples, tokens=batch.num_tokens,
+                         gc0=gc0, gc3=gcw.pause_s, samples=batch.num_samples, tokens=batch.num_tokens,
                          flops=_flops(model, batch), vals=vals)
             sync_debug.count()
             writing = world == 1 and ckpt is not None and ckpt.pending is not None
@@ -769,6 +777,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             timers.extra["ckpt_final_wait_s"] = time.perf_counter() - t4
     finally:
         sync_debug.stop()
+        gcw.stop()
         stop.restore()
         if bar is not None:
             bar.close()
@@ -799,6 +808,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         **_compile_summary(cfg, timers),
         **ccache,
         **sync_debug.summary(),
+        **gcw.summary(timers.gc_s, WARMUP_STEPS, timers.start_step, cfg.gc_freeze),
         # steps on which a due save waited for the previous write (back-pressure, not a stall)
         "ckpt_delayed_steps": int(timers.extra.get("ckpt_delayed_steps", 0)),
         "compute_s": timers.compute,

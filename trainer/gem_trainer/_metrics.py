@@ -40,14 +40,16 @@ class Timers:
     steady_s: float = 0.0
     step_s: list[float] = field(default_factory=list)
     opt_host_s: list[float] = field(default_factory=list)  # each step's host time in the optimizer phase
+    gc_s: list[float] = field(default_factory=list)  # each step's garbage-collector pauses (gem_trainer._gc)
     extra: dict[str, float] = field(default_factory=dict)
 
 
 def slow_steps(timers: Timers, warmup: int, *, factor: float = 1.5, top: int = 5) -> list[dict[str, float | None]]:
     """The steady steps (after `warmup`) that took more than `factor` x the steady median, the
-    slowest first (at most `top`): step number, step seconds, and the host seconds of its
-    optimizer phase. A few such steps are what separates a run's steady MFU from its median
-    step (one-off compilations, allocator growth, a stalled write)."""
+    slowest first (at most `top`): step number, step seconds, the host seconds of its
+    optimizer phase and the garbage collector's pauses inside the step. A few such steps are
+    what separates a run's steady MFU from its median step (one-off compilations, allocator
+    growth, a stalled write, a full garbage collection)."""
     steady = list(enumerate(timers.step_s))[warmup:]
     if not steady:
         return []
@@ -55,7 +57,8 @@ def slow_steps(timers: Timers, warmup: int, *, factor: float = 1.5, top: int = 5
     median = times[len(times) // 2]
     slow = sorted((i for i, t in steady if t > factor * median), key=lambda i: -timers.step_s[i])[:top]
     return [{"step": timers.start_step + i + 1, "step_s": timers.step_s[i],
-             "opt_host_s": timers.opt_host_s[i] if i < len(timers.opt_host_s) else None} for i in slow]
+             "opt_host_s": timers.opt_host_s[i] if i < len(timers.opt_host_s) else None,
+             "gc_s": timers.gc_s[i] if i < len(timers.gc_s) else None} for i in slow]
 
 
 def mfu(model_flops: float, seconds: float, num_gpus: int) -> float | None:

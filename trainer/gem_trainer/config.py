@@ -56,6 +56,12 @@ class TrainConfig:
             if present, written after the compile warm-up if not (carries the compile of a
             previous run to a fresh machine; "" = off; needs compile).
         progress: show a progress bar when stdout is a terminal.
+        gc_freeze: after the warm-up steps, one full garbage collection and `gc.freeze()`, so
+            later collections skip the warm-up's long-lived objects (compiled graphs, kernels,
+            modules) instead of walking them all in a steady step; the collector stays on for
+            what the steady steps allocate. Off by default: on CPU no steady step held a full
+            collection either way, and the GPU is not measured yet. The summary's `gc` books
+            every collection's pause either way (gem_trainer._gc).
         sparse_sharding: with several processes, shard the embedding tables with torchrec
             through gem_parallel ("table_wise", "row_wise", "column_wise"; "none" = the tables
             are dense parameters under HSDP like the rest). Sharded tables train with
@@ -108,6 +114,7 @@ class TrainConfig:
     compile: bool = False
     compile_cache: str = ""
     progress: bool = True
+    gc_freeze: bool = False
     sparse_sharding: str = "none"
     sparse_lr: float = 0.1
     table_grads: str = "dense"

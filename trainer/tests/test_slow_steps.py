@@ -15,11 +15,13 @@ def test_slow_steps_picks_the_outliers_after_warmup() -> None:
     t = Timers(start_step=100)
     t.step_s = [5.0] * WARMUP_STEPS + [1.0 + 0.1 * rng.random() for _ in range(30)]
     t.opt_host_s = [0.01] * len(t.step_s)
+    t.gc_s = [rng.random() * 1e-3 for _ in t.step_s]
     slow = {WARMUP_STEPS + 3: 2.0, WARMUP_STEPS + 17: 4.0, WARMUP_STEPS + 20: 1.6}
     for i, v in slow.items():
         t.step_s[i] = v
         t.opt_host_s[i] = v - 1.0
     got = slow_steps(t, WARMUP_STEPS)
+    assert [g["gc_s"] for g in got] == [t.gc_s[i] for i in sorted(slow, key=lambda i: -slow[i])]
     # slowest first; step numbers count from the resumed run's start; warm-up steps never count
     assert [g["step"] for g in got] == [100 + i + 1 for i in sorted(slow, key=lambda i: -slow[i])]
     assert [g["step_s"] for g in got] == sorted(slow.values(), reverse=True)
