@@ -27,7 +27,6 @@ class GcWatch:
 
     def __init__(self) -> None:
         self.count = [0, 0, 0]  # collections per generation
-        self.seconds = [0.0, 0.0, 0.0]  # their pauses
         self.pause_s = 0.0  # all pauses so far (read at step boundaries for per-step figures)
         self.frozen = 0  # objects moved to the permanent generation by freeze()
         self.freeze_s = 0.0  # the full collection and freeze at the end of the warm-up
@@ -39,11 +38,8 @@ class GcWatch:
         if phase == "start":
             self._t = time.perf_counter()
             return
-        d = time.perf_counter() - self._t
-        g = int(info["generation"])
-        self.count[g] += 1
-        self.seconds[g] += d
-        self.pause_s += d
+        self.count[int(info["generation"])] += 1
+        self.pause_s += time.perf_counter() - self._t
 
     def start(self) -> GcWatch:
         if not self._hooked:
