@@ -9,7 +9,7 @@
 #           slow_steps[].gc_s), and does the freeze remove it?
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
-summary() { echo "=== stages"; cat "$OUT/rcs.txt"
+summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "=== probe"; tail -n 3 "$OUT/probe.log" 2>/dev/null | cut -c1-300
   [ -f "$OUT/t_kernels.log" ] && { echo "=== t_kernels"; grep -E "passed|failed|error|Error" "$OUT/t_kernels.log" | tail -n 6 | cut -c1-300; }
   for f in tr_freeze tr_nofreeze tr_freeze2; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; python3 -c "
 import json, sys
@@ -22,6 +22,7 @@ T0=$(date +%s)
 gpu_begin "${WATCH:-575}"
 case "${PART:-a}" in
 a)
+  st probe 30 python3 -c "import torch, torch._dynamo.aot_compile as a; print(torch.__version__, hasattr(torch.compiler, 'load_compiled_function'), hasattr(a, 'aot_compile_fullgraph'), hasattr(a, 'aot_compile_module'))"
   st t_kernels 120 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa.py kernels/tests/test_gdpa.py \
       kernels/tests/test_block.py kernels/tests/test_rowwise_adagrad.py -k "strided or sparse"
   TR="python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 60"
