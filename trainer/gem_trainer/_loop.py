@@ -383,6 +383,7 @@ class _Pending:
 
     host: torch.Tensor | None = None
     opt_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+    start_event: torch.cuda.Event | None = None  # recorded when the batch is in hand (device step time)
     t0: float = 0.0  # step start; t1: batch in hand; t2: optimizer queued from; t3: end
     t1: float = 0.0
     t2: float = 0.0
@@ -404,6 +405,13 @@ class _Pending:
                 raise ValueError("a _Pending needs `host` or `vals`")
             self.vals = self.host.tolist()
         return self.vals
+
+    def gpu_s(self) -> float | None:
+        """The step's device time, batch in hand to optimizer done; call after `values()`
+        (both events are complete then, so this waits for nothing)."""
+        if self.start_event is None or self.opt_events is None:
+            return None
+        return float(self.start_event.elapsed_time(self.opt_events[1])) / 1e3
 
 
 @dataclasses.dataclass
@@ -631,6 +639,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         timers.step_s.append(t_end - p.t0)
         timers.opt_host_s.append(p.t3 - p.t2)
         timers.gc_s.append((gcw.pause_s if final else p.gc3) - p.gc0)  # collector pauses in the window
+        timers.gpu_s.append(p.gpu_s())
         if cfg.compile and timers.steps_done == WARMUP_STEPS:
             timers.extra["warm_graphs"] = _compile_counts()["graphs"]
             save_compile_cache()
@@ -695,6 +704,10 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             gc0 = gcw.pause_s
             batch = next(it)
             t1 = time.perf_counter()
+            start_event: torch.cuda.Event | None = None
+            if late_check and cuda:
+                start_event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                start_event.record()
             with autocast(use_bf16):
                 logits = model(batch)
             loss = loss_fn(logits, batch.labels)
@@ -747,8 +760,8 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             if opt_events is not None:
                 opt_events[1].record()  # also marks the readback of `lt` done
             t3 = time.perf_counter()
-            p = _Pending(host=host, opt_events=opt_events, t0=t0, t1=t1, t2=t2, t3=t3,
-                         gc0=gc0, gc3=gcw.pause_s, samples=batch.num_samples, tokens=batch.num_tokens,
+            p = _Pending(host=host, opt_events=opt_events, start_event=start_event,
+                         t0=t0, t1=t1, t2=t2, t3=t3, gc0=gc0, gc3=gcw.pause_s, samples=batch.num_samples, tokens=batch.num_tokens,
                          flops=_flops(model, batch), vals=vals)
             sync_debug.count()
             writing = world == 1 and ckpt is not None and ckpt.pending is not None
@@ -798,6 +811,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         # The same over the steps after the first WARMUP_STEPS (compilation excluded).
         "mfu_steady": mfu(timers.steady_flops * world, timers.steady_s, ngpu),
         "step_s_median": statistics.median(timers.step_s) if timers.step_s else None,
+        "step_gpu_s_median": _gpu_median(timers.gpu_s[WARMUP_STEPS:]),
         # the steady steps over 1.5x the steady median (what a gap between mfu_steady and the
         # median step is made of)
         "slow_steps": slow_steps(timers, WARMUP_STEPS),
@@ -876,6 +890,12 @@ def evaluate(model: Any, cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int,
         m["auc_bayes"] = bayes.get(task, {}).get("auc", math.nan)
         m["ne_bayes"] = bayes.get(task, {}).get("ne", math.nan)
     return out
+
+
+def _gpu_median(values: list[float | None]) -> float | None:
+    """The median device time of the steady steps that have one (None off CUDA)."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def _flops(model: Any, batch: Any) -> float:

@@ -41,15 +41,21 @@ class Timers:
     step_s: list[float] = field(default_factory=list)
     opt_host_s: list[float] = field(default_factory=list)  # each step's host time in the optimizer phase
     gc_s: list[float] = field(default_factory=list)  # each step's garbage-collector pauses (gem_trainer._gc)
+    # Each step's device time (CUDA events: batch in hand .. optimizer done; None off CUDA). When
+    # the GPU is the bottleneck, the host's step windows are uneven while this stays flat.
+    gpu_s: list[float | None] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)
 
 
 def slow_steps(timers: Timers, warmup: int, *, factor: float = 1.5, top: int = 5) -> list[dict[str, float | None]]:
     """The steady steps (after `warmup`) that took more than `factor` x the steady median, the
-    slowest first (at most `top`): step number, step seconds, the host seconds of its
-    optimizer phase and the garbage collector's pauses inside the step. A few such steps are
-    what separates a run's steady MFU from its median step (one-off compilations, allocator
-    growth, a stalled write, a full garbage collection)."""
+    slowest first (at most `top`): step number, step seconds (the host's window), the host
+    seconds of its optimizer phase, the garbage collector's pauses inside the step, and the
+    step's device time (`gpu_s`, CUDA only). A few such steps are what separates a run's steady
+    MFU from its median step (one-off compilations, allocator growth, a stalled write, a full
+    garbage collection). A slow window whose `gpu_s` is the usual one lost no device time: with
+    the GPU the bottleneck the host runs ahead, blocks when the launch queue is full, and its
+    windows come out uneven (a long one is paid back by short ones)."""
     steady = list(enumerate(timers.step_s))[warmup:]
     if not steady:
         return []
@@ -58,7 +64,8 @@ def slow_steps(timers: Timers, warmup: int, *, factor: float = 1.5, top: int = 5
     slow = sorted((i for i, t in steady if t > factor * median), key=lambda i: -timers.step_s[i])[:top]
     return [{"step": timers.start_step + i + 1, "step_s": timers.step_s[i],
              "opt_host_s": timers.opt_host_s[i] if i < len(timers.opt_host_s) else None,
-             "gc_s": timers.gc_s[i] if i < len(timers.gc_s) else None} for i in slow]
+             "gc_s": timers.gc_s[i] if i < len(timers.gc_s) else None,
+             "gpu_s": timers.gpu_s[i] if i < len(timers.gpu_s) else None} for i in slow]
 
 
 def mfu(model_flops: float, seconds: float, num_gpus: int) -> float | None:

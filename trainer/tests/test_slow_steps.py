@@ -1,11 +1,14 @@
 """The summary's `slow_steps`: the steady steps over 1.5x the steady median, with the host time
-of their optimizer phase (what a gap between `mfu_steady` and the median step is made of)."""
+of their optimizer phase and their device time (what a gap between `mfu_steady` and the median
+step is made of, and whether the device lost the time or only the host's window did)."""
 
 import random
 import time
 
 import pytest
+import torch
 
+import gem_data
 from gem_trainer import _optim, presets_tiny, train
 from gem_trainer._metrics import WARMUP_STEPS, Timers, slow_steps
 
@@ -16,12 +19,14 @@ def test_slow_steps_picks_the_outliers_after_warmup() -> None:
     t.step_s = [5.0] * WARMUP_STEPS + [1.0 + 0.1 * rng.random() for _ in range(30)]
     t.opt_host_s = [0.01] * len(t.step_s)
     t.gc_s = [rng.random() * 1e-3 for _ in t.step_s]
+    t.gpu_s = [0.9 + 0.1 * rng.random() for _ in t.step_s]
     slow = {WARMUP_STEPS + 3: 2.0, WARMUP_STEPS + 17: 4.0, WARMUP_STEPS + 20: 1.6}
     for i, v in slow.items():
         t.step_s[i] = v
         t.opt_host_s[i] = v - 1.0
     got = slow_steps(t, WARMUP_STEPS)
     assert [g["gc_s"] for g in got] == [t.gc_s[i] for i in sorted(slow, key=lambda i: -slow[i])]
+    assert [g["gpu_s"] for g in got] == [t.gpu_s[i] for i in sorted(slow, key=lambda i: -slow[i])]
     # slowest first; step numbers count from the resumed run's start; warm-up steps never count
     assert [g["step"] for g in got] == [100 + i + 1 for i in sorted(slow, key=lambda i: -slow[i])]
     assert [g["step_s"] for g in got] == sorted(slow.values(), reverse=True)
@@ -49,3 +54,29 @@ def test_a_slow_optimizer_step_shows_in_the_summary(monkeypatch: pytest.MonkeyPa
     slow = s["slow_steps"]
     assert slow and slow[0]["step"] == target + 1, slow
     assert slow[0]["opt_host_s"] >= 1.5 and slow[0]["step_s"] >= 1.5, slow
+    if not torch.cuda.is_available():
+        assert slow[0]["gpu_s"] is None and s["step_gpu_s_median"] is None, s
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (device time from CUDA events)")
+def test_a_late_batch_slows_the_window_not_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The host waits 1.5 s for one steady step's batch (the GPU idles before the step starts):
+    # that step's window is slow, its device time is not; every step has a device time.
+    target = WARMUP_STEPS + 3
+    real = gem_data.JaggedLoader.__next__
+    calls = [0]
+
+    def late_next(self: gem_data.JaggedLoader) -> gem_data.Batch:
+        calls[0] += 1
+        if calls[0] == target + 1:
+            time.sleep(1.5)
+        return real(self)
+
+    monkeypatch.setattr(gem_data.JaggedLoader, "__next__", late_next)
+    s = train(presets_tiny(steps=WARMUP_STEPS + 8, batch_size=16, eval_batches=0, progress=False))
+    assert s["steps"] == WARMUP_STEPS + 8, s
+    slow = s["slow_steps"]
+    assert slow and slow[0]["step"] == target + 1 and slow[0]["step_s"] >= 1.5, slow
+    median = s["step_gpu_s_median"]
+    assert median is not None and 0 < median < 1.0, s
+    assert slow[0]["gpu_s"] is not None and slow[0]["gpu_s"] < 0.5 * slow[0]["step_s"], slow
