@@ -26,6 +26,7 @@ import torch.fx.experimental._config as fx_config
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
+from gem_parallel._aot import AotBlocks
 from gem_parallel._dense import BF16_MIXED, apply_ac_compile, apply_hsdp, default_blocks
 from gem_parallel._dims import Meshes
 
@@ -48,6 +49,7 @@ class Parallelized:
     mxfp8_converted: list[str] = field(default_factory=list)
     ignored_params: set[nn.Parameter] = field(default_factory=set)
     compiled_blocks: int = 0
+    aot: AotBlocks | None = None  # the blocks' ahead-of-time store (`compile_aot`), if any
 
     @staticmethod
     def compile_counts() -> dict[str, int]:
@@ -194,6 +196,7 @@ def parallelize(
     shard_tables: Callable[[nn.Module], set[nn.Parameter]] | None = None,
     mp_policy: MixedPrecisionPolicy | None = BF16_MIXED,
     comms: str = "nccl",
+    compile_aot: str | None = None,
 ) -> Parallelized:
     """Applies precision → AC → compile → table sharding → HSDP to `model` (in place).
 
@@ -212,6 +215,9 @@ def parallelize(
             (e.g. `gem_parallel.shard_embeddings`) and returns the parameters it took over.
         mp_policy: FSDP2 mixed precision (None: parameters keep their dtype).
         comms: HSDP all-gather transport, see `apply_hsdp`.
+        compile_aot: a directory: the blocks are compiled ahead of time and kept there
+            (`gem_parallel.AotBlocks`), so a later process loads them instead of tracing
+            them again. Needs `compile` and no HSDP (the blocks' hooks would not run).
 
     Returns:
         `Parallelized` (the model, the converted linears, the parameters FSDP skipped).
@@ -229,10 +235,21 @@ def parallelize(
         raise TypeError(f"compile={compile!r} must be a bool or a backend name")
     if meshes is None and shard_tables is not None:
         raise ValueError("shard_tables needs meshes (a process group, even a world of one)")
+    if compile_aot is not None:
+        if not compile:
+            raise ValueError(f"compile_aot={compile_aot!r} needs compile (a backend name or True)")
+        if meshes is not None and meshes.dense.size() > 1:
+            raise ValueError(f"compile_aot={compile_aot!r} needs one process without HSDP (FSDP's hooks on "
+                             f"the blocks would not run); the dense mesh has {meshes.dense.size()} ranks")
     units = default_blocks(model)
     apply_ac_compile(units, ac, False)  # 2. (the wrappers replace the blocks in their lists)
     if compile:  # 3.
-        compile_blocks(units, "inductor" if compile is True else compile)
+        backend = "inductor" if compile is True else compile
+        if compile_aot is not None:
+            out.aot = AotBlocks(compile_aot, backend, _compile_settings())
+            out.aot.install(units)
+        else:
+            compile_blocks(units, backend)
         out.compiled_blocks = len(units)
     if meshes is None:
         return out

@@ -170,8 +170,10 @@ def _setup_dist(world: int) -> torch.device:
 
 
 def _parallelize(model: Any, cfg: TrainConfig, world: int,
-                 device: torch.device) -> tuple[Any, Optimizers]:
+                 device: torch.device) -> tuple[Any, Optimizers, Any]:
     """Applies parallelism from outside the model (gem_parallel) and builds the optimizer.
+    Returns the model, the optimizer and the blocks' ahead-of-time store (`compile_aot`; None
+    without it).
 
     - sparse_sharding != "none": the torchrec tables are sharded by gem_parallel's planner
       and trained by torchrec's fused exact SGD (`sparse_lr`), in one process too (a world
@@ -194,8 +196,9 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
     apply_table_grads(model, cfg, world)  # (sparse: one process, unsharded tables)
     if world == 1 and not sharded:
         done = gem_parallel.parallelize(model, None, precision=precision, compile=cfg.compile,
-                                        keep_bf16=keep_bf16_patterns(cfg), fp8_min_speedup=fp8_min_speedup)
-        return done.model, build_optimizer(done.model, cfg)
+                                        keep_bf16=keep_bf16_patterns(cfg), fp8_min_speedup=fp8_min_speedup,
+                                        compile_aot=cfg.compile_aot or None)
+        return done.model, build_optimizer(done.model, cfg), done.aot
     if world == 1 and not dist.is_initialized():
         # One process with torchrec tables: a world of one, so the code path (and the
         # fused table optimizer) is the same as in the sharded multi-process run.
@@ -220,8 +223,8 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
     done = gem_parallel.parallelize(model, meshes, precision=precision, compile=cfg.compile,
                                     shard_tables=shard_tables if sharded else None,
                                     mp_policy=policy, comms=cfg.comms, keep_bf16=keep_bf16_patterns(cfg),
-                                    fp8_min_speedup=fp8_min_speedup)
-    return done.model, build_optimizer(done.model, cfg, exclude=done.ignored_params)
+                                    fp8_min_speedup=fp8_min_speedup, compile_aot=cfg.compile_aot or None)
+    return done.model, build_optimizer(done.model, cfg, exclude=done.ignored_params), done.aot
 
 
 def apply_table_grads(model: torch.nn.Module, cfg: TrainConfig, world: int) -> None:
@@ -251,23 +254,30 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig,
                       final_frac=cfg.lr_final_frac)
 
 
-def _compile_counts() -> dict[str, int]:
+def _compile_counts(aot: Any = None) -> dict[str, int]:
+    """Graphs so far: dynamo's process-wide counters, or with `compile_aot` the blocks'
+    variants (loaded + compiled: dynamo's counters do not see a loaded variant)."""
     import gem_parallel
 
-    return gem_parallel.Parallelized.compile_counts()
+    counts = gem_parallel.Parallelized.compile_counts()
+    if aot is not None:
+        counts["graphs"] = aot.stats.loaded + aot.stats.compiled
+    return counts
 
 
-def _compile_summary(cfg: TrainConfig, timers: Timers) -> dict[str, Any]:
+def _compile_summary(cfg: TrainConfig, timers: Timers, aot: Any = None) -> dict[str, Any]:
     """With --compile: graphs compiled and graph breaks (process-wide dynamo counters), and
     graphs compiled after the warm-up steps per 100 steps (recompiles; 0 when the dynamic
-    shapes cover every batch)."""
+    shapes cover every batch); with --compile-aot also what the blocks' store did
+    (`compile_aot`: variants loaded, compiled, dropped as stale or unreadable, seconds)."""
     if not cfg.compile:
         return {}
-    counts = _compile_counts()
+    extra = {"compile_aot": aot.stats.summary()} if aot is not None else {}
+    counts = _compile_counts(aot)
     late = timers.steps_done - WARMUP_STEPS
     warm = timers.extra.get("warm_graphs")  # the graph count at the end of the warm-up steps
     per100 = 100.0 * (counts["graphs"] - warm) / late if warm is not None and late > 0 else None
-    return {"compile_graphs": counts["graphs"], "compile_graph_breaks": counts["graph_breaks"],
+    return {**extra, "compile_graphs": counts["graphs"], "compile_graph_breaks": counts["graph_breaks"],
             "recompiles_per_100_steps": per100}
 
 
@@ -524,6 +534,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     # is built: refusals name the field, the CLI turns them into flags.
     _preflight.check_dirs(cfg)
     _preflight.check_export(cfg, world)
+    _preflight.check_compile_aot(cfg, world)
     det = _preflight.determinism(device, deterministic)
     for note in _preflight.slow_run_notices(cfg, device):
         _preflight.say(note, rank)
@@ -542,7 +553,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     # ~7 s of the H200 time to first step (normal_/uniform_ on CPU).
     with torch.device(device):
         model = gem_model.GEMModel(mcfg)
-    model, opt = _parallelize(model, cfg, world, device)
+    model, opt, aot = _parallelize(model, cfg, world, device)
     ccache: dict[str, Any] = {}
     if cfg.compile_cache:  # before the first step compiles anything
         from gem_trainer import _compile_cache
@@ -641,7 +652,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         timers.gc_s.append((gcw.pause_s if final else p.gc3) - p.gc0)  # collector pauses in the window
         timers.gpu_s.append(p.gpu_s())
         if cfg.compile and timers.steps_done == WARMUP_STEPS:
-            timers.extra["warm_graphs"] = _compile_counts()["graphs"]
+            timers.extra["warm_graphs"] = _compile_counts(aot)["graphs"]
             save_compile_cache()
         if cfg.gc_freeze and timers.steps_done == WARMUP_STEPS:
             gcw.freeze()  # between step windows: booked as the run's, not a step's
@@ -819,7 +830,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         "ckpt_stall_s": timers.ckpt_stall,
         "ckpt_final_wait_s": timers.extra.get("ckpt_final_wait_s", 0.0),
         **_ckpt_summary(ckpt, timers, step),
-        **_compile_summary(cfg, timers),
+        **_compile_summary(cfg, timers, aot),
         **ccache,
         **sync_debug.summary(),
         **gcw.summary(timers.gc_s, WARMUP_STEPS, timers.start_step, cfg.gc_freeze),

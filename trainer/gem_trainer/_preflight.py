@@ -83,6 +83,16 @@ def check_dirs(cfg: TrainConfig) -> None:
         if os.path.isdir(cfg.compile_cache):
             raise ValueError(f"compile_cache={cfg.compile_cache!r} is a directory; give a file path")
         check_writable("compile_cache", os.path.dirname(os.path.abspath(cfg.compile_cache)))
+    if cfg.compile_aot:
+        check_writable("compile_aot", cfg.compile_aot)
+
+
+def check_compile_aot(cfg: TrainConfig, world: int) -> None:
+    """`compile_aot`: one process (the blocks' ahead-of-time calls bypass module hooks, and
+    HSDP runs through FSDP's hooks on the blocks)."""
+    if cfg.compile_aot and world > 1:
+        raise ValueError(f"compile_aot={cfg.compile_aot!r} needs one process (world size {world}): "
+                         "with several, HSDP's hooks on the blocks must run; drop it for torchrun jobs")
 
 
 def check_export(cfg: TrainConfig, world: int) -> None:

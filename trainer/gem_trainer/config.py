@@ -55,6 +55,10 @@ class TrainConfig:
         compile_cache: file of torch.compile cache artifacts: loaded before the first step
             if present, written after the compile warm-up if not (carries the compile of a
             previous run to a fresh machine; "" = off; needs compile).
+        compile_aot: a directory where the compiled blocks are kept ahead of time (torch's
+            aot_compile, through gem_parallel.AotBlocks): a later run loads them instead of
+            tracing them again with dynamo ("" = off; needs compile and one process). A block
+            whose traced source changed since is compiled again, never run stale.
         progress: show a progress bar when stdout is a terminal.
         gc_freeze: after the warm-up steps, one full garbage collection and `gc.freeze()`, so
             later collections skip the warm-up's long-lived objects (compiled graphs, kernels,
@@ -113,6 +117,7 @@ class TrainConfig:
     max_bad_steps: int = 5
     compile: bool = False
     compile_cache: str = ""
+    compile_aot: str = ""
     progress: bool = True
     gc_freeze: bool = False
     sparse_sharding: str = "none"
@@ -174,6 +179,8 @@ class TrainConfig:
             raise ValueError(f"fp8_min_speedup={self.fp8_min_speedup!r} must be a finite number >= 0")
         if self.compile_cache and not self.compile:
             raise ValueError(f"compile_cache={self.compile_cache!r} needs compile=True (it caches compiled graphs)")
+        if self.compile_aot and not self.compile:
+            raise ValueError(f"compile_aot={self.compile_aot!r} needs compile=True (it keeps compiled blocks)")
         if self.export_teacher and self.sparse_sharding != "none":
             # torchrec's sharded tables are not a plain GEMModel state dict (save_teacher's format)
             raise ValueError(f"export_teacher={self.export_teacher!r} needs sparse_sharding='none' "

@@ -1,0 +1,204 @@
+"""Blocks compiled ahead of time and kept on disk: a warm start without dynamo's tracing.
+
+`torch.compile` caches inductor's code and AOTAutograd's graphs on disk, but every process
+still re-runs dynamo: it traces each block kind's bytecode with fake tensors and symbolic
+sizes (about 4 s of a warm start's 12 s for the h200 preset on an H200; 3.3 s of 6.7 s for
+the tiny preset on a CPU) before a cache can even be asked. torch's ahead-of-time API
+(`torch.compile(...).aot_compile`, `torch.compiler.load_compiled_function`) serialises what
+dynamo produced, guards included, with the compiled forward and backward. `AotBlocks` uses
+it per block kind:
+
+- at a block's call, the variants of its kind (one per guard set: the first layer, whose
+  `pooled` input is None, the later ones, an evaluation under `no_grad`, ...) are tried in
+  order by their guards, and the first that passes runs;
+- none passes: the call is compiled ahead of time with these inputs (dynamic sizes, whole
+  graph, the same compiler flags as `compile_blocks`), saved as one file, and run;
+- at the first call of a kind, its files are loaded. A file is dropped and replaced when
+  the source lines dynamo traced have changed since it was written (a stale graph must
+  never run), when torch reports it incompatible (another torch, Python or GPU), or when it
+  cannot be read (truncated, corrupt).
+
+Files live under `directory/<torch version>-<device>/`, one per variant, written atomically.
+The blocks' forward hooks are bypassed (as inside a whole-graph compile), so this is for
+blocks without hooks: one process, no FSDP. The API is experimental in torch (2.11-2.13);
+any failure to load falls back to compiling, never to running stale code.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import os
+import re
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclass
+class AotStats:
+    """What the blocks' ahead-of-time store did in this process."""
+
+    loaded: int = 0  # variants read from files
+    compiled: int = 0  # variants compiled here (and saved, unless save_errors says otherwise)
+    stale: int = 0  # files dropped: their traced source changed
+    unreadable: int = 0  # files dropped: torch could not load them (corrupt, another torch/GPU)
+    save_errors: int = 0
+    load_s: float = 0.0
+    compile_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {"loaded": self.loaded, "compiled": self.compiled, "stale": self.stale,
+                "unreadable": self.unreadable, "save_errors": self.save_errors,
+                "load_s": round(self.load_s, 3), "compile_s": round(self.compile_s, 3)}
+
+
+def _kind(block: nn.Module) -> str:
+    """A file-name-safe name of the block's kind: its class, and the wrapped module's class
+    for an activation-checkpointing wrapper."""
+    inner = getattr(block, "_checkpoint_wrapped_module", None)
+    names = [f"{type(block).__module__}.{type(block).__qualname__}"]
+    if isinstance(inner, nn.Module):
+        names.append(f"{type(inner).__module__}.{type(inner).__qualname__}")
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", "+".join(names))
+
+
+def _system_tag() -> str:
+    dev = "cpu"
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        dev = f"sm{major}{minor}"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{dev}")
+
+
+def sources_current(fn: Any) -> bool:
+    """Whether every source range dynamo traced into `fn` (an AOT-compiled function) still
+    reads as it did when it was compiled (sha256 of the lines, as torch records them)."""
+    try:
+        sources = fn.source_info().inlined_sources
+    except Exception:
+        return False
+    for s in sources:
+        try:
+            module = sys.modules.get(s.module) or importlib.import_module(s.module)
+            lines = inspect.getsourcelines(module)[0][s.firstlineno - 1:s.lastlineno - 1]
+        except Exception:
+            return False
+        if hashlib.sha256("".join(lines).encode()).hexdigest() != s.checksum:
+            return False
+    return True
+
+
+class AotBlocks:
+    """Installs ahead-of-time compiled calls on blocks; see the module docstring.
+
+    Args:
+        directory: where the compiled variants are kept (created if missing).
+        backend: the `torch.compile` backend ("inductor").
+        settings: compiler flags as (config module, name, value) triples, set while a
+            variant is compiled (gem_parallel's `_compile_settings`).
+    """
+
+    def __init__(self, directory: str, backend: str = "inductor",
+                 settings: Sequence[tuple[Any, str, Any]] = ()) -> None:
+        if not isinstance(directory, str) or not directory:
+            raise TypeError(f"directory={directory!r} must be a non-empty path")
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise ValueError(f"directory={directory!r} exists and is not a directory")
+        if not hasattr(torch.compiler, "load_compiled_function"):
+            raise RuntimeError(f"torch {torch.__version__} has no torch.compiler.load_compiled_function "
+                               "(ahead-of-time compile); compile the blocks without a directory")
+        self.directory = os.path.join(directory, _system_tag())
+        os.makedirs(self.directory, exist_ok=True)
+        self.backend = backend
+        self.settings = list(settings)
+        self.stats = AotStats()
+        self._variants: dict[str, list[Any]] = {}
+
+    def install(self, units: Sequence[tuple[nn.ModuleList, int]]) -> None:
+        """Routes each `parent[index]` block's calls through the store (its forward hooks,
+        if any, no longer run)."""
+        for parent, i in units:
+            block = parent[i]
+            block._compiled_call_impl = self._caller(block)  # (what nn.Module.compile sets)
+
+    def _caller(self, block: nn.Module) -> Callable[..., Any]:
+        kind = _kind(block)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self.call(kind, block, args, kwargs)
+
+        return call
+
+    def call(self, kind: str, block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        variants = self._variants.get(kind)
+        if variants is None:
+            variants = self._variants[kind] = self._load(kind)
+        for v in variants:
+            if v.guard_check(block, *args, **kwargs):
+                return v.fn(block, *args, **kwargs)
+        v = self._compile(kind, block, args, kwargs)
+        variants.append(v)
+        return v.fn(block, *args, **kwargs)
+
+    def files(self, kind: str | None = None) -> list[str]:
+        """The variant files (of one kind, or all), sorted."""
+        names = sorted(os.listdir(self.directory))
+        return [os.path.join(self.directory, n) for n in names
+                if n.endswith(".bin") and (kind is None or n.startswith(kind + "."))]
+
+    def _load(self, kind: str) -> list[Any]:
+        t = time.perf_counter()
+        out = []
+        for path in self.files(kind):
+            try:
+                with open(path, "rb") as f:
+                    fn = torch.compiler.load_compiled_function(f)
+            except Exception as e:  # corrupt, truncated, another torch / Python / GPU
+                self.stats.unreadable += 1
+                self.stats.notes.append(f"{os.path.basename(path)}: {type(e).__name__}: {str(e)[:120]}")
+                _remove(path)
+                continue
+            if not sources_current(fn):
+                self.stats.stale += 1
+                _remove(path)
+                continue
+            out.append(fn)
+            self.stats.loaded += 1
+        self.stats.load_s += time.perf_counter() - t
+        return out
+
+    def _compile(self, kind: str, block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        t = time.perf_counter()
+        old = [getattr(mod, name) for mod, name, _ in self.settings]
+        for mod, name, value in self.settings:
+            setattr(mod, name, value)
+        try:
+            compiled = torch.compile(block.forward, backend=self.backend, fullgraph=True, dynamic=True)
+            fn = compiled.aot_compile((args, kwargs))  # type: ignore[attr-defined]
+        finally:
+            for (mod, name, _), value in zip(self.settings, old):
+                setattr(mod, name, value)
+        self.stats.compiled += 1
+        path = os.path.join(self.directory, f"{kind}.{uuid.uuid4().hex[:12]}.bin")
+        try:
+            fn.save_compiled_function(path)  # (atomic: a temporary file, then a rename)
+        except Exception as e:  # the variant still runs in this process
+            self.stats.save_errors += 1
+            self.stats.notes.append(f"{kind}: not saved: {type(e).__name__}: {str(e)[:120]}")
+        self.stats.compile_s += time.perf_counter() - t
+        return fn
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
