@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from gem_parallel._aot import AotBlocks, AotStats
+from gem_parallel._aot import AotBlocks
 from gem_parallel._comm_volume import CommConfig, CommItem, comm_table, comm_volume
 from gem_parallel._dense import BF16_MIXED, apply_hsdp
 from gem_parallel._dims import Meshes, ParallelDims
@@ -27,7 +27,6 @@ __all__ = [
     "Parallelized",
     "compile_blocks",
     "AotBlocks",
-    "AotStats",
     "ParallelDims",
     "Meshes",
     "apply_hsdp",
