@@ -7,6 +7,7 @@ Checked on fresh random weights and inputs of varying sizes (dynamic shapes):
   outputs and gradients are the eager model's, and the same bits as `compile_blocks`' path;
 - a second model loads the files: no dynamo graph is traced, nothing is compiled, and it
   computes the same bits;
+- activation-checkpointed blocks under bf16 autocast load and give compile_blocks' bits;
 - a file whose traced source lines have changed is dropped and compiled again (the new code
   runs, never the stale graph); a corrupt file is dropped and compiled again;
 - bad arguments are refused with the argument named.
@@ -78,14 +79,16 @@ def _graphs() -> int:
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
-def _run(net: nn.Module, sizes: tuple[int, ...], seed: int) -> list[torch.Tensor]:
-    """Outputs and parameter gradients of fwd+bwd over batches of the given sizes."""
+def _run(net: nn.Module, sizes: tuple[int, ...], seed: int, bf16: bool = False) -> list[torch.Tensor]:
+    """Outputs and parameter gradients of fwd+bwd over batches of the given sizes (under CPU
+    bf16 autocast with `bf16`, as the trainer runs its model under CUDA autocast)."""
     got: list[torch.Tensor] = []
     for n in sizes:
         g = torch.Generator().manual_seed(seed + n)
         x, extra = torch.randn(n, 16, generator=g), torch.randn(3, 16, generator=g)
-        out = net(x, extra)
-        out.square().sum().backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = net(x, extra)
+        out.float().square().sum().backward()
         got.append(out.detach().clone())
     got += [p.grad.clone() for p in net.parameters() if p.grad is not None]
     net.zero_grad(set_to_none=True)
@@ -184,6 +187,28 @@ def test_changed_source_or_a_corrupt_file_is_compiled_again(src: Path, tmp_path:
     assert not os.path.exists(victim) and len(done.aot.files()) == 2
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_checkpointed_blocks_under_autocast(src: Path, tmp_path: Path) -> None:
+    # Activation checkpointing wraps each block (the store names the kind by both classes)
+    # and autocast is part of the guards: loaded, the blocks give compile_blocks' bits.
+    mod = _module(src, "2.0")
+    seed = int(torch.randint(0, 1 << 30, ()).item())
+    torch.manual_seed(seed)
+    nets = [mod.Net() for _ in range(3)]
+    for n in nets[1:]:
+        n.load_state_dict(nets[0].state_dict())
+    parallelize(nets[0], compile=True, ac=True)
+    want = _run(nets[0], (7, 12, 30), seed, bf16=True)
+    store = str(tmp_path / "aot")
+    for i, net in enumerate(nets[1:]):
+        done = parallelize(net, compile=True, ac=True, compile_aot=store)
+        got = _run(net, (7, 12, 30), seed, bf16=True)
+        assert done.aot is not None
+        assert (done.aot.stats.compiled, done.aot.stats.loaded) == ((2, 0) if i == 0 else (0, 2)), done.aot.stats
+        assert all("CheckpointWrapper" in os.path.basename(f) and "Block" in f for f in done.aot.files())
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
 
 
 def test_bad_arguments_are_refused(tmp_path: Path) -> None:
