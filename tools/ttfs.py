@@ -1,6 +1,7 @@
 """Time to first step of a gem_trainer run, and where compile spent it.
 
     python3 tools/ttfs.py [--preset h200] [--steps 3] [--compile/--no-compile]
+                          [--compile-cache FILE] [--compile-aot DIR]
 
 Run it twice with the same TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR: the first run is cold
 (empty caches), the second warm. Prints the trainer's summary keys for the first step and
@@ -23,12 +24,15 @@ p.add_argument("--preset", default="h200")
 p.add_argument("--steps", type=int, default=3)
 p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
 p.add_argument("--compile-cache", default="", help="the trainer's --compile-cache file")
+p.add_argument("--compile-aot", default="", help="the trainer's --compile-aot folder (blocks compiled ahead of time)")
 a = p.parse_args()
 over: dict[str, object] = {"steps": a.steps, "eval_batches": 0, "progress": False}
 if a.compile is not None:
     over["compile"] = a.compile
 if a.compile_cache:
     over["compile_cache"] = a.compile_cache
+if a.compile_aot:
+    over["compile_aot"] = a.compile_aot
 t0 = time.perf_counter()
 s = train(tc.PRESETS[a.preset](**over))
 wall = time.perf_counter() - t0
