@@ -18,10 +18,12 @@ it per block kind:
   never run), when torch reports it incompatible (another torch, Python or GPU), or when it
   cannot be read (truncated, corrupt).
 
-Files live under `directory/<torch version>-<device>/`, one per variant, written atomically.
-The blocks' forward hooks are bypassed (as inside a whole-graph compile), so this is for
-blocks without hooks: one process, no FSDP. The API is experimental in torch (2.11-2.13);
-any failure to load falls back to compiling, never to running stale code.
+Files live under `directory/<torch version>-<python>-<device>/`, one per variant, written
+atomically. The compiled call is a block's `forward` alone, so a block with module hooks is
+refused rather than silently run without them. It is built and tested for one process;
+`parallelize` refuses it with HSDP (FSDP works through hooks on the blocks). The API is
+experimental in torch (2.11-2.13); any failure to load falls back to compiling, never to
+running stale code.
 """
 from __future__ import annotations
 
@@ -123,16 +125,22 @@ class AotBlocks:
         self._variants: dict[str, list[Any]] = {}
 
     def install(self, units: Sequence[tuple[nn.ModuleList, int]]) -> None:
-        """Routes each `parent[index]` block's calls through the store (its forward hooks,
-        if any, no longer run)."""
+        """Routes each `parent[index]` block's calls through the store (the slot
+        `nn.Module.compile` fills). The compiled call is the block's `forward` alone, so a
+        block with module hooks is refused, at install and at every call: they would not
+        run. (Replacing `forward` on the instance instead would keep hooks, but dynamo then
+        guards on that attribute, and the guard state cannot be saved.)"""
         for parent, i in units:
             block = parent[i]
-            block._compiled_call_impl = self._caller(block)  # (what nn.Module.compile sets)
+            _no_hooks(block)
+            block._compiled_call_impl = self._caller(block)
 
     def _caller(self, block: nn.Module) -> Callable[..., Any]:
         kind = _kind(block)
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            if block._forward_hooks or block._forward_pre_hooks:
+                _no_hooks(block)
             return self.call(kind, block, args, kwargs)
 
         return call
@@ -195,6 +203,15 @@ class AotBlocks:
             self.stats.notes.append(f"{kind}: not saved: {type(e).__name__}: {str(e)[:120]}")
         self.stats.compile_s += time.perf_counter() - t
         return fn
+
+
+def _no_hooks(block: nn.Module) -> None:
+    hooks = [name for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+             if getattr(block, name, None)]
+    if hooks:
+        raise ValueError(f"block {type(block).__qualname__} has module hooks ({', '.join(hooks)}): an "
+                         "ahead-of-time compiled call runs its forward alone and would skip them; remove "
+                         "them or compile it with gem_parallel.compile_blocks")
 
 
 def _remove(path: str) -> None:

@@ -217,7 +217,8 @@ def parallelize(
         comms: HSDP all-gather transport, see `apply_hsdp`.
         compile_aot: a directory: the blocks are compiled ahead of time and kept there
             (`gem_parallel.AotBlocks`), so a later process loads them instead of tracing
-            them again. Needs `compile` and no HSDP (the blocks' hooks would not run).
+            them again. Needs `compile`; refused with HSDP (FSDP works through hooks on
+            the blocks, which an ahead-of-time call skips).
 
     Returns:
         `Parallelized` (the model, the converted linears, the parameters FSDP skipped).
@@ -239,8 +240,9 @@ def parallelize(
         if not compile:
             raise ValueError(f"compile_aot={compile_aot!r} needs compile (a backend name or True)")
         if meshes is not None and meshes.dense.size() > 1:
-            raise ValueError(f"compile_aot={compile_aot!r} needs one process without HSDP (FSDP's hooks on "
-                             f"the blocks would not run); the dense mesh has {meshes.dense.size()} ranks")
+            raise ValueError(f"compile_aot={compile_aot!r} needs one process without HSDP (FSDP works "
+                             f"through hooks on the blocks, which an ahead-of-time call skips); the dense "
+                             f"mesh has {meshes.dense.size()} ranks")
     units = default_blocks(model)
     apply_ac_compile(units, ac, False)  # 2. (the wrappers replace the blocks in their lists)
     if compile:  # 3.

@@ -10,7 +10,8 @@ Checked on fresh random weights and inputs of varying sizes (dynamic shapes):
 - activation-checkpointed blocks under bf16 autocast load and give compile_blocks' bits;
 - a file whose traced source lines have changed is dropped and compiled again (the new code
   runs, never the stale graph); a corrupt file is dropped and compiled again;
-- bad arguments are refused with the argument named.
+- bad arguments are refused with the argument named, and a block with module hooks (which
+  the compiled forward would skip) is refused at install and at its next call.
 
 The block kind is defined in a module written to a temporary folder, so the test can edit its
 source as a user would. Backend: inductor (what the trainer uses; the blocks are small).
@@ -222,3 +223,12 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="directory="):
         AotBlocks("")
     assert net[0].weight.shape == (4, 4)
+    hooked = nn.ModuleList([nn.Linear(4, 4)])
+    handle = hooked[0].register_forward_hook(lambda m, a, out: None)
+    with pytest.raises(ValueError, match="module hooks .*_forward_hooks"):
+        AotBlocks(str(tmp_path / "s")).install([(hooked, 0)])
+    handle.remove()
+    AotBlocks(str(tmp_path / "s")).install([(hooked, 0)])
+    hooked[0].register_forward_pre_hook(lambda m, a: None)  # added after install: refused at the call
+    with pytest.raises(ValueError, match="module hooks .*_forward_pre_hooks"):
+        hooked[0](torch.randn(2, 4))

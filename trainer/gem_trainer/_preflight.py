@@ -88,11 +88,11 @@ def check_dirs(cfg: TrainConfig) -> None:
 
 
 def check_compile_aot(cfg: TrainConfig, world: int) -> None:
-    """`compile_aot`: one process (the blocks' ahead-of-time calls bypass module hooks, and
-    HSDP runs through FSDP's hooks on the blocks)."""
+    """`compile_aot`: one process (gem_parallel refuses it with HSDP, which works through
+    hooks on the blocks that an ahead-of-time call skips)."""
     if cfg.compile_aot and world > 1:
         raise ValueError(f"compile_aot={cfg.compile_aot!r} needs one process (world size {world}): "
-                         "with several, HSDP's hooks on the blocks must run; drop it for torchrun jobs")
+                         "HSDP works through hooks on the blocks, which it skips; drop it for torchrun jobs")
 
 
 def check_export(cfg: TrainConfig, world: int) -> None:
