@@ -7,13 +7,14 @@
 #           allocators' counters per step (tools/slow_step_probe.py).
 #   PART=b  the blocks compiled ahead of time (--compile-aot, gem_parallel.AotBlocks): the h200
 #           trainer 60 steps with an empty store (compiles and saves), again (loads: the warm
-#           time to first step), then the plain compiled path (warm caches) for comparison;
-#           plus the GPU test of the per-step device time (test_slow_steps).
+#           time to first step), then the plain compiled path (warm caches) for comparison,
+#           then the filled store with empty inductor/Triton caches (a fresh machine); plus
+#           the GPU test of the per-step device time (test_slow_steps).
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   [ -f "$OUT/t_slow.log" ] && { echo "=== t_slow"; tail -n 3 "$OUT/t_slow.log" | cut -c1-300; }
-  for f in aot_cold aot_warm plain_warm; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; python3 -c "
+  for f in aot_cold aot_warm plain_warm aot_fresh; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; python3 -c "
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{') and 'mfu_steady' in l]
 keys = ('steps', 'loss', 'mfu_steady', 'step_s_median', 'step_gpu_s_median', 'time_to_first_step_s', 'compile_aot', 'compile_graphs', 'recompiles_per_100_steps', 'slow_steps')
@@ -33,6 +34,9 @@ b)
   ls -la /tmp/gem_aot/* > "$OUT/aot_files.log" 2>&1
   st aot_warm 100 $TR --compile-aot /tmp/gem_aot
   st plain_warm 100 $TR
+  # a fresh machine given the filled store: empty inductor and Triton caches (do the files
+  # carry built kernels on CUDA? on CPU they do not: 33.8 s for the tiny preset)
+  st aot_fresh 150 env TORCHINDUCTOR_CACHE_DIR=/tmp/ic_fresh TRITON_CACHE_DIR=/tmp/tc_fresh $TR --compile-aot /tmp/gem_aot
   st t_slow $(left 560) python3 -m pytest -q -p no:cacheprovider trainer/tests/test_slow_steps.py ;;
 esac
 gpu_end
