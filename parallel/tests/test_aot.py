@@ -149,6 +149,22 @@ def test_a_second_model_loads_the_blocks_without_tracing(src: Path, tmp_path: Pa
         assert torch.equal(a, b)
 
 
+def _store_files(store: Path) -> list[str]:
+    return sorted(str(p) for p in store.rglob("*.bin"))
+
+
+def _stored_run(mod: Any, eager: nn.Module, store: Path, seed: int, want: list[torch.Tensor]) -> Any:
+    """A new model with `eager`'s weights through the store: fwd+bwd match `want`; its stats."""
+    net = mod.Net()
+    net.load_state_dict(eager.state_dict())
+    done = parallelize(net, compile=True, compile_aot=str(store))
+    got = _run(net, (6, 11), seed)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert done.aot is not None
+    return done.aot.stats
+
+
 def test_changed_source_or_a_corrupt_file_is_compiled_again(src: Path, tmp_path: Path) -> None:
     store = tmp_path / "aot"
     mod = _module(src, "2.0")
@@ -164,30 +180,18 @@ def test_changed_source_or_a_corrupt_file_is_compiled_again(src: Path, tmp_path:
     torch.manual_seed(seed)
     eager = mod.Net()
     want = _run(eager, (6, 11), seed)
-    net = mod.Net()
-    net.load_state_dict(eager.state_dict())
-    done = parallelize(net, compile=True, compile_aot=str(store))
-    got = _run(net, (6, 11), seed)
-    assert done.aot is not None
-    assert done.aot.stats.stale == 2 and done.aot.stats.loaded == 0 and done.aot.stats.compiled == 2, done.aot.stats
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-    files = set(done.aot.files())
+    stats = _stored_run(mod, eager, store, seed, want)
+    assert stats.stale == 2 and stats.loaded == 0 and stats.compiled == 2, stats
+    files = set(_store_files(store))
     assert len(files) == 2 and not files & old_files  # the stale files are gone, new ones written
 
     # A truncated file (a kill mid-copy, a full disk): dropped, compiled again, the run goes on.
     victim = sorted(files)[0]
     data = Path(victim).read_bytes()
     Path(victim).write_bytes(data[: len(data) // 3])
-    net = mod.Net()
-    net.load_state_dict(eager.state_dict())
-    done = parallelize(net, compile=True, compile_aot=str(store))
-    got = _run(net, (6, 11), seed)
-    assert done.aot is not None
-    assert done.aot.stats.unreadable == 1 and done.aot.stats.loaded == 1 and done.aot.stats.compiled == 1, done.aot.stats
-    assert not os.path.exists(victim) and len(done.aot.files()) == 2
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    stats = _stored_run(mod, eager, store, seed, want)
+    assert stats.unreadable == 1 and stats.loaded == 1 and stats.compiled == 1, stats
+    assert not os.path.exists(victim) and len(_store_files(store)) == 2
 
 
 def test_checkpointed_blocks_under_autocast(src: Path, tmp_path: Path) -> None:
