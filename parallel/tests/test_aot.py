@@ -186,6 +186,8 @@ def test_changed_source_or_a_corrupt_file_is_compiled_again(src: Path, tmp_path:
     assert len(files) == 2 and not files & old_files  # the stale files are gone, new ones written
 
     # A truncated file (a kill mid-copy, a full disk): dropped, compiled again, the run goes on.
+    # A kill inside torch's own write leaves only its temporary file, which is never read.
+    (Path(sorted(files)[0]).parent / "tmp_killed_write").write_bytes(b"\x80partial")
     victim = sorted(files)[0]
     data = Path(victim).read_bytes()
     Path(victim).write_bytes(data[: len(data) // 3])
