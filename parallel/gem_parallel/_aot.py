@@ -18,8 +18,8 @@ it per block kind:
   never run), when torch reports it incompatible (another torch, Python or GPU), or when it
   cannot be read (truncated, corrupt).
 
-Files live under `directory/<torch version>-<python>-<device>/`, one per variant, written
-atomically. The compiled call is a block's `forward` alone, so a block with module hooks is
+Files live under `directory/<torch version>-<python>-<device>[-<tag>]/`, one per variant,
+written atomically. The compiled call is a block's `forward` alone, so a block with module hooks is
 refused rather than silently run without them. It is built and tested for one process;
 `parallelize` refuses it with HSDP (FSDP works through hooks on the blocks). The API is
 experimental in torch (2.11-2.13); any failure to load falls back to compiling, never to
@@ -106,10 +106,13 @@ class AotBlocks:
         backend: the `torch.compile` backend ("inductor").
         settings: compiler flags as (config module, name, value) triples, set while a
             variant is compiled (gem_parallel's `_compile_settings`).
+        tag: names a sub-folder, so models of different shapes sharing `directory` neither
+            load nor try each other's variants (`parallelize` passes a hash of the model's
+            structure and precision).
     """
 
     def __init__(self, directory: str, backend: str = "inductor",
-                 settings: Sequence[tuple[Any, str, Any]] = ()) -> None:
+                 settings: Sequence[tuple[Any, str, Any]] = (), tag: str = "") -> None:
         if not isinstance(directory, str) or not directory:
             raise TypeError(f"directory={directory!r} must be a non-empty path")
         if os.path.exists(directory) and not os.path.isdir(directory):
@@ -117,7 +120,8 @@ class AotBlocks:
         if not hasattr(torch.compiler, "load_compiled_function"):
             raise RuntimeError(f"torch {torch.__version__} has no torch.compiler.load_compiled_function "
                                "(ahead-of-time compile); compile the blocks without a directory")
-        self.directory = os.path.join(directory, _system_tag())
+        sub = _system_tag() + (f"-{re.sub(r'[^A-Za-z0-9_.-]', '_', tag)}" if tag else "")
+        self.directory = os.path.join(directory, sub)
         os.makedirs(self.directory, exist_ok=True)
         self.backend = backend
         self.settings = list(settings)

@@ -15,6 +15,7 @@ builds the model plainly and hands it here.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -248,7 +249,10 @@ def parallelize(
     if compile:  # 3.
         backend = "inductor" if compile is True else compile
         if compile_aot is not None:
-            out.aot = AotBlocks(compile_aot, backend, _compile_settings())
+            # One sub-folder per model structure and precision (the repr names every
+            # module class and size): other models' variants are never loaded or tried.
+            shape = hashlib.sha256(f"{model!r}|{precision}".encode()).hexdigest()[:12]
+            out.aot = AotBlocks(compile_aot, backend, _compile_settings(), tag=shape)
             out.aot.install(units)
         else:
             compile_blocks(units, backend)

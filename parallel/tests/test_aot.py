@@ -10,6 +10,7 @@ Checked on fresh random weights and inputs of varying sizes (dynamic shapes):
 - activation-checkpointed blocks under bf16 autocast load and give compile_blocks' bits;
 - a file whose traced source lines have changed is dropped and compiled again (the new code
   runs, never the stale graph); a corrupt file is dropped and compiled again;
+- models of other shapes sharing the folder keep separate variants;
 - bad arguments are refused with the argument named, and a block with module hooks (which
   the compiled forward would skip) is refused at install and at its next call.
 
@@ -216,6 +217,22 @@ def test_checkpointed_blocks_under_autocast(src: Path, tmp_path: Path) -> None:
         assert all("CheckpointWrapper" in os.path.basename(f) and "Block" in f for f in done.aot.files())
         for a, b in zip(got, want):
             assert torch.equal(a, b)
+
+
+def test_models_of_other_shapes_keep_their_own_variants(src: Path, tmp_path: Path) -> None:
+    # Two widths in one folder: each compiles its own variants and never loads the other's.
+    mod = _module(src, "2.0")
+    store = str(tmp_path / "aot")
+    narrow, wide = mod.Net(16), mod.Net(32)
+    a = parallelize(narrow, compile=True, compile_aot=store)
+    b = parallelize(wide, compile=True, compile_aot=store)
+    assert a.aot is not None and b.aot is not None and a.aot.directory != b.aot.directory
+    narrow(torch.randn(5, 16), torch.randn(3, 16)).sum().backward()
+    wide(torch.randn(5, 32), torch.randn(3, 32)).sum().backward()
+    assert (a.aot.stats.compiled, b.aot.stats.compiled, b.aot.stats.loaded) == (2, 2, 0)
+    again = parallelize(mod.Net(32), compile=True, compile_aot=store)
+    assert again.aot is not None and again.aot.directory == b.aot.directory
+    assert len(again.aot.files()) == 2
 
 
 def test_bad_arguments_are_refused(tmp_path: Path) -> None:
