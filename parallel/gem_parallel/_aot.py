@@ -16,7 +16,9 @@ it per block kind:
 - at the first call of a kind, its files are loaded. A file is dropped and replaced when
   the source lines dynamo traced have changed since it was written (a stale graph must
   never run), when torch reports it incompatible (another torch, Python or GPU), or when it
-  cannot be read (truncated, corrupt).
+  cannot be read (truncated, corrupt);
+- a kind whose ahead-of-time compile fails (the API is experimental) runs through an
+  ordinary `torch.compile` instead, with a warning and `stats.fallbacks`.
 
 Files live under `directory/<torch version>-<python>-<device>[-<tag>]/`, one per variant,
 written atomically. The compiled call is a block's `forward` alone, so a block with module hooks is
@@ -35,6 +37,7 @@ import re
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,13 +55,14 @@ class AotStats:
     stale: int = 0  # files dropped: their traced source changed
     unreadable: int = 0  # files dropped: torch could not load them (corrupt, another torch/GPU)
     save_errors: int = 0
+    fallbacks: int = 0  # kinds whose ahead-of-time compile failed: they run through torch.compile
     load_s: float = 0.0
     compile_s: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         return {"loaded": self.loaded, "compiled": self.compiled, "stale": self.stale,
-                "unreadable": self.unreadable, "save_errors": self.save_errors,
+                "unreadable": self.unreadable, "save_errors": self.save_errors, "fallbacks": self.fallbacks,
                 "load_s": round(self.load_s, 3), "compile_s": round(self.compile_s, 3)}
 
 
@@ -127,6 +131,7 @@ class AotBlocks:
         self.settings = list(settings)
         self.stats = AotStats()
         self._variants: dict[str, list[Any]] = {}
+        self._fallback: dict[str, Callable[..., Any]] = {}
 
     def install(self, units: Sequence[tuple[nn.ModuleList, int]]) -> None:
         """Routes each `parent[index]` block's calls through the store (the slot
@@ -150,21 +155,51 @@ class AotBlocks:
         return call
 
     def call(self, kind: str, block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        fallback = self._fallback.get(kind)
+        if fallback is not None:
+            return fallback(block, *args, **kwargs)
         variants = self._variants.get(kind)
         if variants is None:
             variants = self._variants[kind] = self._load(kind)
         for v in variants:
             if v.guard_check(block, *args, **kwargs):
                 return v.fn(block, *args, **kwargs)
-        v = self._compile(kind, block, args, kwargs)
+        try:
+            v = self._compile(kind, block, args, kwargs)
+        except Exception as e:  # an experimental API: never let it stop a run
+            self._fallback[kind] = fallback = self._plain(block)
+            self.stats.fallbacks += 1
+            self.stats.notes.append(f"{kind}: ahead-of-time compile failed ({type(e).__name__}: {str(e)[:200]})")
+            warnings.warn(f"gem_parallel.AotBlocks: the ahead-of-time compile of {kind} failed "
+                          f"({type(e).__name__}: {str(e)[:200]}); its blocks run through torch.compile "
+                          "as without a folder", RuntimeWarning, stacklevel=2)
+            return fallback(block, *args, **kwargs)
         variants.append(v)
         return v.fn(block, *args, **kwargs)
 
+    def _plain(self, block: nn.Module) -> Callable[..., Any]:
+        """The kind's forward through an ordinary `torch.compile` (dynamo each process), with
+        the same flags, set at every call as `compile_blocks` does."""
+        compiled = torch.compile(type(block).forward, backend=self.backend, fullgraph=True, dynamic=True)
+        settings = self.settings
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            old = [getattr(mod, name) for mod, name, _ in settings]
+            for mod, name, value in settings:
+                setattr(mod, name, value)
+            try:
+                return compiled(*args, **kwargs)
+            finally:
+                for (mod, name, _), value in zip(settings, old):
+                    setattr(mod, name, value)
+
+        return call
+
     def files(self, kind: str | None = None) -> list[str]:
         """The variant files (of one kind, or all), sorted."""
-        names = sorted(os.listdir(self.directory))
+        names = sorted(os.listdir(self.directory))  # "<kind>.<12 hex>.bin" (see _compile)
         return [os.path.join(self.directory, n) for n in names
-                if n.endswith(".bin") and (kind is None or n.startswith(kind + "."))]
+                if n.endswith(".bin") and (kind is None or n[:-len(".bin")].rpartition(".")[0] == kind)]
 
     def _load(self, kind: str) -> list[Any]:
         t = time.perf_counter()
@@ -193,8 +228,7 @@ class AotBlocks:
         for mod, name, value in self.settings:
             setattr(mod, name, value)
         try:
-            compiled = torch.compile(block.forward, backend=self.backend, fullgraph=True, dynamic=True)
-            fn = compiled.aot_compile((args, kwargs))  # type: ignore[attr-defined]
+            fn = _aot_compile_forward(self.backend, block, args, kwargs)
         finally:
             for (mod, name, _), value in zip(self.settings, old):
                 setattr(mod, name, value)
@@ -207,6 +241,11 @@ class AotBlocks:
             self.stats.notes.append(f"{kind}: not saved: {type(e).__name__}: {str(e)[:120]}")
         self.stats.compile_s += time.perf_counter() - t
         return fn
+
+
+def _aot_compile_forward(backend: str, block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    compiled = torch.compile(block.forward, backend=backend, fullgraph=True, dynamic=True)
+    return compiled.aot_compile((args, kwargs))  # type: ignore[attr-defined]
 
 
 def _no_hooks(block: nn.Module) -> None:

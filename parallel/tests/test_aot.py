@@ -11,6 +11,7 @@ Checked on fresh random weights and inputs of varying sizes (dynamic shapes):
 - a file whose traced source lines have changed is dropped and compiled again (the new code
   runs, never the stale graph); a corrupt file is dropped and compiled again;
 - models of other shapes sharing the folder keep separate variants;
+- a kind torch cannot compile ahead of time runs through an ordinary torch.compile;
 - bad arguments are refused with the argument named, and a block with module hooks (which
   the compiled forward would skip) is refused at install and at its next call.
 
@@ -233,6 +234,31 @@ def test_models_of_other_shapes_keep_their_own_variants(src: Path, tmp_path: Pat
     again = parallelize(mod.Net(32), compile=True, compile_aot=store)
     assert again.aot is not None and again.aot.directory == b.aot.directory
     assert len(again.aot.files()) == 2
+
+
+def test_a_failing_ahead_of_time_compile_falls_back_to_torch_compile(
+        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The API is experimental: if torch cannot compile a kind ahead of time, the run goes on
+    # through an ordinary torch.compile, says so, and writes nothing.
+    import gem_parallel._aot as aot
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("unsupported in this torch")
+
+    monkeypatch.setattr(aot, "_aot_compile_forward", broken)
+    mod = _module(src, "2.0")
+    seed = int(torch.randint(0, 1 << 30, ()).item())
+    torch.manual_seed(seed)
+    eager, net = mod.Net(), mod.Net()
+    net.load_state_dict(eager.state_dict())
+    want = _run(eager, (6, 11), seed)
+    done = parallelize(net, compile=True, compile_aot=str(tmp_path / "aot"))
+    with pytest.warns(RuntimeWarning, match="ahead-of-time compile of .*failed.*unsupported"):
+        got = _run(net, (6, 11), seed)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert done.aot is not None
+    assert done.aot.stats.fallbacks == 1 and done.aot.stats.compiled == 0 and done.aot.files() == []
 
 
 def test_bad_arguments_are_refused(tmp_path: Path) -> None:
