@@ -27,7 +27,7 @@ import torch.fx.experimental._config as fx_config
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from gem_parallel._aot import AotBlocks
+from gem_parallel._aot import AotBlocks, with_flags
 from gem_parallel._dense import BF16_MIXED, apply_ac_compile, apply_hsdp, default_blocks
 from gem_parallel._dims import Meshes
 
@@ -161,27 +161,12 @@ def inductor_off() -> tuple[str, ...]:
 
 
 def _with_compile_settings(fn: Callable[..., Any] | None) -> Callable[..., Any]:
-    """`fn` (a block's compiled call) run with `_compile_settings` set and then restored.
-
-    Plain attribute swaps, not `config.patch` contexts: the wrapper runs at every call of
-    every block, and on a 2-core CPU box three patch contexts took ~135 us of host time per
-    call, the swaps ~15 us (the single patch before gem-parallel 0.3.2: ~21 us)."""
+    """`fn` (a block's compiled call) run with `_compile_settings` set and then restored
+    (`_aot.with_flags`: plain attribute swaps, ~15 us per call on a 2-core CPU box; the
+    single patch context before gem-parallel 0.3.2 took ~21 us)."""
     if fn is None:
         raise RuntimeError("nn.Module.compile set no compiled call")
-    flags = _compile_settings()
-
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        old = [getattr(mod, name) for mod, name, _ in flags]
-        for mod, name, value in flags:
-            setattr(mod, name, value)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            for (mod, name, _), value in zip(flags, old):
-                setattr(mod, name, value)
-
-    return call
+    return functools.wraps(fn)(with_flags(fn, _compile_settings()))
 
 
 def parallelize(
