@@ -37,7 +37,8 @@ t0 = time.perf_counter()
 s = train(tc.PRESETS[a.preset](**over))
 wall = time.perf_counter() - t0
 print(torch._dynamo.utils.compile_times(repr="str", aggregate=True))
-print(json.dumps({"ttfs_s": s.get("time_to_first_step_s"), "wall_s": round(wall, 2),
+print(json.dumps({"ttfs_s": s.get("time_to_first_step_s"), "startup_s": s.get("startup_s"),
+                  "wall_s": round(wall, 2),
                   "step_s_median": s.get("step_s_median"), "steps": s.get("steps"),
                   **{k: v for k, v in s.items() if k.startswith("compile_")},
                   # AOTAutograd's cache per block graph (hit / miss / saved / bypass) and

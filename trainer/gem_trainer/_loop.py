@@ -546,6 +546,8 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             if cfg.ckpt_dir else None)
     _preflight.check_checkpoints(cfg, ckpt.latest() if ckpt is not None else None, rank)
     _seed_all(cfg.seed)
+    # Where the time to first step goes (summary `startup_s`): the end of each start-up phase.
+    marks: list[tuple[str, float]] = [("setup", time.perf_counter())]
 
     dcfg = data_config(cfg)
     mcfg = model_config(cfg, dcfg)
@@ -553,7 +555,9 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     # ~7 s of the H200 time to first step (normal_/uniform_ on CPU).
     with torch.device(device):
         model = gem_model.GEMModel(mcfg)
+    marks.append(("build", time.perf_counter()))
     model, opt, aot = _parallelize(model, cfg, world, device)
+    marks.append(("parallelize", time.perf_counter()))
     ccache: dict[str, Any] = {}
     if cfg.compile_cache:  # before the first step compiles anything
         from gem_trainer import _compile_cache
@@ -576,6 +580,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     if cfg.resume and ckpt is not None and ckpt.latest() is not None:
         step = resumed_from = ckpt.load(state)
         _preflight.check_resumed_step(cfg, step)
+    marks.append(("loader", time.perf_counter()))  # (+ the compile-cache file and a resume's load)
 
     log = MetricLog(cfg.log_dir, rank)
     timers = Timers()
@@ -603,6 +608,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     queued = 0  # steps queued by this loop (selects the readback buffer)
     sync_debug = _SyncDebug.from_env(cuda)
     gcw = GcWatch().start()
+    startup: dict[str, float] | None = None  # set when the first step completes
 
     def save_compile_cache() -> None:
         """Rank 0 writes the compile artifacts once, after the warm-up (or at the end of a
@@ -616,6 +622,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     def settle(p: _Pending, *, final: bool) -> None:
         """Books step `p` from its values; `final`: it is the last step queued (a save or a
         stop may follow). Not final, no save or stop can be due (see _settle_now)."""
+        nonlocal startup
         step_loss, stop_sum, busy_sum = p.values()
         # A step read at its end waited here for the GPU: that wait is the step's, so its
         # time ends now. (A step read during the next one waits inside the next one's window,
@@ -646,6 +653,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             step_hook(timers.steps_done)
         if timers.first_step is None:
             timers.first_step = t_end - t_start
+            startup = _startup_phases(t_start, marks, p, t_end)
         timers.model_flops += 3.0 * p.flops
         timers.step_s.append(t_end - p.t0)
         timers.opt_host_s.append(p.t3 - p.t2)
@@ -840,6 +848,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         "optimizer_s": timers.optimizer,
         "data_wait_s": timers.data_wait,
         "time_to_first_step_s": timers.first_step,
+        "startup_s": startup,
         "world_size": world,
         "sparse": _sparse_summary(cfg, world, sparse_sync is not None),
         "table_grads": cfg.table_grads,
@@ -867,6 +876,30 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
                              if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "loss"})
     log.close()
     return summary
+
+
+def _startup_phases(t_start: float, marks: list[tuple[str, float]], first: _Pending,
+                    t_end: float) -> dict[str, float]:
+    """The time to first step in phases (seconds; they add up to `time_to_first_step_s`):
+    setup (process group, start-up checks, the checkpointer), build (the model on its
+    device), parallelize (precision, activation checkpointing, compile set-up, sharding),
+    loader (the compile-cache file, the data loader, a resume's load), then the first
+    completed step: first_batch (waiting for it: worker start-up), first_forward_backward
+    (queueing them: dynamo tracing or loading `--compile-aot` files, inductor's and the
+    kernels' compiles happen here), first_optimizer, first_wait (the device finishing the step), and
+    before_first_step (the loop's own set-up, ~1 ms, and any steps that did not complete,
+    e.g. a non-finite loss)."""
+    out: dict[str, float] = {}
+    prev = t_start
+    for name, t in marks:
+        out[name] = t - prev
+        prev = t
+    out["before_first_step"] = max(0.0, first.t0 - prev)
+    out["first_batch"] = first.t1 - first.t0
+    out["first_forward_backward"] = first.t2 - first.t1
+    out["first_optimizer"] = first.t3 - first.t2
+    out["first_wait"] = t_end - first.t3
+    return {k: round(v, 4) for k, v in out.items()}
 
 
 def evaluate(model: Any, cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int, world: int,

@@ -1,0 +1,64 @@
+"""The summary's `startup_s`: the time to first step split into its phases, each phase's time
+booked where it was spent (a slow model build, a late first batch, a slow device at the
+first step), and the phases adding up to `time_to_first_step_s`."""
+
+import random
+import time
+
+import pytest
+
+import gem_data
+import gem_model
+from gem_trainer import _loop, presets_tiny, train
+
+PHASES = ["setup", "build", "parallelize", "loader", "before_first_step", "first_batch",
+          "first_forward_backward", "first_optimizer", "first_wait"]
+
+
+def test_each_phase_holds_its_own_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random()
+    # Fresh delays each run, 1.5 s apart, so a delay booked in the wrong phase shows.
+    build, batch, wait = (round(rng.uniform(0.4, 0.7), 3) + k for k in (0.0, 1.5, 3.0))
+    real_init = gem_model.GEMModel.__init__
+    real_next = gem_data.JaggedLoader.__next__
+    real_values = _loop._Pending.values
+    calls = {"next": 0, "values": 0}
+
+    def slow_init(self: gem_model.GEMModel, cfg: gem_model.GEMConfig) -> None:
+        time.sleep(build)
+        real_init(self, cfg)
+
+    def late_next(self: gem_data.JaggedLoader) -> gem_data.Batch:
+        calls["next"] += 1
+        if calls["next"] == 1:
+            time.sleep(batch)
+        return real_next(self)
+
+    def slow_values(self: _loop._Pending) -> list[float]:
+        calls["values"] += 1
+        if calls["values"] == 1:  # the first step's read waits, as for a slow device
+            time.sleep(wait)
+        return real_values(self)
+
+    monkeypatch.setattr(gem_model.GEMModel, "__init__", slow_init)
+    monkeypatch.setattr(gem_data.JaggedLoader, "__next__", late_next)
+    monkeypatch.setattr(_loop._Pending, "values", slow_values)
+    s = train(presets_tiny(steps=2, batch_size=8, eval_batches=0, progress=False))
+    assert s["steps"] == 2, s
+    ph = s["startup_s"]
+    assert list(ph) == PHASES, ph
+    assert all(v >= 0 for v in ph.values()), ph
+    assert sum(ph.values()) == pytest.approx(s["time_to_first_step_s"], abs=1e-3), (ph, s["time_to_first_step_s"])
+    # each delay in its phase, and not also in another (the phases' own work on the tiny
+    # preset, ~0.5 s for the build on a CPU, stays below the 1.5 s between the delays)
+    assert build <= ph["build"] < build + 1.4, ph
+    assert batch <= ph["first_batch"] < batch + 1.4, ph
+    assert wait <= ph["first_wait"] < wait + 1.4, ph
+    assert ph["before_first_step"] < 0.2, ph  # the loop's own set-up; no step failed
+
+
+def test_no_completed_step_has_no_startup(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every loss non-finite: no step completes, so there is no first step to split.
+    monkeypatch.setattr(_loop, "loss_fn", lambda logits, labels: (logits.float() * float("nan")).mean())
+    s = train(presets_tiny(steps=3, batch_size=8, eval_batches=0, progress=False, max_bad_steps=2))
+    assert s["steps"] == 0 and s["time_to_first_step_s"] is None and s["startup_s"] is None, s
