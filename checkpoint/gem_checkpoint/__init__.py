@@ -16,7 +16,7 @@ from gem_checkpoint._checkpointer import (
 from gem_checkpoint._fs import CheckpointCorruptError, CheckpointError
 from gem_checkpoint._rng import RNGState, capture_rng, restore_rng
 
-__version__ = "0.1.4"
+__version__ = "0.1.5"
 __all__ = [
     "FAULT_ENV",
     "CheckpointBusyError",

@@ -330,6 +330,18 @@ class Checkpointer:
         """All committed steps, ascending."""
         return _fs.committed_steps(self.root)
 
+    def info(self, step: int | None = None) -> dict[str, Any]:
+        """What the commit marker of `step` (default: the newest committed) records: `step`,
+        `world_size` (the processes that wrote it), `torch` (their version), `time` (Unix
+        seconds of the commit) and `total_bytes`. Local (no collective); reads one small
+        file. Raises FileNotFoundError when there is no such committed step."""
+        steps = self.steps()
+        want = steps[-1] if step is None and steps else step
+        marker = _fs.read_marker(_fs.step_dir(self.root, want)) if want is not None and want in steps else None
+        if marker is None:
+            raise FileNotFoundError(f"step={step} has no committed checkpoint in {self.root} (committed: {steps})")
+        return {k: marker[k] for k in ("step", "world_size", "torch", "time", "total_bytes") if k in marker}
+
     def load(self, state: MutableMapping[str, Any], step: int | None = None) -> int:
         """Restores `state` in place from `step` (default: the newest committed) and returns it.
 

@@ -272,3 +272,29 @@ def test_write_settings_are_counted_across_overlapping_writes() -> None:
     finally:
         torch.serialization.set_crc32_options(before[0])
         sys.setswitchinterval(before[1])
+
+
+def test_info_reads_the_commit_marker(tmp_path: Path) -> None:
+    seed = random.randrange(1 << 30)
+    model, optim = trained(seed)
+    ckpt = Checkpointer(tmp_path, async_save=False)
+    with pytest.raises(FileNotFoundError, match="has no committed checkpoint"):
+        ckpt.info()  # nothing saved yet
+    first, second = sorted(random.sample(range(1, 1000), 2))
+    sizes = {}
+    for step in (first, second):
+        ckpt.save(step, {"model": model, "optim": optim})
+        ckpt.wait()
+        sizes[step] = sum(f.stat().st_size for f in (tmp_path / f"step_{step}").iterdir() if f.suffix == ".distcp")
+        optim.step()  # the next save holds other values (same sizes)
+    newest = Checkpointer(tmp_path).info()  # another Checkpointer: read from disk
+    assert newest["step"] == second and newest["world_size"] == 1, newest
+    assert newest["torch"] == torch.__version__ and newest["total_bytes"] >= sizes[second] > 0, newest
+    assert ckpt.info(first)["step"] == first
+    with pytest.raises(FileNotFoundError, match=f"step={second + 1} has no committed checkpoint"):
+        ckpt.info(second + 1)
+    # A step whose marker is damaged is not committed: info says so, as load does.
+    (tmp_path / f"step_{second}" / "COMMIT.json").write_text("{not json")
+    assert ckpt.info()["step"] == first
+    with pytest.raises(FileNotFoundError, match=f"step={second} has no committed"):
+        ckpt.info(second)

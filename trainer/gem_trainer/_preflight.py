@@ -145,6 +145,20 @@ def check_resumed_step(cfg: TrainConfig, step: int) -> None:
                          f"ckpt_dir={cfg.ckpt_dir!r}; pass `steps` > {step} to train further")
 
 
+def world_change_notice(cfg: TrainConfig, step: int, saved_world: Any, world: int) -> str | None:
+    """What to say when a run resumes a checkpoint written by another number of processes
+    (None when the number is the same or unknown). The model, optimizer state and data
+    position carry over exactly (DCP reshards the tensors; the loader counts global blocks),
+    but the batch fields are per rank, so each step now takes another global batch."""
+    if not isinstance(saved_world, int) or isinstance(saved_world, bool) or saved_world == world:
+        return None
+    per = (f"batch_tokens={cfg.batch_tokens} tokens" if cfg.batch_tokens else f"batch_size={cfg.batch_size} samples")
+    return (f"resumed step {step}, written by {saved_world} process(es), on {world}: the model, the optimizer "
+            f"state and the data position carry over exactly, but {per} is per rank, so a step now "
+            f"takes {world}/{saved_world} of the saved run's global batch (scale batch_size or lr "
+            "to keep the old one)")
+
+
 def determinism(device: torch.device, requested: bool | None) -> bool:
     """Turns torch's deterministic algorithms on (or leaves them off) for this run.
 

@@ -1,0 +1,155 @@
+"""Resume on another world size: a checkpoint written by 2 gloo processes is loaded by 1 and
+by 3, with dense tables (`get_state_dict`'s FQN-keyed state, DTensors where sharded) and
+with torchrec table-wise tables (ShardedTensors, which each world size places differently).
+
+What every rank holds after the trainer's own load is gathered into full tensors and
+compared, bit for bit, with an independent reading of the same checkpoint: DCP's
+`dcp_to_torch_save`, which assembles each tensor from the saved shards in one process with no
+process group. Every model parameter and every optimizer state tensor must match: a shard
+read into the wrong rows, a table left at its fresh initialisation or an optimizer state
+keyed to the wrong parameter all show. Then the resumed run trains on.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from _run import env, losses, stderr_tail, torchrun_cmd
+from gem_trainer import _preflight, presets_tiny
+
+COMMON = ["--eval-batches", "0", "--log-every", "1", "--no-progress", "--lr", "1e-3", "--batch-size", "16"]
+SAVED_AT = 4
+
+# Run under torchrun: the trainer's CLI resumes from the checkpoint; right after the
+# Checkpointer's load, each rank's model and optimizer state (what `_AppState.state_dict`
+# hands to DCP) is gathered into full tensors and rank 0 writes them to argv[1]. With
+# `--steps` equal to the checkpoint's step the run then ends without training.
+DUMP = r'''
+import sys
+import torch
+import torch.distributed as dist
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.distributed.tensor import DTensor
+import gem_checkpoint
+from gem_trainer.__main__ import main
+
+out, argv = sys.argv[1], sys.argv[2:]
+real = gem_checkpoint.Checkpointer.load
+
+def full(v):
+    if isinstance(v, ShardedTensor):
+        rank0 = not dist.is_initialized() or dist.get_rank() == 0
+        buf = torch.empty(v.size(), dtype=v.dtype) if rank0 else None
+        v.gather(dst=0, out=buf)
+        return buf
+    if isinstance(v, DTensor):
+        return v.full_tensor()
+    return v.detach().clone() if isinstance(v, torch.Tensor) else v
+
+def flat(v, path, acc):
+    if isinstance(v, dict):
+        for k, x in v.items():
+            flat(x, f"{path}.{k}", acc)
+    elif isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            flat(x, f"{path}.{i}", acc)
+    else:
+        acc[path] = full(v)
+    return acc
+
+def load(self, state, step=None):
+    got = real(self, state, step)
+    acc = flat(state["app"].state_dict(), "app", {})
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        torch.save({"step": got, "state": acc}, out)
+    return got
+
+gem_checkpoint.Checkpointer.load = load
+sys.exit(main(argv))
+'''
+
+
+def _flat(v: Any, path: str, acc: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(v, dict):
+        for k, x in v.items():
+            _flat(x, f"{path}.{k}", acc)
+    elif isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            _flat(x, f"{path}.{i}", acc)
+    else:
+        acc[path] = v
+    return acc
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, stderr_tail(r.stderr)
+    return r
+
+
+@pytest.mark.parametrize("tables", ["none", "table_wise"])
+def test_a_two_process_checkpoint_loads_exactly_on_one_and_three(tmp_path: Path, tables: str) -> None:
+    layout = ["--sparse-sharding", tables]
+    ck = tmp_path / "ck"
+    _run(torchrun_cmd(2, *COMMON, *layout, "--steps", str(SAVED_AT), "--ckpt-dir", str(ck),
+                      "--ckpt-every", str(SAVED_AT), "--log-dir", str(tmp_path / "log2")))
+    # The independent reading: DCP assembles every saved tensor in this process.
+    dcp_to_torch_save(ck / f"step_{SAVED_AT}", tmp_path / "ref.pt")
+    ref = {k: v for k, v in _flat(torch.load(tmp_path / "ref.pt", weights_only=False), "", {}).items()
+           if k.startswith(".app.")}
+    ref = {k[1:]: v for k, v in ref.items()}
+    n_tables = sum(1 for k in ref if k.startswith("app.model.sparse.") and k.endswith(".weight"))
+    assert n_tables >= 2 and any(k.startswith("app.optim.") for k in ref), sorted(ref)[:20]
+
+    script = tmp_path / "dump.py"
+    script.write_text(DUMP)
+    for world in (1, 3):
+        run_ck = tmp_path / f"ck{world}"
+        shutil.copytree(ck, run_ck)
+        dump = tmp_path / f"loaded{world}.pt"
+        args = [*COMMON, *layout, "--ckpt-dir", str(run_ck), "--ckpt-every", str(SAVED_AT), "--resume"]
+        _run(_torchrun_script(world, script, dump, *args, "--steps", str(SAVED_AT)))
+        got = torch.load(dump, weights_only=False)
+        assert got["step"] == SAVED_AT
+        state = got["state"]
+        assert sorted(state) == sorted(ref), (world, sorted(set(state) ^ set(ref))[:20])
+        for k, want in ref.items():
+            have = state[k]
+            if isinstance(want, torch.Tensor):
+                assert isinstance(have, torch.Tensor) and have.dtype == want.dtype, (world, k, type(have))
+                assert torch.equal(have, want), f"world {world}: {k} differs from the saved tensor"
+            else:
+                assert have == want, (world, k, have, want)
+        # ... and the resumed run trains on from the loaded step, on the new world size.
+        logs = tmp_path / f"log{world}"
+        r = _run(torchrun_cmd(world, *args, "--steps", str(SAVED_AT + 2), "--log-dir", str(logs)))
+        # ... and says that the global batch changed with the world size (--batch-size is per rank)
+        said = f"resumed step {SAVED_AT}, written by 2 process(es), on {world}:"
+        assert said in r.stderr and f"--batch-size=16 samples is per rank, so a step now takes {world}/2" \
+            in r.stderr, stderr_tail(r.stderr)
+        got_losses = losses(logs)
+        assert sorted(got_losses) == [SAVED_AT + 1, SAVED_AT + 2], got_losses
+        assert all(0.0 < v < 2.0 for v in got_losses.values()), got_losses
+
+
+def test_world_change_notice() -> None:
+    cfg = presets_tiny(batch_size=8)
+    assert _preflight.world_change_notice(cfg, 7, 2, 2) is None  # same world size
+    assert _preflight.world_change_notice(cfg, 7, None, 2) is None  # unknown (an older marker)
+    got = _preflight.world_change_notice(cfg, 7, 4, 2)
+    assert got is not None and "resumed step 7, written by 4 process(es), on 2" in got and "2/4" in got, got
+    tok = _preflight.world_change_notice(presets_tiny(batch_tokens=4096), 7, 1, 3)
+    assert tok is not None and "batch_tokens=4096 tokens is per rank" in tok and "3/1" in tok, tok
+
+
+def _torchrun_script(nproc: int, script: Path, *args: object) -> list[str]:
+    """`torchrun --nproc-per-node nproc script args` on a free port (gloo on CPU)."""
+    cmd = torchrun_cmd(nproc)
+    i = cmd.index("-m", cmd.index("--master-port"))  # drop `-m gem_trainer`
+    return [*cmd[:i], str(script), *map(str, args)]
