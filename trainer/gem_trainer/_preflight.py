@@ -152,11 +152,14 @@ def world_change_notice(cfg: TrainConfig, step: int, saved_world: Any, world: in
     but the batch fields are per rank, so each step now takes another global batch."""
     if not isinstance(saved_world, int) or isinstance(saved_world, bool) or saved_world == world:
         return None
-    per = (f"batch_tokens={cfg.batch_tokens} tokens" if cfg.batch_tokens else f"batch_size={cfg.batch_size} samples")
+    field, n, unit = (("batch_tokens", cfg.batch_tokens, "tokens") if cfg.batch_tokens
+                      else ("batch_size", cfg.batch_size, "samples"))
+    keep = ""
+    if (n * saved_world) % world == 0:  # (the saved run's own value of the field is not recorded)
+        keep = f"; {field}={n * saved_world // world} keeps it, if the saved run used {field}={n}"
     return (f"resumed step {step}, written by {saved_world} process(es), on {world}: the model, the optimizer "
-            f"state and the data position carry over exactly, but {per} is per rank, so a step now "
-            f"takes {world}/{saved_world} of the saved run's global batch (scale batch_size or lr "
-            "to keep the old one)")
+            f"state and the data position carry over exactly, but {field}={n} {unit} is per rank, so a "
+            f"step now takes {world}/{saved_world} of the saved run's global batch{keep}")
 
 
 def determinism(device: torch.device, requested: bool | None) -> bool:
