@@ -12,6 +12,7 @@ keyed to the wrong parameter all show. Then the resumed run trains on.
 """
 from __future__ import annotations
 
+import inspect
 import shutil
 import subprocess
 from pathlib import Path
@@ -28,7 +29,7 @@ COMMON = ["--eval-batches", "0", "--log-every", "1", "--no-progress", "--lr", "1
 SAVED_AT = 4
 
 # Run under torchrun: the trainer's CLI resumes from the checkpoint; right after the
-# Checkpointer's load, each rank's model and optimizer state (what `_AppState.state_dict`
+# Checkpointer's load, each rank's model and optimizer state (what `gem_parallel` `TrainState.state_dict`
 # hands to DCP) is gathered into full tensors and rank 0 writes them to argv[1]. With
 # `--steps` equal to the checkpoint's step the run then ends without training.
 DUMP = r'''
@@ -76,20 +77,9 @@ def full(v):
         return buf
     return v.detach().clone() if isinstance(v, torch.Tensor) else v
 
-def flat(v, path, acc):
-    if isinstance(v, dict):
-        for k, x in v.items():
-            flat(x, f"{path}.{k}", acc)
-    elif isinstance(v, (list, tuple)):
-        for i, x in enumerate(v):
-            flat(x, f"{path}.{i}", acc)
-    else:
-        acc[path] = full(v)
-    return acc
-
 def load(self, state, step=None):
     got = real(self, state, step)
-    acc = flat(state["app"].state_dict(), "app", {})
+    acc = _flat(state["app"].state_dict(), "app", {}, full)  # (_flat: the test's, written above)
     if not dist.is_initialized() or dist.get_rank() == 0:
         torch.save({"step": got, "state": acc}, out)
     return got
@@ -99,15 +89,16 @@ sys.exit(main(argv))
 '''
 
 
-def _flat(v: Any, path: str, acc: dict[str, Any]) -> dict[str, Any]:
+def _flat(v: Any, path: str, acc: dict[str, Any], leaf: Any = None) -> dict[str, Any]:
+    """Nested dicts and lists as one dict of dotted paths; each leaf through `leaf` if given."""
     if isinstance(v, dict):
         for k, x in v.items():
-            _flat(x, f"{path}.{k}", acc)
+            _flat(x, f"{path}.{k}", acc, leaf)
     elif isinstance(v, (list, tuple)):
         for i, x in enumerate(v):
-            _flat(x, f"{path}.{i}", acc)
+            _flat(x, f"{path}.{i}", acc, leaf)
     else:
-        acc[path] = v
+        acc[path] = leaf(v) if leaf is not None else v
     return acc
 
 
@@ -140,7 +131,7 @@ def _resume_elsewhere(tmp_path: Path, ck: Path, ref: dict[str, Any], saved_world
     run_ck = tmp_path / f"ck_{name}"
     shutil.copytree(ck, run_ck)
     script, dump = tmp_path / "dump.py", tmp_path / f"loaded_{name}.pt"
-    script.write_text(DUMP)
+    script.write_text("from typing import Any\n\n" + inspect.getsource(_flat) + DUMP)
     args = [*COMMON, *layout, "--ckpt-dir", str(run_ck), "--ckpt-every", str(SAVED_AT), "--resume"]
     _run(_torchrun_script(world, script, dump, *args, "--steps", str(SAVED_AT)))
     got = torch.load(dump, weights_only=False)

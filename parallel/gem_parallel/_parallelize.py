@@ -30,6 +30,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from gem_parallel._aot import AotBlocks, with_flags
 from gem_parallel._dense import BF16_MIXED, apply_ac_compile, apply_hsdp, default_blocks
 from gem_parallel._dims import Meshes
+from gem_parallel._state import TrainState, replica_sync
 
 MXFP8_PREFIX = "mxfp8_"
 FP8_BLOCK_PREFIX = "fp8_block"
@@ -44,6 +45,9 @@ class Parallelized:
         mxfp8_converted: qualified names of the linears converted to MXFP8 (empty: none).
         ignored_params: parameters left to others (torchrec-sharded tables: their fused
             optimizer trains them; the dense optimizer and FSDP must skip them).
+
+    `train_state(optimizers)` gives what a checkpointer saves and loads; `replica_sync()`
+    what the loop runs after each step with 2-D sparse tables.
     """
 
     model: nn.Module
@@ -51,6 +55,17 @@ class Parallelized:
     ignored_params: set[nn.Parameter] = field(default_factory=set)
     compiled_blocks: int = 0
     aot: AotBlocks | None = None  # the blocks' ahead-of-time store (`compile_aot`), if any
+
+    def train_state(self, optimizers: Sequence[torch.optim.Optimizer]) -> TrainState:
+        """The model and `optimizers` as one DCP `Stateful` for a checkpointer
+        (`gem_parallel._state.TrainState`): FQN-keyed and reshardable through torch's
+        `get_state_dict`, or built module by module around torchrec-sharded tables."""
+        return TrainState(self.model, optimizers)
+
+    def replica_sync(self) -> Callable[[], None] | None:
+        """With 2-D sparse tables (`shard_embeddings_2d`): the call that averages each table
+        over its replica groups, to run after every optimizer step; otherwise None."""
+        return replica_sync(self.model)
 
     @staticmethod
     def compile_counts() -> dict[str, int]:

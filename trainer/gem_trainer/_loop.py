@@ -40,82 +40,6 @@ from gem_trainer._stats import task_metrics
 from gem_trainer.config import TrainConfig, keep_bf16_patterns, resolve_ckpt_writer
 
 
-class _AppState:
-    """Model + optimizer as one Stateful.
-
-    Default: torch's `get_state_dict`/`set_state_dict` (FQN-keyed optimizer state and
-    DTensor shards, so DCP can reshard on a new world size). With torchrec-sharded tables
-    (a DistributedModelParallel inside the model, which `get_state_dict` cannot name), the
-    modules' own state dicts: DTensor and ShardedTensor shards, resumable on the same
-    layout; the fused table optimizer is stateless (exact SGD).
-    """
-
-    def __init__(self, model: torch.nn.Module, optim: Optimizers, *, plain: bool = False) -> None:
-        self.model, self.plain = model, plain
-        self.optims = optim.optimizers
-
-    def state_dict(self) -> dict[str, Any]:
-        if self.plain:
-            from torch.distributed.checkpoint.state_dict import _init_optim_state
-
-            # DCP loads in place: the optimizer's state must exist (a fresh one has none), and
-            # its int keys are kept as strings (DCP's flattened paths are strings).
-            # param_groups (hyper-parameters, param ids) come from the config on resume.
-            optim = {}
-            for i, o in enumerate(self.optims):
-                _init_optim_state(o)
-                optim[str(i)] = {"state": {str(k): v for k, v in o.state_dict()["state"].items()}}
-            return {"model": _children_state(self.model), "optim": optim}
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        msd, osd = get_state_dict(self.model, self.optims)
-        return {"model": msd, "optim": osd}
-
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        if self.plain:
-            _load_children_state(self.model, sd["model"])
-            for i, o in enumerate(self.optims):
-                osd = sd["optim"][str(i)]
-                o.load_state_dict({"state": {int(k): v for k, v in osd["state"].items()},
-                                   "param_groups": o.state_dict()["param_groups"]})
-            return
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        set_state_dict(self.model, self.optims, model_state_dict=sd["model"],
-                       optim_state_dict=sd["optim"])
-
-
-def _children_state(model: torch.nn.Module) -> dict[str, Any]:
-    """The model's state dict, built child by child. torchrec's DistributedModelParallel
-    rewrites the keys of a parent's state dict when it is nested (it expects to be the root),
-    so the sharded table collection (`sparse.ebc`) is asked for its own state dict directly."""
-    out: dict[str, Any] = {}
-    for name, child in model.named_children():
-        ebc: Any = getattr(child, "ebc", None)
-        if name == "sparse" and ebc is not None:
-            for pname, p in child.named_parameters(recurse=False):
-                out[f"sparse.{pname}"] = p.detach()
-            for k, v in ebc.state_dict().items():
-                out[f"sparse.ebc.{k}"] = v
-        else:
-            for k, v in child.state_dict().items():
-                out[f"{name}.{k}"] = v
-    return out
-
-
-def _load_children_state(model: torch.nn.Module, sd: dict[str, Any]) -> None:
-    for name, child in model.named_children():
-        sub = {k[len(name) + 1:]: v for k, v in sd.items() if k.startswith(name + ".")}
-        ebc: Any = getattr(child, "ebc", None)
-        if name == "sparse" and ebc is not None:
-            ebc.load_state_dict({k[len("ebc."):]: v for k, v in sub.items() if k.startswith("ebc.")})
-            with torch.no_grad():
-                for pname, p in child.named_parameters(recurse=False):
-                    p.copy_(sub[pname])
-        else:
-            child.load_state_dict(sub)
-
-
 class _StopFlag:
     """Set by SIGTERM/SIGINT; the loop checks it between steps."""
 
@@ -170,17 +94,17 @@ def _setup_dist(world: int) -> torch.device:
 
 
 def _parallelize(model: Any, cfg: TrainConfig, world: int,
-                 device: torch.device) -> tuple[Any, Optimizers, Any]:
+                 device: torch.device) -> tuple[Any, Optimizers]:
     """Applies parallelism from outside the model (gem_parallel) and builds the optimizer.
-    Returns the model, the optimizer and the blocks' ahead-of-time store (`compile_aot`; None
-    without it).
+    Returns gem_parallel's `Parallelized` (the model, the blocks' ahead-of-time store, the
+    checkpointable train state, the 2-D replica sync) and the optimizer.
 
     - sparse_sharding != "none": the torchrec tables are sharded by gem_parallel's planner
       and trained by torchrec's fused exact SGD (`sparse_lr`), in one process too (a world
       of one), so 1 and N processes compute alike.
     - sparse_mp < world: 2-D sparse parallelism (gem_parallel's DMPCollection): the tables
       are sharded over groups of sparse_mp ranks and the groups are replicas; the caller
-      runs `_sparse_sync(model)` after every step to average the replicas.
+      runs `Parallelized.replica_sync()` after every step to average the replicas.
     - world > 1: HSDP over everything else (shard inside the host, replicate across hosts).
     """
     sharded = cfg.sparse_sharding != "none"
@@ -198,7 +122,7 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
         done = gem_parallel.parallelize(model, None, precision=precision, compile=cfg.compile,
                                         keep_bf16=keep_bf16_patterns(cfg), fp8_min_speedup=fp8_min_speedup,
                                         compile_aot=cfg.compile_aot or None)
-        return done.model, build_optimizer(done.model, cfg), done.aot
+        return done, build_optimizer(done.model, cfg)
     if world == 1 and not dist.is_initialized():
         # One process with torchrec tables: a world of one, so the code path (and the
         # fused table optimizer) is the same as in the sharded multi-process run.
@@ -224,7 +148,7 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
                                     shard_tables=shard_tables if sharded else None,
                                     mp_policy=policy, comms=cfg.comms, keep_bf16=keep_bf16_patterns(cfg),
                                     fp8_min_speedup=fp8_min_speedup, compile_aot=cfg.compile_aot or None)
-    return done.model, build_optimizer(done.model, cfg, exclude=done.ignored_params), done.aot
+    return done, build_optimizer(done.model, cfg, exclude=done.ignored_params)
 
 
 def apply_table_grads(model: torch.nn.Module, cfg: TrainConfig, world: int) -> None:
@@ -312,13 +236,6 @@ def _sparse_summary(cfg: TrainConfig, world: int, synced: bool) -> dict[str, Any
         return None
     mp = cfg.sparse_mp or world
     return {"sharding": cfg.sparse_sharding, "mp": mp, "replicas": world // mp, "replica_sync": synced}
-
-
-def _sparse_sync(model: Any) -> Any:
-    """The replica sync of 2-D sparse tables (DMPCollection.sync), or None (1-D / none)."""
-    ebc: Any = getattr(getattr(model, "sparse", None), "ebc", None)
-    sync = getattr(ebc, "sync", None)
-    return sync if callable(sync) and hasattr(ebc, "_ctxs") else None
 
 
 def _table_budget(device: torch.device) -> int:
@@ -556,7 +473,8 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     with torch.device(device):
         model = gem_model.GEMModel(mcfg)
     marks.append(("build", time.perf_counter()))
-    model, opt, aot = _parallelize(model, cfg, world, device)
+    done, opt = _parallelize(model, cfg, world, device)
+    model, aot = done.model, done.aot
     marks.append(("parallelize", time.perf_counter()))
     ccache: dict[str, Any] = {}
     if cfg.compile_cache:  # before the first step compiles anything
@@ -569,11 +487,11 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     notice = _preflight.compile_notice(cfg, device, ccache.get("compile_cache") == "loaded")
     if notice:
         _preflight.say(notice, rank)
-    sparse_sync = _sparse_sync(model)
+    sparse_sync = done.replica_sync()
     loader = make_loader(cfg, dcfg, rank, world, device)
 
     rng = RNGState()
-    state: dict[str, Any] = {"app": _AppState(model, opt, plain=cfg.sparse_sharding != "none"),
+    state: dict[str, Any] = {"app": done.train_state(opt.optimizers),
                              "loader": loader, "rng": rng}
     step = 0
     resumed_from: int | None = None
