@@ -498,7 +498,9 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     if cfg.resume and ckpt is not None and ckpt.latest() is not None:
         step = resumed_from = ckpt.load(state)
         _preflight.check_resumed_step(cfg, step)
-        notice = _preflight.world_change_notice(cfg, step, ckpt.info(step).get("world_size"), world)
+        # (rank 0 reads the step's marker, as it decided the step: load() took its view)
+        notice = _preflight.world_change_notice(cfg, step, ckpt.info(step).get("world_size"), world) \
+            if rank == 0 else None
         if notice:
             _preflight.say(notice, rank)
     marks.append(("loader", time.perf_counter()))  # (+ the compile-cache file and a resume's load)
