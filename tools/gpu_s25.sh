@@ -11,14 +11,18 @@
 #           forward+backward, first optimizer, first device wait): where the warm start's
 #           5.2 s outside torch.compile goes. Then the GPU tests of the per-step device time
 #           and of the start-up phases (test_slow_steps, test_startup).
+#   PART=b  the checkpointed h200 run after the train state moved to gem_parallel
+#           (`Parallelized.train_state`): 120 steps, --ckpt-every 50 (stall per save, state size,
+#           write rate against the sixteenth session's 0.082 s / 3.34 GB), then --resume to 150 on
+#           the same folder (the loaded step, the loss continuing).
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   [ -f "$OUT/t_gpu.log" ] && { echo "=== t_gpu"; tail -n 3 "$OUT/t_gpu.log" | cut -c1-300; }
-  for f in aot_cold aot_warm plain_warm aot_fresh aot_fresh_cc; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; python3 -c "
+  for f in aot_cold aot_warm plain_warm aot_fresh aot_fresh_cc ckpt resume; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; python3 -c "
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{') and 'mfu_steady' in l]
-keys = ('steps', 'loss', 'mfu_steady', 'step_s_median', 'step_gpu_s_median', 'time_to_first_step_s', 'startup_s', 'compile_aot', 'compile_cache', 'compile_cache_entries', 'compile_graphs', 'recompiles_per_100_steps')
+keys = ('steps', 'loss', 'mfu_steady', 'step_s_median', 'step_gpu_s_median', 'time_to_first_step_s', 'startup_s', 'compile_aot', 'compile_cache', 'compile_cache_entries', 'compile_graphs', 'recompiles_per_100_steps', 'resumed_from', 'ckpt_saves', 'ckpt_stall_per_save_s', 'ckpt_stall_frac', 'ckpt_state_gb', 'ckpt_write_gb_per_s')
 print({k: rows[-1].get(k) for k in keys} if rows else 'no summary line')" "$OUT/$f.log"; grep -v "^{" "$OUT/$f.log" | grep -v "is_fx\|^W1" | tail -n 4 | cut -c1-300; }; done
 }
 left() { echo $(( ${1} - $(date +%s) + T0 )); }
@@ -36,5 +40,9 @@ a)
   # Triton kernels they built): the best start a fresh machine can get
   st aot_fresh_cc 120 env TORCHINDUCTOR_CACHE_DIR=/tmp/ic_fresh2 TRITON_CACHE_DIR=/tmp/tc_fresh2 $TR --compile-aot /tmp/gem_aot --compile-cache /tmp/gem_cc.bin
   st t_gpu $(left 560) python3 -m pytest -q -p no:cacheprovider trainer/tests/test_slow_steps.py trainer/tests/test_startup.py ;;
+b)
+  TR="python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress"
+  st ckpt 300 $TR --steps 120 --ckpt-every 50 --ckpt-dir /tmp/gem_ck
+  st resume $(left 560) $TR --steps 150 --ckpt-every 50 --ckpt-dir /tmp/gem_ck --resume ;;
 esac
 gpu_end
