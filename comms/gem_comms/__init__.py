@@ -17,7 +17,7 @@ from gem_comms._handle import CommHandle
 from gem_comms._overlap import Prefetcher, overlap_all_gather
 from gem_comms._validate import BACKENDS
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"
 __all__ = [
     "BACKENDS",
     "Backend",

@@ -61,6 +61,15 @@ QUICK_SIZES_MIB = (1.0, 16.0, 64.0)
 CPU_SIZES_MIB = (0.0625, 0.5)
 
 
+
+def _line(text: str) -> None:
+    """One line to stdout in one write. Every rank shares the pipe, and torchrun's workers run
+    unbuffered, where `print` writes the text and its newline separately: another rank's line
+    then lands between them (a CI run read `rank 1: stage release{"bench": ...}` and found no
+    JSON line). A single write of a line under PIPE_BUF (4 KiB) is never split."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
 class StageFailed(RuntimeError):
     """A stage could not finish (an error, a mismatch between ranks, or a deadline)."""
 
@@ -80,11 +89,11 @@ class Bench:
 
     # ---- reporting ------------------------------------------------------------------------------
     def say(self, msg: str) -> None:
-        print(f"rank {self.rank}: {msg}", flush=True)
+        _line(f"rank {self.rank}: {msg}")
 
     def row(self, msg: str) -> None:
         if self.rank == 0:
-            print(msg, flush=True)
+            _line(msg)
 
     def save(self) -> None:
         """Rank 0 rewrites $OUT/comms_multi_gpu.json (a hang later still leaves what was measured)."""
@@ -532,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     watchdog = args.watchdog if args.watchdog is not None else (90.0 if args.quick else 300.0)
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)  # `timeout` shows stacks too
     rank_env = os.environ.get("RANK", "?")
-    print(f"rank {rank_env}: stage init (watchdog {watchdog:.0f} s)", flush=True)
+    _line(f"rank {rank_env}: stage init (watchdog {watchdog:.0f} s)")
     if cuda:
         # Before the CUDA context exists: torch's stream pool maps its streams onto this many
         # hardware queues (default 8), and a matmul stream sharing a queue with a copy-engine
@@ -603,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     b.res["seconds"] = round(time.monotonic() - t0, 1)
     b.save()
     if rank == 0:
-        print(json.dumps(_summary(b.res)), flush=True)
+        _line(json.dumps(_summary(b.res)))
     if not ok:
         sys.stdout.flush()
         sys.stderr.flush()
