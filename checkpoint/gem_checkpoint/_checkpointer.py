@@ -334,7 +334,10 @@ class Checkpointer:
         """What the commit marker of `step` (default: the newest committed) records: `step`,
         `world_size` (the processes that wrote it), `torch` (their version), `time` (Unix
         seconds of the commit) and `total_bytes`. Local (no collective); reads one small
-        file. Raises FileNotFoundError when there is no such committed step."""
+        file. Raises FileNotFoundError when there is no such committed step, TypeError when
+        `step` is not an int."""
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise TypeError(f"step={step!r} must be an int or None")
         steps = self.steps()
         want = steps[-1] if step is None and steps else step
         marker = _fs.read_marker(_fs.step_dir(self.root, want)) if want is not None and want in steps else None

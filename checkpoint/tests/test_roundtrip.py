@@ -291,6 +291,8 @@ def test_info_reads_the_commit_marker(tmp_path: Path) -> None:
     assert newest["step"] == second and newest["world_size"] == 1, newest
     assert newest["torch"] == torch.__version__ and newest["total_bytes"] >= sizes[second] > 0, newest
     assert ckpt.info(first)["step"] == first
+    with pytest.raises(TypeError, match=r"step='1' must be an int or None"):
+        ckpt.info("1")  # type: ignore[arg-type]
     with pytest.raises(FileNotFoundError, match=f"step={second + 1} has no committed checkpoint"):
         ckpt.info(second + 1)
     # A step whose marker is damaged is not committed: info says so, as load does.
