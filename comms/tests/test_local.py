@@ -10,7 +10,7 @@ import gem_comms as gc
 
 
 def test_version_and_api() -> None:
-    assert gc.__version__ == "0.2.0"
+    assert gc.__version__ == "0.2.1"
     assert set(gc.BACKENDS) == {"auto", "copy_engine", "nccl", "gloo"}
     assert len(gc.__all__) <= 12
 
