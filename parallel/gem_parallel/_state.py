@@ -110,8 +110,10 @@ class TrainState:
 
 
 def _holds(name: str, sharded: set[str]) -> bool:
-    """Whether the module at `name` is, or contains, a torchrec-sharded module."""
-    return any(s == name or not name or s.startswith(name + ".") for s in sharded)
+    """Whether the module at `name` ("" = the root) is, or contains, a torchrec-sharded module."""
+    if not name:
+        return bool(sharded)
+    return any(s == name or s.startswith(name + ".") for s in sharded)
 
 
 def _module_state(mod: nn.Module, name: str, sharded: set[str], out: dict[str, Any]) -> dict[str, Any]:

@@ -61,14 +61,15 @@ QUICK_SIZES_MIB = (1.0, 16.0, 64.0)
 CPU_SIZES_MIB = (0.0625, 0.5)
 
 
-
 def _line(text: str) -> None:
     """One line to stdout in one write. Every rank shares the pipe, and torchrun's workers run
     unbuffered, where `print` writes the text and its newline separately: another rank's line
-    then lands between them (a CI run read `rank 1: stage release{"bench": ...}` and found no
-    JSON line). A single write of a line under PIPE_BUF (4 KiB) is never split."""
+    can land between them (a CI run found no line starting with the summary JSON; a local run
+    showed a stage line glued to a table row). A single write of a line under PIPE_BUF (4 KiB)
+    is never split."""
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
+
 
 class StageFailed(RuntimeError):
     """A stage could not finish (an error, a mismatch between ranks, or a deadline)."""
