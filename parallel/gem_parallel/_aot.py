@@ -193,7 +193,7 @@ class AotBlocks:
         out = []
         for path in self.files(kind):
             try:
-                with open(path, "rb") as f:
+                with open(path, "rb") as f, torch._dynamo.config.patch(enable_aot_compile=True):
                     fn = torch.compiler.load_compiled_function(f)
             except Exception as e:  # corrupt, truncated, another torch / Python / GPU
                 self.stats.unreadable += 1
@@ -243,8 +243,12 @@ def with_flags(fn: Callable[..., Any], flags: Sequence[tuple[Any, str, Any]]) ->
 
 
 def _aot_compile_forward(backend: str, block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    compiled = torch.compile(block.forward, backend=backend, fullgraph=True, dynamic=True)
-    return compiled.aot_compile((args, kwargs))  # type: ignore[attr-defined]
+    # `torch.compile(fn).aot_compile` exists only while dynamo's `enable_aot_compile` is set:
+    # on by default in torch 2.13, off in 2.11 (where its absence sent every block to the
+    # plain-compile fallback on the H200).
+    with torch._dynamo.config.patch(enable_aot_compile=True):
+        compiled = torch.compile(block.forward, backend=backend, fullgraph=True, dynamic=True)
+        return compiled.aot_compile((args, kwargs))  # type: ignore[attr-defined]
 
 
 def _no_hooks(block: nn.Module) -> None:

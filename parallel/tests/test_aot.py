@@ -261,6 +261,24 @@ def test_a_failing_ahead_of_time_compile_falls_back_to_torch_compile(
     assert done.aot.stats.fallbacks == 1 and done.aot.stats.compiled == 0 and done.aot.files() == []
 
 
+def test_blocks_compile_ahead_of_time_where_dynamo_has_it_off_by_default(
+        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch 2.11 ships `enable_aot_compile = False`: `torch.compile(fn).aot_compile` is then
+    # absent, and the H200 run fell back for every block. The store turns it on itself.
+    monkeypatch.setattr(torch._dynamo.config, "enable_aot_compile", False)
+    mod = _module(src, "2.0")
+    seed = int(torch.randint(0, 1 << 30, ()).item())
+    torch.manual_seed(seed)
+    eager = mod.Net()
+    want = _run(eager, (6, 11), seed)
+    store = tmp_path / "aot"
+    first = _stored_run(mod, eager, store, seed, want)
+    assert first.compiled == 2 and first.fallbacks == 0, first
+    second = _stored_run(mod, eager, store, seed, want)
+    assert second.loaded == 2 and second.compiled == 0 and second.fallbacks == 0, second
+    assert torch._dynamo.config.enable_aot_compile is False  # the user's setting is left as it was
+
+
 def test_bad_arguments_are_refused(tmp_path: Path) -> None:
     net = nn.Sequential(nn.Linear(4, 4))
     with pytest.raises(ValueError, match="compile_aot=.*needs compile"):

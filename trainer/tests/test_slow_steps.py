@@ -37,6 +37,15 @@ def test_slow_steps_picks_the_outliers_after_warmup() -> None:
     assert slow_steps(t, WARMUP_STEPS) == []  # no outlier
 
 
+def _the_step(slow: list[dict[str, float]], step: int) -> dict[str, float]:
+    """The slow-steps entry of `step`. (Found by number, not taken as the slowest: on a fresh
+    GPU machine the tiny model's first batch of a new length mix JIT-compiles Triton kernels,
+    a real slow step of its own that can outrank the injected one; seen on the H200.)"""
+    hits = [o for o in slow if o["step"] == step]
+    assert hits, f"step {step} is not among the slow steps {slow}"
+    return hits[0]
+
+
 def test_a_slow_optimizer_step_shows_in_the_summary(monkeypatch: pytest.MonkeyPatch) -> None:
     # One steady step's optimizer phase takes 1.5 s more (as a first-seen compile would): the
     # summary names that step and puts the time in its optimizer phase.
@@ -51,11 +60,12 @@ def test_a_slow_optimizer_step_shows_in_the_summary(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(_optim.Optimizers, "set_step", set_step)
     s = train(presets_tiny(steps=WARMUP_STEPS + 8, batch_size=16, eval_batches=0, progress=False))
     assert s["steps"] == WARMUP_STEPS + 8, s
-    slow = s["slow_steps"]
-    assert slow and slow[0]["step"] == target + 1, slow
-    assert slow[0]["opt_host_s"] >= 1.5 and slow[0]["step_s"] >= 1.5, slow
+    mine = _the_step(s["slow_steps"], target + 1)
+    assert mine["opt_host_s"] >= 1.5 and mine["step_s"] >= 1.5, s["slow_steps"]
+    # the time is booked to that step's optimizer phase only
+    assert all(o["opt_host_s"] < 1.0 for o in s["slow_steps"] if o is not mine), s["slow_steps"]
     if not torch.cuda.is_available():
-        assert slow[0]["gpu_s"] is None and s["step_gpu_s_median"] is None, s
+        assert mine["gpu_s"] is None and s["step_gpu_s_median"] is None, s
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (device time from CUDA events)")
@@ -75,8 +85,8 @@ def test_a_late_batch_slows_the_window_not_the_device(monkeypatch: pytest.Monkey
     monkeypatch.setattr(gem_data.JaggedLoader, "__next__", late_next)
     s = train(presets_tiny(steps=WARMUP_STEPS + 8, batch_size=16, eval_batches=0, progress=False))
     assert s["steps"] == WARMUP_STEPS + 8, s
-    slow = s["slow_steps"]
-    assert slow and slow[0]["step"] == target + 1 and slow[0]["step_s"] >= 1.5, slow
+    mine = _the_step(s["slow_steps"], target + 1)
+    assert mine["step_s"] >= 1.5, s["slow_steps"]
     median = s["step_gpu_s_median"]
     assert median is not None and 0 < median < 1.0, s
-    assert slow[0]["gpu_s"] is not None and slow[0]["gpu_s"] < 0.5 * slow[0]["step_s"], slow
+    assert mine["gpu_s"] is not None and mine["gpu_s"] < 0.5 * mine["step_s"], mine
