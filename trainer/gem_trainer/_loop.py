@@ -193,10 +193,11 @@ def _compile_summary(cfg: TrainConfig, timers: Timers, aot: Any = None) -> dict[
     """With --compile: graphs compiled and graph breaks (process-wide dynamo counters), and
     graphs compiled after the warm-up steps per 100 steps (recompiles; 0 when the dynamic
     shapes cover every batch); with --compile-aot also what the blocks' store did
-    (`compile_aot`: variants loaded, compiled, dropped as stale or unreadable, seconds)."""
+    (`compile_aot`: variants loaded, compiled, dropped as stale or unreadable, seconds, and
+    the folder they are kept in)."""
     if not cfg.compile:
         return {}
-    extra = {"compile_aot": aot.stats.summary()} if aot is not None else {}
+    extra = {"compile_aot": {**aot.stats.summary(), "dir": aot.directory}} if aot is not None else {}
     counts = _compile_counts(aot)
     late = timers.steps_done - WARMUP_STEPS
     warm = timers.extra.get("warm_graphs")  # the graph count at the end of the warm-up steps
@@ -446,6 +447,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     cfg.validate()
     t_start = time.perf_counter()
     rank, world = _dist_env()
+    cfg = dataclasses.replace(cfg, compile_aot=_preflight.resolve_compile_aot(cfg, world, rank))
     device = _setup_dist(world)
     # Start-up checks (unwritable directories, checkpoint-directory misuse) before the model
     # is built: refusals name the field, the CLI turns them into flags.

@@ -3,8 +3,11 @@ next (gem_parallel.AotBlocks), so a warm start skips dynamo's tracing.
 
 Two fresh processes train the tiny preset compiled, with the same store and the same inductor
 cache folder (a second run on one machine): the first compiles and saves every variant, the
-second loads them all, compiles none, and trains to the same losses and evaluation bit for bit
-(CPU, deterministic). Bad settings are refused before anything is built.
+second (`--compile-aot auto`, which must find the same folder through GEM_CACHE_DIR) loads them
+all, compiles none, and trains to the same losses and evaluation bit for bit (CPU,
+deterministic). "auto" resolves to the cache folder only where a run can use it, and an
+unwritable cache turns it off with a notice instead of stopping the run. Bad settings are
+refused before anything is built.
 """
 
 from __future__ import annotations
@@ -18,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from gem_trainer import _preflight, presets_tiny
+from gem_trainer import _preflight, presets_h200, presets_tiny
 
 
 def _gem(tmp: Path, *args: str) -> dict[str, Any]:
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"), GEM_CACHE_DIR=str(tmp / "gem"),
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     r = subprocess.run([sys.executable, "-m", "gem_trainer", "--no-progress", *args], env=env,
                        capture_output=True, text=True, timeout=900)
@@ -32,16 +35,18 @@ def _gem(tmp: Path, *args: str) -> dict[str, Any]:
 
 
 def test_a_second_run_loads_every_block_and_trains_the_same(tmp_path: Path) -> None:
-    store = tmp_path / "aot"
-    args = ("--compile", "--compile-aot", str(store), "--steps", "8", "--eval-batches", "2")
-    first = _gem(tmp_path, *args)
+    store = tmp_path / "gem" / "aot"  # where "auto" looks with GEM_CACHE_DIR=tmp/gem
+    args = ("--compile", "--steps", "8", "--eval-batches", "2")
+    first = _gem(tmp_path, *args, "--compile-aot", str(store))
     aot = first["compile_aot"]
     assert aot["compiled"] >= 2 and aot["loaded"] == 0 and aot["save_errors"] == 0, aot
+    assert Path(aot["dir"]).parent == store, aot
     files = sorted(p.name for p in store.rglob("*.bin"))
     assert len(files) == aot["compiled"], files
 
-    second = _gem(tmp_path, *args)
+    second = _gem(tmp_path, *args, "--compile-aot", "auto")
     aot2 = second["compile_aot"]
+    assert aot2["dir"] == aot["dir"], aot2
     assert aot2["loaded"] == aot["compiled"] and aot2["compiled"] == 0, aot2
     assert aot2["stale"] == 0 and aot2["unreadable"] == 0, aot2
     assert sorted(p.name for p in store.rglob("*.bin")) == files  # nothing rewritten
@@ -61,3 +66,36 @@ def test_bad_settings_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="compile_aot=.*needs one process"):
         _preflight.check_compile_aot(presets_tiny(compile=True, compile_aot=str(tmp_path)), 2)
     _preflight.check_compile_aot(presets_tiny(compile=True, compile_aot=str(tmp_path)), 1)
+
+
+def test_auto_is_the_cache_folder_where_a_run_can_use_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("GEM_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    auto = presets_h200(compile_aot="auto")
+    assert presets_h200().compile_aot == "auto"
+    want = str(tmp_path / "xdg" / "gem" / "aot")
+    assert _preflight.resolve_compile_aot(auto, 1) == want and os.path.isdir(want)
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert _preflight.resolve_compile_aot(auto, 1) == str(tmp_path / "home" / ".cache" / "gem" / "aot")
+    monkeypatch.setenv("GEM_CACHE_DIR", str(tmp_path / "mine"))
+    assert _preflight.resolve_compile_aot(auto, 1) == str(tmp_path / "mine" / "aot")
+    # off where a run cannot use it: several processes (HSDP), torchrec tables, no compile
+    assert _preflight.resolve_compile_aot(auto, 2) == ""
+    assert _preflight.resolve_compile_aot(presets_h200(sparse_sharding="table_wise"), 1) == ""
+    no_compile = presets_h200(compile=False)
+    no_compile.validate()  # "auto" with compile off is not an error: it is off
+    assert _preflight.resolve_compile_aot(no_compile, 1) == ""
+    # an explicit folder is the user's, as given
+    assert _preflight.resolve_compile_aot(presets_h200(compile_aot=str(tmp_path / "x")), 2) == str(tmp_path / "x")
+    assert _preflight.resolve_compile_aot(presets_h200(compile_aot=""), 1) == ""
+    # a cache that cannot be written: off, with a notice naming the folder, and the file kept
+    blocker = tmp_path / "blocker"
+    blocker.write_text("keep me")
+    monkeypatch.setenv("GEM_CACHE_DIR", str(blocker))
+    capsys.readouterr()
+    assert _preflight.resolve_compile_aot(auto, 1) == ""
+    err = capsys.readouterr().err
+    assert "compile_aot='auto' is off" in err and str(blocker) in err, err
+    assert blocker.read_text() == "keep me"
