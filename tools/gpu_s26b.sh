@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Twenty-sixth session, second plan (one H200): the h200 preset's new default
+# (`--compile-aot auto`: ~/.cache/gem/aot) from nothing, then warm under cProfile: where the
+# warm start's ~5 s of loading the blocks goes (issue #16's 5 s warm start).
+export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
+. tools/stage.sh
+summary() { echo "=== stages"; cat "$OUT/rcs.txt"
+  for f in auto_cold auto_warm; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; python3 -c "
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{') and 'mfu_steady' in l]
+keys = ('steps', 'loss', 'time_to_first_step_s', 'startup_s', 'compile_aot')
+print({k: rows[-1].get(k) for k in keys} if rows else 'no summary line')" "$OUT/$f.log"; }; done
+  [ -f "$OUT/warm.prof" ] && python3 - "$OUT/warm.prof" <<'PY' > "$OUT/prof.txt" 2>&1
+import pstats, sys
+s = pstats.Stats(sys.argv[1])
+s.sort_stats("cumulative").print_stats(70)
+s.sort_stats("tottime").print_stats(30)
+PY
+  [ -f "$OUT/prof.txt" ] && grep -E "load_compiled|deserialize|post_compile|_reload_python|triton|cubin|launcher|static|LoadData|module_load|async_compile|precompile|make_launcher|_compile|cumtime" "$OUT/prof.txt" | head -45 | cut -c1-200
+}
+gpu_begin "${WATCH:-400}"
+TR="python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 2"
+st auto_cold 200 $TR
+st auto_warm 60 python3 -m cProfile -o "$OUT/warm.prof" -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 2
+ls -laR ~/.cache/gem > "$OUT/cache_files.log" 2>&1
+gpu_end
