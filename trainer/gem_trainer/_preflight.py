@@ -46,9 +46,10 @@ def compile_notice(cfg: TrainConfig, device: torch.device, cache_loaded: bool) -
     if cache_loaded:
         return "compile=True: compiling with the loaded compile_cache (~25 s to the first step on an H200)"
     if cfg.compile_aot:
-        return (f"compile=True, compile_aot={cfg.compile_aot!r}: the first step loads the blocks an "
-                "earlier run compiled there (on an H200 ~8 s; ~16 s on a machine with empty caches), "
-                "or compiles and keeps them (~60 s); compile=False starts at once with ~30 % slower steps")
+        return (f"compile=True, compile_aot={cfg.compile_aot!r}: the first step comes after a warm-up "
+                "that loads the blocks an earlier run compiled there (on an H200 ~8 s; ~16 s on a "
+                "machine with empty caches) or compiles and keeps them (~60 s); compile=False starts "
+                "at once with ~30 % slower steps")
     return ("compile=True: the first step comes after torch.compile's warm-up (on an H200 ~65-100 s "
             "with empty caches, ~12-18 s warm); compile_cache carries a compile to a fresh machine, "
             "compile=False starts at once with ~30 % slower steps")

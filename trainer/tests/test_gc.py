@@ -54,8 +54,10 @@ def test_freeze_moves_the_heap_and_stop_undoes_only_its_own() -> None:
     w = GcWatch().start()
     w.freeze()
     assert w.frozen > 1000 and gc.get_freeze_count() == w.frozen and w.freeze_s > 0
-    w.freeze()  # once per run
-    assert gc.get_freeze_count() == w.frozen
+    frozen = w.frozen
+    w.freeze()  # once per run: the second call freezes nothing more
+    # (<=, not ==: in a shared pytest process another test's thread may free frozen objects)
+    assert w.frozen == frozen and gc.get_freeze_count() <= frozen
     w.stop()
     assert gc.get_freeze_count() == 0
     # A freeze the caller made before the run stays after it.

@@ -157,10 +157,13 @@ def test_compile_notice_on_gpu_only() -> None:
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert _preflight.compile_notice(h200(), cpu, False) is None
     assert _preflight.compile_notice(h200(compile=False), cuda, False) is None
-    msg = _preflight.compile_notice(h200(), cuda, False)
+    msg = _preflight.compile_notice(h200(compile_aot=""), cuda, False)
     assert msg is not None and "warm-up" in msg
     cli = cli_message(msg)
     assert cli.startswith("--compile:") and "--compile-cache" in cli and "--no-compile" in cli
+    aot = _preflight.compile_notice(h200(compile_aot="/x/aot"), cuda, False)
+    assert aot is not None and "warm-up" in aot and "'/x/aot'" in aot
+    assert cli_message(aot).startswith("--compile, --compile-aot=") and "--no-compile" in cli_message(aot)
     loaded = _preflight.compile_notice(h200(), cuda, True)
     assert loaded is not None and "loaded" in loaded
 
