@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from _run import FAST, gem
 
 from gem_checkpoint import Checkpointer
@@ -42,3 +43,28 @@ def test_fast_writes_save_on_schedule(tmp_path: Path) -> None:
     assert s["ckpt_steps_between_saves"] == 5, s
     assert s["ckpt_state_gb"] > 0 and s["ckpt_write_gb_per_s"] > 0, s
     assert 0 <= s["ckpt_stall_frac"] < 1 and s["ckpt_prepare_s"] >= 0, s
+
+
+@pytest.mark.parametrize("steps", [4, 5])
+def test_the_last_step_is_saved_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
+    # A run whose last step is an in-loop save (4 with --ckpt-every 4) ends while that write
+    # (slowed to 1 s) is still running: the end of the run waits for it and saves nothing
+    # more (it used to save the step again, a second full write). A run that ends off the
+    # interval (5) still gets its final save.
+    from gem_trainer import presets_tiny, train
+
+    monkeypatch.setenv("GEM_CKPT_FAULT", "write:sleep=1.0")
+    calls: list[int] = []
+    real = Checkpointer.save
+
+    def save(self: Checkpointer, step: int, state: dict) -> None:  # type: ignore[type-arg]
+        calls.append(step)
+        real(self, step, state)
+
+    monkeypatch.setattr(Checkpointer, "save", save)
+    ck = tmp_path / "ck"
+    s = train(presets_tiny(steps=steps, batch_size=16, eval_batches=0, progress=False,
+                           ckpt_dir=str(ck), ckpt_every=4))
+    assert calls == ([4] if steps == 4 else [4, 5]), calls
+    assert Checkpointer(str(ck)).latest() == steps
+    assert s["ckpt_final_wait_s"] >= 0.9, s  # it waited for the last write

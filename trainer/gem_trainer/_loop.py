@@ -353,6 +353,7 @@ class _Books:
     reason: str | None = None  # why the run stops now: "nan" or "signal N"
     save_due: bool = False  # checkpoint back-pressure: a due save waits for the last write
     warned_slow_ckpt: bool = False
+    saved_step: int | None = None  # the step the loop's last save() wrote (or is writing)
     opt_gpu_s: float = 0.0  # optimizer time measured on the GPU, moved out of compute
     opt_timing: list[tuple[torch.cuda.Event, torch.cuda.Event]] = dataclasses.field(default_factory=list)
 
@@ -633,6 +634,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             t4 = time.perf_counter()
             with sync_debug.paused():
                 ckpt.save(step, state)
+            books.saved_step = step
             stall = time.perf_counter() - t4
             timers.ckpt_stall += stall
             timers.ckpt_saves.append(stall)
@@ -727,8 +729,13 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             # End-of-run time, not a training stall: the last step's save when the loop did
             # not make it (it was delayed by a write, or the run ends off the interval; it
             # waits for that write), then the flush of the last background write.
+            # Not when the loop's own save was of this step: that write may still be running,
+            # so latest() does not show it yet, and saving again wrote the whole state twice
+            # at the end of every run whose last step was a save (the H200's resumed run
+            # waited 14.9 s). The loop's saves are the same on every rank; a write's progress
+            # is not, so it must not decide a collective save. (A failed write raises in close.)
             t4 = time.perf_counter()
-            if step > 0 and ckpt.latest() != step:
+            if step > 0 and step != books.saved_step and ckpt.latest() != step:
                 ckpt.save(step, state)
             ckpt.close()  # waits for the write; stops a writer process
             timers.extra["ckpt_final_wait_s"] = time.perf_counter() - t4
