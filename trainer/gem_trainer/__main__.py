@@ -37,6 +37,8 @@ _EXTRA = {
                 "instead; --no-progress turns off both",
     "export_teacher": "Score with it: python3 -m gem_transfer --teacher PATH",
     "sparse_mp": "Below the world size: 2-D sparse parallelism (DMPCollection)",
+    "compile_aot": "'auto': $GEM_CACHE_DIR/aot (else ~/.cache/gem/aot) where a run can use it "
+                   "(one process, compiled, unsharded tables), else off",
     "ckpt_writer": "On the H200 the process writer kept --ckpt-every 50 with a 3.3 GB state; the "
                    "thread writer saved every 100 steps (trainer/BENCHMARKS.md)",
 }

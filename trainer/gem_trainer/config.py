@@ -250,7 +250,8 @@ def h200(**overrides: object) -> TrainConfig:
 def multi(**overrides: object) -> TrainConfig:
     """Several GPUs (torchrun): the h200 model with HSDP + table-wise sparse sharding over
     every rank (add `sparse_mp=<ranks per group>` for 2-D sparse parallelism)."""
-    base = dataclasses.replace(h200(), preset="multi", sparse_sharding="table_wise", compile=False)
+    base = dataclasses.replace(h200(), preset="multi", sparse_sharding="table_wise", compile=False,
+                               compile_aot="")
     return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
 
 
