@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Twenty-sixth session, second plan (one H200): the h200 preset's new default
-# (`--compile-aot auto`: ~/.cache/gem/aot) from nothing, then warm under cProfile: where the
-# warm start's ~5 s of loading the blocks goes (issue #16's 5 s warm start).
+# Twenty-sixth session, second plan (one H200; it never ran: no device time was left):
+#   the h200 preset's new default (`--compile-aot auto`: ~/.cache/gem/aot) from nothing, then
+#   warm under cProfile: where the warm start's ~5 s of loading the blocks goes (issue #16's
+#   5 s warm start); then a checkpointed run that ends on its interval (--steps 100
+#   --ckpt-every 50): the end of the run must wait for one write (~5 s), not two (14.9 s
+#   before gem-trainer 0.2.16 saved the last step once).
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
-  for f in auto_cold auto_warm; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; python3 -c "
+  for f in auto_cold auto_warm ckpt_end; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; python3 -c "
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{') and 'mfu_steady' in l]
-keys = ('steps', 'loss', 'time_to_first_step_s', 'startup_s', 'compile_aot')
+keys = ('steps', 'loss', 'time_to_first_step_s', 'startup_s', 'compile_aot', 'ckpt_saves', 'ckpt_stall_per_save_s', 'ckpt_final_wait_s')
 print({k: rows[-1].get(k) for k in keys} if rows else 'no summary line')" "$OUT/$f.log"; }; done
   [ -f "$OUT/warm.prof" ] && python3 - "$OUT/warm.prof" <<'PY' > "$OUT/prof.txt" 2>&1
 import pstats, sys
@@ -23,4 +26,5 @@ TR="python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 
 st auto_cold 200 $TR
 st auto_warm 60 python3 -m cProfile -o "$OUT/warm.prof" -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 2
 ls -laR ~/.cache/gem > "$OUT/cache_files.log" 2>&1
+st ckpt_end 120 python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 100 --ckpt-every 50 --ckpt-dir /tmp/gem_ck_end
 gpu_end
