@@ -11,9 +11,13 @@ it per block kind:
 - at a block's call, the variants of its kind (one per guard set: the first layer, whose
   `pooled` input is None, the later ones, an evaluation under `no_grad`, ...) are tried in
   order by their guards, and the first that passes runs;
-- none passes: the call is compiled ahead of time with these inputs (dynamic sizes, whole
+- none passes: the kind's files not loaded yet are loaded one at a time, oldest first, until
+  one passes (so a process loads the variants its calls need, when they first need them:
+  a start does not pay ~1.2 s per file on the H200 for variants a later batch or the
+  evaluation will use);
+- still none: the call is compiled ahead of time with these inputs (dynamic sizes, whole
   graph, the same compiler flags as `compile_blocks`), saved as one file, and run;
-- at the first call of a kind, its files are loaded. A file is dropped and replaced when
+- a loaded file is dropped and replaced when
   the source lines dynamo traced have changed since it was written (a stale graph must
   never run), when torch reports it incompatible (another torch, Python or GPU), or when it
   cannot be read (truncated, corrupt);
@@ -130,7 +134,8 @@ class AotBlocks:
         self.backend = backend
         self.settings = list(settings)
         self.stats = AotStats()
-        self._variants: dict[str, list[Any]] = {}
+        self._variants: dict[str, list[Any]] = {}  # kind -> variants loaded or compiled here
+        self._pending: dict[str, list[str]] = {}  # kind -> its files not loaded yet, oldest first
         self._fallback: dict[str, Callable[..., Any]] = {}
 
     def install(self, units: Sequence[tuple[nn.ModuleList, int]]) -> None:
@@ -157,10 +162,23 @@ class AotBlocks:
         fallback = self._fallback.get(kind)
         if fallback is not None:
             return fallback(block, *args, **kwargs)
-        variants = self._variants.get(kind)
-        if variants is None:
-            variants = self._variants[kind] = self._load(kind)
+        variants = self._variants.setdefault(kind, [])
         for v in variants:
+            if v.guard_check(block, *args, **kwargs):
+                return v.fn(block, *args, **kwargs)
+        # Files are loaded one at a time, oldest first, until one fits: a process loads the
+        # variants its calls need, when they first need them. An earlier run compiled them in
+        # the order its calls met them, so the first step loads only its own (on the H200 each
+        # file takes ~1.2 s: a start need not pay for variants a later batch or the
+        # evaluation will use).
+        pending = self._pending.get(kind)
+        if pending is None:
+            pending = self._pending[kind] = self._files_oldest_first(kind)
+        while pending:
+            v = self._load_one(pending.pop(0))
+            if v is None:
+                continue
+            variants.append(v)
             if v.guard_check(block, *args, **kwargs):
                 return v.fn(block, *args, **kwargs)
         try:
@@ -188,10 +206,20 @@ class AotBlocks:
         return [os.path.join(self.directory, n) for n in names
                 if n.endswith(".bin") and (kind is None or n[:-len(".bin")].rpartition(".")[0] == kind)]
 
-    def _load(self, kind: str) -> list[Any]:
+    def _files_oldest_first(self, kind: str) -> list[str]:
+        """The kind's files in the order they were written (modification time, then name)."""
+        def written(path: str) -> tuple[int, str]:
+            try:
+                return os.stat(path).st_mtime_ns, path
+            except OSError:  # removed meanwhile: last; its load then fails and is counted
+                return 1 << 62, path
+
+        return sorted(self.files(kind), key=written)
+
+    def _load_one(self, path: str) -> Any:
+        """The variant in `path`, or None (the file is dropped: unreadable or stale)."""
         t = time.perf_counter()
-        out = []
-        for path in self.files(kind):
+        try:
             try:
                 with open(path, "rb") as f, torch._dynamo.config.patch(enable_aot_compile=True):
                     fn = torch.compiler.load_compiled_function(f)
@@ -199,15 +227,15 @@ class AotBlocks:
                 self.stats.unreadable += 1
                 self.stats.notes.append(f"{os.path.basename(path)}: {type(e).__name__}: {str(e)[:120]}")
                 _remove(path)
-                continue
+                return None
             if not sources_current(fn):
                 self.stats.stale += 1
                 _remove(path)
-                continue
-            out.append(fn)
+                return None
             self.stats.loaded += 1
-        self.stats.load_s += time.perf_counter() - t
-        return out
+            return fn
+        finally:
+            self.stats.load_s += time.perf_counter() - t
 
     def _compile(self, kind: str, block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         t = time.perf_counter()

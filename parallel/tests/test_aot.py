@@ -261,22 +261,56 @@ def test_a_failing_ahead_of_time_compile_falls_back_to_torch_compile(
     assert done.aot.stats.fallbacks == 1 and done.aot.stats.compiled == 0 and done.aot.files() == []
 
 
-def test_blocks_compile_ahead_of_time_where_dynamo_has_it_off_by_default(
-        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_blocks_compile_ahead_of_time_where_dynamo_has_it_off_by_default(src: Path, tmp_path: Path) -> None:
     # torch 2.11 ships `enable_aot_compile = False`: `torch.compile(fn).aot_compile` is then
     # absent, and the H200 run fell back for every block. The store turns it on itself.
-    monkeypatch.setattr(torch._dynamo.config, "enable_aot_compile", False)
+    # (config.patch, not monkeypatch: undoing a setattr on torch's config module deletes
+    # the setting, which broke every later test in the process.)
+    with torch._dynamo.config.patch(enable_aot_compile=False):
+        mod = _module(src, "2.0")
+        seed = int(torch.randint(0, 1 << 30, ()).item())
+        torch.manual_seed(seed)
+        eager = mod.Net()
+        want = _run(eager, (6, 11), seed)
+        store = tmp_path / "aot"
+        first = _stored_run(mod, eager, store, seed, want)
+        assert first.compiled == 2 and first.fallbacks == 0, first
+        second = _stored_run(mod, eager, store, seed, want)
+        assert second.loaded == 2 and second.compiled == 0 and second.fallbacks == 0, second
+        assert torch._dynamo.config.enable_aot_compile is False  # the user's setting is left as it was
+
+
+def test_a_later_model_loads_a_variant_only_when_a_call_needs_it(src: Path, tmp_path: Path) -> None:
+    # The first model writes its training variants (first block, the others), then its two
+    # evaluation variants. A second model's training step loads the two training files (the
+    # oldest) and nothing else; its first evaluation then loads the other two. No compile.
     mod = _module(src, "2.0")
     seed = int(torch.randint(0, 1 << 30, ()).item())
     torch.manual_seed(seed)
     eager = mod.Net()
-    want = _run(eager, (6, 11), seed)
     store = tmp_path / "aot"
-    first = _stored_run(mod, eager, store, seed, want)
-    assert first.compiled == 2 and first.fallbacks == 0, first
-    second = _stored_run(mod, eager, store, seed, want)
-    assert second.loaded == 2 and second.compiled == 0 and second.fallbacks == 0, second
-    assert torch._dynamo.config.enable_aot_compile is False  # the user's setting is left as it was
+    first = mod.Net()
+    first.load_state_dict(eager.state_dict())
+    done = parallelize(first, compile=True, compile_aot=str(store))
+    want = _run(first, (7, 12), seed)
+    with torch.no_grad():
+        want_eval = first(torch.randn(9, 16, generator=torch.Generator().manual_seed(seed)),
+                          torch.randn(3, 16, generator=torch.Generator().manual_seed(seed + 1)))
+    assert done.aot is not None and done.aot.stats.compiled == 4 and len(done.aot.files()) == 4
+
+    second = mod.Net()
+    second.load_state_dict(eager.state_dict())
+    done2 = parallelize(second, compile=True, compile_aot=str(store))
+    assert done2.aot is not None
+    got = _run(second, (7, 12), seed)
+    assert done2.aot.stats.loaded == 2 and done2.aot.stats.compiled == 0, done2.aot.stats
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    with torch.no_grad():
+        got_eval = second(torch.randn(9, 16, generator=torch.Generator().manual_seed(seed)),
+                          torch.randn(3, 16, generator=torch.Generator().manual_seed(seed + 1)))
+    assert done2.aot.stats.loaded == 4 and done2.aot.stats.compiled == 0, done2.aot.stats
+    assert torch.equal(got_eval, want_eval)
 
 
 def test_bad_arguments_are_refused(tmp_path: Path) -> None:

@@ -191,8 +191,8 @@ def _compile_counts(aot: Any = None) -> dict[str, int]:
 
 def _compile_summary(cfg: TrainConfig, timers: Timers, aot: Any = None) -> dict[str, Any]:
     """With --compile: graphs compiled and graph breaks (process-wide dynamo counters), and
-    graphs compiled after the warm-up steps per 100 steps (recompiles; 0 when the dynamic
-    shapes cover every batch); with --compile-aot also what the blocks' store did
+    graphs compiled (or, with --compile-aot, loaded) after the warm-up steps and before the
+    evaluation, per 100 steps (recompiles; 0 when the dynamic shapes cover every batch); with --compile-aot also what the blocks' store did
     (`compile_aot`: variants loaded, compiled, dropped as stale or unreadable, seconds, and
     the folder they are kept in)."""
     if not cfg.compile:
@@ -201,7 +201,8 @@ def _compile_summary(cfg: TrainConfig, timers: Timers, aot: Any = None) -> dict[
     counts = _compile_counts(aot)
     late = timers.steps_done - WARMUP_STEPS
     warm = timers.extra.get("warm_graphs")  # the graph count at the end of the warm-up steps
-    per100 = 100.0 * (counts["graphs"] - warm) / late if warm is not None and late > 0 else None
+    trained = timers.extra.get("train_graphs", counts["graphs"])  # ... and at the end of training
+    per100 = 100.0 * (trained - warm) / late if warm is not None and late > 0 else None
     return {**extra, "compile_graphs": counts["graphs"], "compile_graph_breaks": counts["graph_breaks"],
             "recompiles_per_100_steps": per100}
 
@@ -746,6 +747,8 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         if bar is not None:
             bar.close()
     timers.total = time.perf_counter() - t_start
+    if cfg.compile:  # before the evaluation, whose no_grad variants are not recompiles
+        timers.extra["train_graphs"] = _compile_counts(aot)["graphs"]
     save_compile_cache()  # a run shorter than the warm-up
     tasks = evaluate(model, cfg, dcfg, rank, world, device, use_bf16)
     ngpu = world if device.type == "cuda" else 0
