@@ -53,10 +53,11 @@ def test_watch_books_a_collection_and_removes_its_hook() -> None:
 def test_freeze_moves_the_heap_and_stop_undoes_only_its_own() -> None:
     w = GcWatch().start()
     w.freeze()
-    assert w.frozen > 1000 and gc.get_freeze_count() == w.frozen and w.freeze_s > 0
+    # (<= and - 100, not ==: objects freed by refcount leave the frozen generation, and in a
+    # shared pytest process another test's thread may free some at any moment)
+    assert w.frozen > 1000 and w.frozen - 100 <= gc.get_freeze_count() <= w.frozen and w.freeze_s > 0
     frozen = w.frozen
     w.freeze()  # once per run: the second call freezes nothing more
-    # (<=, not ==: in a shared pytest process another test's thread may free frozen objects)
     assert w.frozen == frozen and gc.get_freeze_count() <= frozen
     w.stop()
     assert gc.get_freeze_count() == 0
@@ -66,7 +67,7 @@ def test_freeze_moves_the_heap_and_stop_undoes_only_its_own() -> None:
     w = GcWatch().start()
     _Node()
     w.freeze()
-    assert gc.get_freeze_count() >= mine
+    assert gc.get_freeze_count() >= mine - 100
     w.stop()
     assert gc.get_freeze_count() >= mine - 100 > 0  # (objects freed by refcount leave it)
 
