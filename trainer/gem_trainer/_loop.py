@@ -192,9 +192,9 @@ def _compile_counts(aot: Any = None) -> dict[str, int]:
 def _compile_summary(cfg: TrainConfig, timers: Timers, aot: Any = None) -> dict[str, Any]:
     """With --compile: graphs compiled and graph breaks (process-wide dynamo counters), and
     graphs compiled (or, with --compile-aot, loaded) after the warm-up steps and before the
-    evaluation, per 100 steps (recompiles; 0 when the dynamic shapes cover every batch); with --compile-aot also what the blocks' store did
-    (`compile_aot`: variants loaded, compiled, dropped as stale or unreadable, seconds, and
-    the folder they are kept in)."""
+    evaluation, per 100 steps (recompiles; 0 when the dynamic shapes cover every batch);
+    with --compile-aot also what the blocks' store did (`compile_aot`: variants loaded,
+    compiled, dropped as stale or unreadable, seconds, and the folder they are kept in)."""
     if not cfg.compile:
         return {}
     extra = {"compile_aot": {**aot.stats.summary(), "dir": aot.directory}} if aot is not None else {}
