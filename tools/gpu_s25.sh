@@ -19,11 +19,7 @@ export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHON
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   [ -f "$OUT/t_gpu.log" ] && { echo "=== t_gpu"; tail -n 3 "$OUT/t_gpu.log" | cut -c1-300; }
-  for f in aot_cold aot_warm plain_warm aot_fresh aot_fresh_cc ckpt resume; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; python3 -c "
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{') and 'mfu_steady' in l]
-keys = ('steps', 'loss', 'mfu_steady', 'step_s_median', 'step_gpu_s_median', 'time_to_first_step_s', 'startup_s', 'compile_aot', 'compile_cache', 'compile_cache_entries', 'compile_graphs', 'recompiles_per_100_steps', 'resumed_from', 'ckpt_saves', 'ckpt_stall_per_save_s', 'ckpt_stall_frac', 'ckpt_state_gb', 'ckpt_write_gb_per_s')
-print({k: rows[-1].get(k) for k in keys} if rows else 'no summary line')" "$OUT/$f.log"; grep -v "^{" "$OUT/$f.log" | grep -v "is_fx\|^W1" | tail -n 4 | cut -c1-300; }; done
+  for f in aot_cold aot_warm plain_warm aot_fresh aot_fresh_cc ckpt resume; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; last_summary "$OUT/$f.log" steps loss mfu_steady step_s_median step_gpu_s_median time_to_first_step_s startup_s compile_aot compile_cache compile_cache_entries compile_graphs recompiles_per_100_steps resumed_from ckpt_saves ckpt_stall_per_save_s ckpt_stall_frac ckpt_state_gb ckpt_write_gb_per_s; grep -v "^{" "$OUT/$f.log" | grep -v "is_fx\|^W1" | tail -n 4 | cut -c1-300; }; done
 }
 left() { echo $(( ${1} - $(date +%s) + T0 )); }
 T0=$(date +%s)

@@ -12,11 +12,7 @@ export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHON
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   for f in t_gpu slowtiny; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; tail -n 3 "$OUT/$f.log" | cut -c1-600; }; done
-  for f in aot_cold aot_warm aot_warm2 ckpt resume aot_fresh; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; python3 -c "
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{') and 'mfu_steady' in l]
-keys = ('steps', 'loss', 'mfu_steady', 'step_s_median', 'time_to_first_step_s', 'startup_s', 'compile_aot', 'compile_graphs', 'resumed_from', 'ckpt_saves', 'ckpt_stall_per_save_s', 'ckpt_stall_frac', 'ckpt_state_gb', 'ckpt_write_gb_per_s', 'slow_steps')
-print({k: rows[-1].get(k) for k in keys} if rows else 'no summary line')" "$OUT/$f.log"; grep -v "^{" "$OUT/$f.log" | grep -v "is_fx\|^W1" | tail -n 3 | cut -c1-300; }; done
+  for f in aot_cold aot_warm aot_warm2 ckpt resume aot_fresh; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; last_summary "$OUT/$f.log" steps loss mfu_steady step_s_median time_to_first_step_s startup_s compile_aot compile_graphs resumed_from ckpt_saves ckpt_stall_per_save_s ckpt_stall_frac ckpt_state_gb ckpt_write_gb_per_s slow_steps; grep -v "^{" "$OUT/$f.log" | grep -v "is_fx\|^W1" | tail -n 3 | cut -c1-300; }; done
 }
 left() { echo $(( ${1} - $(date +%s) + T0 )); }
 T0=$(date +%s)

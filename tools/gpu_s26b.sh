@@ -8,11 +8,7 @@
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
-  for f in auto_cold auto_warm ckpt_end; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; python3 -c "
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{') and 'mfu_steady' in l]
-keys = ('steps', 'loss', 'time_to_first_step_s', 'startup_s', 'compile_aot', 'ckpt_saves', 'ckpt_stall_per_save_s', 'ckpt_final_wait_s')
-print({k: rows[-1].get(k) for k in keys} if rows else 'no summary line')" "$OUT/$f.log"; }; done
+  for f in auto_cold auto_warm ckpt_end; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; last_summary "$OUT/$f.log" steps loss time_to_first_step_s startup_s compile_aot ckpt_saves ckpt_stall_per_save_s ckpt_final_wait_s; }; done
   [ -f "$OUT/warm.prof" ] && python3 - "$OUT/warm.prof" <<'PY' > "$OUT/prof.txt" 2>&1
 import pstats, sys
 s = pstats.Stats(sys.argv[1])

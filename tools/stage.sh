@@ -25,3 +25,12 @@ ab_trees() { A=$1; B=$2; ROOT=$PWD
   PA=$(_tree_path "$A"):$ROOT/$A/tests; PB=$(_tree_path "$B"):$ROOT/$B/tests; export PYTHONUNBUFFERED=1
   TR="python3 -m gem_trainer --preset h200 --steps 60 --eval-batches 0 --no-progress"; }
 _tree_path() { (cd "$ROOT/$1" && ls -d */gem_* | xargs -n1 dirname | sed "s|^|$ROOT/$1/|" | paste -sd:); }
+
+# last_summary LOG KEY...: the trainer's summary (the last JSON line with `mfu_steady`) in LOG,
+# reduced to KEYs, on one line ("no summary line" when the run printed none).
+last_summary() { python3 - "$@" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{') and 'mfu_steady' in l]
+print({k: rows[-1].get(k) for k in sys.argv[2:]} if rows else 'no summary line')
+PY
+}
