@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Twenty-seventh session, first call (one H200): session 26's unrun plan (tools/gpu_s26b.sh) plus
+# the GPU's recompile reasons. Stages:
+#   auto_cold   the h200 preset's default (`--compile-aot auto`: ~/.cache/gem/aot) from nothing;
+#   auto_warm   the same again (gem-parallel 0.3.7 loads a variant file only when a call needs it);
+#   warm_prof   the same under cProfile: where the warm start's loading time goes;
+#   recompiles  plain --compile (no AOT store) for 40 steps with TORCH_LOGS=recompiles: which
+#               guards make the h200 store's 4 variants of the one block kind;
+#   ckpt_end    --steps 100 --ckpt-every 50: the end of the run waits for one write (~5 s), not
+#               two (14.9 s before gem-trainer 0.2.16 saved the last step once).
+export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
+. tools/stage.sh
+summary() { echo "=== stages"; cat "$OUT/rcs.txt"
+  for f in auto_cold auto_warm warm_prof recompiles ckpt_end; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; last_summary "$OUT/$f.log" steps loss time_to_first_step_s startup_s compile_aot recompiles_per_100_steps mfu_steady ckpt_saves ckpt_stall_per_save_s ckpt_final_wait_s; }; done
+  [ -f "$OUT/recompiles.log" ] && { echo "=== recompile reasons"; grep -iE "recompil|triggered by|guard" "$OUT/recompiles.log" | cut -c1-220 | sort | uniq -c | sort -rn | head -30; }
+  [ -f "$OUT/warm.prof" ] && python3 - "$OUT/warm.prof" <<'PY' > "$OUT/prof.txt" 2>&1
+import pstats, sys
+s = pstats.Stats(sys.argv[1])
+s.sort_stats("cumulative").print_stats(90)
+s.sort_stats("tottime").print_stats(40)
+PY
+  [ -f "$OUT/prof.txt" ] && grep -E "_load_one|load_compiled|deserialize|post_compile|_reload_python|cubin|launcher|LoadData|module_load|precompile|make_launcher|aot|cumtime" "$OUT/prof.txt" | head -40 | cut -c1-200
+}
+gpu_begin "${WATCH:-420}"
+TR="python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress"
+st auto_cold 200 $TR --steps 2
+st auto_warm 60 $TR --steps 2
+st warm_prof 60 python3 -m cProfile -o "$OUT/warm.prof" -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 2
+ls -laR ~/.cache/gem > "$OUT/cache_files.log" 2>&1
+st recompiles 120 env TORCH_LOGS=recompiles $TR --steps 40 --compile-aot ''
+st ckpt_end 120 $TR --steps 100 --ckpt-every 50 --ckpt-dir /tmp/gem_ck_end
+gpu_end
