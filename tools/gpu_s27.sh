@@ -3,6 +3,9 @@
 # the GPU's recompile reasons. Stages:
 #   auto_cold   the h200 preset's default (`--compile-aot auto`: ~/.cache/gem/aot) from nothing;
 #   auto_warm   the same again (gem-parallel 0.3.7 loads a variant file only when a call needs it);
+#   ab_*        tools/ttfs.py warm, the blocks' files loaded in a background thread from the
+#               end of parallelize (gem-trainer's new default) or lazily (--no-preload), twice;
+#   eager_warm  --no-compile, warm Triton cache: what an eager first step costs;
 #   warm_prof   the same under cProfile: where the warm start's loading time goes;
 #   recompiles  plain --compile (no AOT store) for 40 steps with TORCH_LOGS=recompiles: which
 #               guards make the h200 store's 4 variants of the one block kind;
@@ -11,7 +14,14 @@
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
-  for f in auto_cold auto_warm warm_prof recompiles ckpt_end; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; last_summary "$OUT/$f.log" steps loss time_to_first_step_s startup_s compile_aot recompiles_per_100_steps mfu_steady ckpt_saves ckpt_stall_per_save_s ckpt_final_wait_s; }; done
+  for f in auto_cold auto_warm eager_warm warm_prof recompiles ckpt_end; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; last_summary "$OUT/$f.log" steps loss time_to_first_step_s startup_s compile_aot recompiles_per_100_steps mfu_steady ckpt_saves ckpt_stall_per_save_s ckpt_final_wait_s; }; done
+  echo "=== preload A/B (tools/ttfs.py: ttfs, first fwd+bwd, load, waited)"
+  for f in ab_pre1 ab_lazy1 ab_pre2 ab_lazy2; do [ -f "$OUT/$f.log" ] && tail -n 1 "$OUT/$f.log" | python3 -c "
+import json, sys
+try:
+    d = json.loads(sys.stdin.read()); a = d.get('compile_aot') or {}
+    print('$f', d['ttfs_s'], d['startup_s'], a.get('loaded'), a.get('load_s'), a.get('load_wait_s'))
+except Exception as e: print('$f', 'no line', e)"; done
   [ -f "$OUT/recompiles.log" ] && { echo "=== recompile reasons"; grep -iE "recompil|triggered by|guard" "$OUT/recompiles.log" | cut -c1-220 | sort | uniq -c | sort -rn | head -30; }
   [ -f "$OUT/warm.prof" ] && python3 - "$OUT/warm.prof" <<'PY' > "$OUT/prof.txt" 2>&1
 import pstats, sys
@@ -25,6 +35,8 @@ gpu_begin "${WATCH:-420}"
 TR="python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress"
 st auto_cold 200 $TR --steps 2
 st auto_warm 60 $TR --steps 2
+for i in 1 2; do st ab_pre$i 60 python3 tools/ttfs.py --preset h200 --steps 2; st ab_lazy$i 60 python3 tools/ttfs.py --preset h200 --steps 2 --no-preload; done
+st eager_warm 60 $TR --steps 2 --no-compile
 st warm_prof 60 python3 -m cProfile -o "$OUT/warm.prof" -m gem_trainer --preset h200 --eval-batches 0 --no-progress --steps 2
 ls -laR ~/.cache/gem > "$OUT/cache_files.log" 2>&1
 st recompiles 120 env TORCH_LOGS=recompiles $TR --steps 40 --compile-aot ''
