@@ -216,7 +216,8 @@ class AotBlocks:
         with self._lock:
             for p in paths:
                 self._preloaded.setdefault(p, Future())
-        device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        # (the loading thread makes the caller's device current: its kernels load there)
+        device = torch.cuda.current_device() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
         self._preloader = threading.Thread(target=self._preload_all, args=(paths, device),
                                            name="gem-aot-preload")
         self._preloader.start()
