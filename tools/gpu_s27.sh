@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Twenty-seventh session, first call (one H200): session 26's unrun plan (tools/gpu_s26b.sh) plus
-# the GPU's recompile reasons. Stages:
+# Twenty-seventh session (one H200). PART=a: session 26's unrun plan (tools/gpu_s26b.sh), the
+# background loading A/B and the GPU's recompile reasons; it carries .fa4a (`run` carry) and
+# copies it to /tmp/fa4a for PART=b on the same box. PART=b (carrying .fa4b): FlashAttention-4
+# installed (tools/fa4_setup.sh), the model's local MFU (`--compile --cuda-graph`) with the new
+# "layers compiled whole" row (issue #16: >= 40 %). PART=a's stages:
 #   auto_cold   the h200 preset's default (`--compile-aot auto`: ~/.cache/gem/aot) from nothing;
 #   auto_warm   the same again (gem-parallel 0.3.7 loads a variant file only when a call needs it);
 #   ab_*        tools/ttfs.py warm, the blocks' files loaded in a background thread from the
@@ -23,6 +26,8 @@ try:
     print('$f', d['ttfs_s'], d['startup_s'], a.get('loaded'), a.get('load_s'), a.get('load_wait_s'))
 except Exception as e: print('$f', 'no line', e)"; done
   [ -f "$OUT/recompiles.log" ] && { echo "=== recompile reasons"; grep -iE "recompil|triggered by|guard" "$OUT/recompiles.log" | cut -c1-220 | sort | uniq -c | sort -rn | head -30; }
+  [ -f "$OUT/mfu.log" ] && { echo "=== local MFU"; grep -vE "^\{" "$OUT/mfu.log" | tail -n 18 | cut -c1-200; }
+  [ -f "$OUT/fa4.log" ] && { echo "=== fa4 setup"; tail -n 3 "$OUT/fa4.log"; cat "$OUT/fa4_check.log"; }
   [ -f "$OUT/warm.prof" ] && python3 - "$OUT/warm.prof" <<'PY' > "$OUT/prof.txt" 2>&1
 import pstats, sys
 s = pstats.Stats(sys.argv[1])
@@ -32,6 +37,14 @@ PY
   [ -f "$OUT/prof.txt" ] && grep -E "_load_one|load_compiled|deserialize|post_compile|_reload_python|cubin|launcher|LoadData|module_load|precompile|make_launcher|aot|cumtime" "$OUT/prof.txt" | head -40 | cut -c1-200
 }
 gpu_begin "${WATCH:-420}"
+if [ "${PART:-a}" = b ]; then
+  st fa4 120 bash tools/fa4_setup.sh
+  [ -f /tmp/site/.fa4_ok ] && export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
+  python3 -c "from gem_kernels._flash4 import _import_error as e; print('flash4 import error:', e())" > "$OUT/fa4_check.log" 2>&1
+  st mfu 400 python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph
+  gpu_end; exit 0
+fi
+[ -f .fa4a/ir.so.xz ] && { mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/; }
 TR="python3 -m gem_trainer --preset h200 --eval-batches 0 --no-progress"
 st auto_cold 200 $TR --steps 2
 st auto_warm 60 $TR --steps 2

@@ -55,6 +55,10 @@ def test_compiled_modules(capsys: pytest.CaptureFixture[str]) -> None:
     for name in local_mfu.LAYER_MODULES:
         assert out["kernels"]["modules"][name]["ms"] > 0, name
     assert out["kernels"]["e2e_ms"] > 0
+    # the copy with each layer compiled whole (as the trainer) is timed and computes the
+    # same logits
+    assert out["kernels"]["e2e_layers_ms"] > 0 and 0 < out["kernels"]["e2e_layers_mfu"]
+    assert out["layers_logits_max_abs_diff"] is not None and out["layers_logits_max_abs_diff"] < 1e-3
 
 
 def test_cuda_graph_flag_without_cuda_says_so(capsys: pytest.CaptureFixture[str]) -> None:

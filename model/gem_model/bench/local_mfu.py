@@ -12,8 +12,12 @@ model with the kernels' reference attention (plain PyTorch) runs side by side, a
 model fwd+bwd is timed too. Without CUDA it runs a toy size on CPU (not a speed claim).
 
 `--compile` runs the modules through `torch.compile` (each front-end module, each layer
-module and the heads, compiled once per module for this fixed batch), as the trainer
-compiles its blocks; the warm-up iterations absorb the compiling. The default is eager.
+module and the heads, compiled once per module for this fixed batch); the warm-up
+iterations absorb the compiling. The default is eager. With it the whole model is also timed
+a second time ("model e2e, layers"), on a copy whose layers are compiled whole (dynamic
+sizes, one graph per layer, as the trainer compiles its blocks through gem_parallel): the
+code between a layer's modules (residuals, casts, the CLS rows) is then fused with them,
+where the per-module compile leaves it eager.
 
 `--cuda-graph` also captures each timed fwd+bwd (every module alone and the whole model) in
 a CUDA graph and times its replay beside the plain call: the same kernels with no Python or
@@ -224,6 +228,15 @@ def compile_modules(model: GEMModel, backend: str) -> None:
         m.compile(backend=backend)
 
 
+def compile_layers(model: GEMModel, backend: str) -> None:
+    """`torch.compile` (in place) of each layer whole, whole-graph with dynamic sizes (the
+    trainer's block compile), and of the front end and the heads as `compile_modules` does."""
+    for m in (model.sparse, model.dense, model.events, model.heads):
+        m.compile(backend=backend)
+    for layer in model.layers:
+        layer.compile(backend=backend, fullgraph=True, dynamic=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="smaller batch, fewer iterations")
@@ -320,6 +333,29 @@ def main(argv: list[str] | None = None) -> None:
         results[tag] = {"modules": rows, "e2e_ms": e2e * 1e3, "e2e_tflops": fl / e2e / 1e12, "e2e_mfu": fl / e2e / PEAK}
         if e2e_graph is not None:
             results[tag].update(e2e_graph_ms=e2e_graph * 1e3, e2e_graph_mfu=fl / e2e_graph / PEAK)
+        if args.compile and tag == "kernels":  # the same weights, each layer compiled whole
+            whole = GEMModel(cfg).to(device)
+            if args.table_grads == "sparse":
+                sparse_table_grads(whole)
+            if args.mxfp8:
+                import gem_precision
+
+                gem_precision.convert_to_mxfp8(whole, args.mxfp8, keep_bf16=("heads*",))
+            whole.load_state_dict(m.state_dict())
+            compile_layers(whole, args.compile)
+            with torch.no_grad(), autocast():
+                logits["layers"] = whole(batch).float()
+            try:
+                e2e_l, e2e_lg = bench_e2e(whole, batch, autocast, timer, warmup, iters, graph=args.cuda_graph)
+                results[tag].update(e2e_layers_ms=e2e_l * 1e3, e2e_layers_mfu=fl / e2e_l / PEAK)
+                if e2e_lg is not None:
+                    results[tag].update(e2e_layers_graph_ms=e2e_lg * 1e3, e2e_layers_graph_mfu=fl / e2e_lg / PEAK)
+            except torch.OutOfMemoryError:
+                print("model e2e, layers: out of memory")
+            finally:
+                del whole
+                if cuda:
+                    torch.cuda.empty_cache()
 
     ok, diff = True, 0.0
     compared = "reference" in logits  # (not with --no-reference)
@@ -328,6 +364,14 @@ def main(argv: list[str] | None = None) -> None:
         scale = float(logits["reference"].abs().max())
         # bf16 through every layer on the GPU (Triton vs fp32-math reference attention).
         ok = diff <= ((5e-2 + 5e-2 * scale) if cuda else 1e-4 * (1.0 + scale))
+    layers_diff: float | None = None
+    if "layers" in logits:  # the layer-compiled copy computes the module-compiled model's logits
+        layers_diff = float((logits["layers"] - logits["kernels"]).abs().max())
+        scale = float(logits["kernels"].abs().max())
+        layers_ok = layers_diff <= ((5e-2 + 5e-2 * scale) if cuda else 1e-4 * (1.0 + scale))
+        print(f"logits max |layers compiled whole - modules compiled| = {layers_diff:.3g} "
+              f"({'ok' if layers_ok else 'MISMATCH'})")
+        ok = ok and layers_ok
 
     fwd = model.flops_for(tuple(lengths))
     print(f"\nGEM local MFU — {torch.cuda.get_device_name() if cuda else 'CPU'}; B={b} tokens={sum(lengths)} "
@@ -352,6 +396,11 @@ def main(argv: list[str] | None = None) -> None:
         g = _graph_cols(kr.get("e2e_graph_ms"), kr.get("e2e_graph_mfu")) if args.cuda_graph else ""
         print(f"{'model e2e':<16}{'':>3}{3 * fwd['total'] / 1e9:>11.1f}{kr['e2e_ms']:>9.2f}{kr['e2e_tflops']:>9.1f}"
               f"{kr['e2e_mfu'] * 100:>6.1f}%{ref_e2e}{g}")
+        if "e2e_layers_ms" in kr:
+            g = _graph_cols(kr.get("e2e_layers_graph_ms"), kr.get("e2e_layers_graph_mfu")) if args.cuda_graph else ""
+            print(f"{'e2e, layers':<16}{'':>3}{3 * fwd['total'] / 1e9:>11.1f}{kr['e2e_layers_ms']:>9.2f}"
+                  f"{3 * fwd['total'] / kr['e2e_layers_ms'] / 1e9:>9.1f}{kr['e2e_layers_mfu'] * 100:>6.1f}%"
+                  f"{'-':>9}{'-':>8}{g}")
     if compared:
         print(f"logits max |kernels - reference| = {diff:.3g} ({'ok' if ok else 'MISMATCH'})")
     else:
@@ -367,6 +416,7 @@ def main(argv: list[str] | None = None) -> None:
         "kernels": results.get("kernels"), "reference": results.get("reference"),
         # null without a reference model (--no-reference): nothing was compared
         "logits_max_abs_diff": diff if compared else None,
+        "layers_logits_max_abs_diff": layers_diff,
         "correct": ok if compared else None,
     }
     print(json.dumps(_rounded(out)))
