@@ -6,7 +6,7 @@
 # "layers compiled whole" row (issue #16: >= 40 %). PART=a's stages:
 #   auto_cold   the h200 preset's default (`--compile-aot auto`: ~/.cache/gem/aot) from nothing;
 #   auto_warm   the same again (gem-parallel 0.3.7 loads a variant file only when a call needs it);
-#   ab_*        tools/ttfs.py warm, the blocks' files loaded in a background thread from the
+#   ab_*        (ran at cfc0c5d; the preload was then removed) tools/ttfs.py warm, the blocks' files loaded in a background thread from the
 #               end of parallelize (gem-trainer's new default) or lazily (--no-preload), twice;
 #   eager_warm  --no-compile, warm Triton cache: what an eager first step costs;
 #   warm_prof   the same under cProfile: where the warm start's loading time goes;

@@ -1,7 +1,7 @@
 """Time to first step of a gem_trainer run, and where compile spent it.
 
     python3 tools/ttfs.py [--preset h200] [--steps 3] [--compile/--no-compile]
-                          [--compile-cache FILE] [--compile-aot DIR] [--no-preload]
+                          [--compile-cache FILE] [--compile-aot DIR]
 
 Run it twice with the same TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR: the first run is cold
 (empty caches), the second warm. Prints the trainer's summary keys for the first step and
@@ -25,13 +25,7 @@ p.add_argument("--steps", type=int, default=3)
 p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
 p.add_argument("--compile-cache", default="", help="the trainer's --compile-cache file")
 p.add_argument("--compile-aot", default="", help="the trainer's --compile-aot folder (blocks compiled ahead of time)")
-p.add_argument("--no-preload", action="store_true",
-               help="with --compile-aot: load the blocks' files only when a call needs them (no background thread)")
 a = p.parse_args()
-if a.no_preload:  # the A/B of gem-trainer's background loading
-    import gem_parallel
-
-    gem_parallel.AotBlocks.preload = lambda self: None  # type: ignore[method-assign]
 over: dict[str, object] = {"steps": a.steps, "eval_batches": 0, "progress": False}
 if a.compile is not None:
     over["compile"] = a.compile
@@ -44,7 +38,7 @@ s = train(tc.PRESETS[a.preset](**over))
 wall = time.perf_counter() - t0
 print(torch._dynamo.utils.compile_times(repr="str", aggregate=True))
 print(json.dumps({"ttfs_s": s.get("time_to_first_step_s"), "startup_s": s.get("startup_s"),
-                  "wall_s": round(wall, 2), "preload": not a.no_preload,
+                  "wall_s": round(wall, 2),
                   "step_s_median": s.get("step_s_median"), "steps": s.get("steps"),
                   **{k: v for k, v in s.items() if k.startswith("compile_")},
                   # AOTAutograd's cache per block graph (hit / miss / saved / bypass) and

@@ -39,12 +39,10 @@ import inspect
 import os
 import re
 import sys
-import threading
 import time
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,16 +60,14 @@ class AotStats:
     unreadable: int = 0  # files dropped: torch could not load them (corrupt, another torch/GPU)
     save_errors: int = 0
     fallbacks: int = 0  # kinds whose ahead-of-time compile failed: they run through torch.compile
-    load_s: float = 0.0  # loading files (in the background thread too, see AotBlocks.preload)
-    load_wait_s: float = 0.0  # calls waiting for the background thread's next file
+    load_s: float = 0.0
     compile_s: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         return {"loaded": self.loaded, "compiled": self.compiled, "stale": self.stale,
                 "unreadable": self.unreadable, "save_errors": self.save_errors, "fallbacks": self.fallbacks,
-                "load_s": round(self.load_s, 3), "load_wait_s": round(self.load_wait_s, 3),
-                "compile_s": round(self.compile_s, 3)}
+                "load_s": round(self.load_s, 3), "compile_s": round(self.compile_s, 3)}
 
 
 def _kind(block: nn.Module) -> str:
@@ -141,10 +137,6 @@ class AotBlocks:
         self._variants: dict[str, list[Any]] = {}  # kind -> variants loaded or compiled here
         self._pending: dict[str, list[str]] = {}  # kind -> its files not loaded yet, oldest first
         self._fallback: dict[str, Callable[..., Any]] = {}
-        self._preloaded: dict[str, Future[Any]] = {}  # path -> its variant (or None), see preload
-        self._preloader: threading.Thread | None = None
-        self._closing = threading.Event()
-        self._lock = threading.Lock()  # the stats the background thread adds to
 
     def install(self, units: Sequence[tuple[nn.ModuleList, int]]) -> None:
         """Routes each `parent[index]` block's calls through the store (the slot
@@ -183,7 +175,7 @@ class AotBlocks:
         if pending is None:
             pending = self._pending[kind] = self._files_oldest_first(kind)
         while pending:
-            v = self._take(pending.pop(0))
+            v = self._load_one(pending.pop(0))
             if v is None:
                 continue
             variants.append(v)
@@ -202,60 +194,6 @@ class AotBlocks:
         variants.append(v)
         return v.fn(block, *args, **kwargs)
 
-    def preload(self) -> None:
-        """Starts loading every file of the store, oldest first, in one background thread,
-        while the caller goes on (building the data loader, the first batch, the model's first
-        layers). A call that needs a variant then waits for the file it would have loaded
-        itself (`stats.load_wait_s`) instead of loading it, so which variant runs does not
-        change: the same files, tried in the same order. Loading holds the GIL for most of its
-        time, so it overlaps with work that waits: the device, the data workers, file reads.
-        Calling it twice, or after calls have started loading, is harmless."""
-        if self._preloader is not None:
-            return
-        paths = sorted(self.files(), key=_written)
-        with self._lock:
-            for p in paths:
-                self._preloaded.setdefault(p, Future())
-        # (the loading thread makes the caller's device current: its kernels load there)
-        device = torch.cuda.current_device() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
-        self._preloader = threading.Thread(target=self._preload_all, args=(paths, device),
-                                           name="gem-aot-preload")
-        self._preloader.start()
-
-    def _preload_all(self, paths: list[str], device: int | None) -> None:
-        if device is not None:
-            torch.cuda.set_device(device)
-        for p in paths:
-            fut = self._preloaded[p]
-            if self._closing.is_set():
-                fut.cancel()
-            if not fut.set_running_or_notify_cancel():  # cancelled by close(): a call loads it itself
-                continue
-            try:
-                fut.set_result(self._load_one(p))
-            except BaseException as e:  # (_load_one catches load errors; anything else reaches the caller)
-                fut.set_exception(e)
-
-    def close(self) -> None:
-        """Stops the background loading after its current file (`preload`) and waits for it."""
-        self._closing.set()
-        for fut in list(self._preloaded.values()):
-            fut.cancel()
-        if self._preloader is not None:
-            self._preloader.join()
-
-    def _take(self, path: str) -> Any:
-        """The variant in `path`: the background thread's result when it has the file (waiting
-        for it), else loaded here."""
-        fut = self._preloaded.get(path)
-        if fut is None or fut.cancelled():
-            return self._load_one(path)
-        t = time.perf_counter()
-        try:
-            return fut.result()
-        finally:
-            self.stats.load_wait_s += time.perf_counter() - t
-
     def _plain(self, block: nn.Module) -> Callable[..., Any]:
         """The kind's forward through an ordinary `torch.compile` (dynamo each process), with
         the same flags, set at every call as `compile_blocks` does."""
@@ -270,7 +208,13 @@ class AotBlocks:
 
     def _files_oldest_first(self, kind: str) -> list[str]:
         """The kind's files in the order they were written (modification time, then name)."""
-        return sorted(self.files(kind), key=_written)
+        def written(path: str) -> tuple[int, str]:
+            try:
+                return os.stat(path).st_mtime_ns, path
+            except OSError:  # removed meanwhile: last; its load then fails and is counted
+                return 1 << 62, path
+
+        return sorted(self.files(kind), key=written)
 
     def _load_one(self, path: str) -> Any:
         """The variant in `path`, or None (the file is dropped: unreadable or stale)."""
@@ -280,26 +224,20 @@ class AotBlocks:
                 with open(path, "rb") as f, torch._dynamo.config.patch(enable_aot_compile=True):
                     fn = torch.compiler.load_compiled_function(f)
             except Exception as e:  # corrupt, truncated, another torch / Python / GPU
-                with self._lock:
-                    self.stats.unreadable += 1
-                    self.stats.notes.append(f"{os.path.basename(path)}: {type(e).__name__}: {str(e)[:120]}")
+                self.stats.unreadable += 1
+                self.stats.notes.append(f"{os.path.basename(path)}: {type(e).__name__}: {str(e)[:120]}")
                 _remove(path)
                 return None
             if not sources_current(fn):
-                with self._lock:
-                    self.stats.stale += 1
+                self.stats.stale += 1
                 _remove(path)
                 return None
-            with self._lock:
-                self.stats.loaded += 1
+            self.stats.loaded += 1
             return fn
         finally:
-            with self._lock:
-                self.stats.load_s += time.perf_counter() - t
+            self.stats.load_s += time.perf_counter() - t
 
     def _compile(self, kind: str, block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self._preloader is not None:  # both switch dynamo's enable_aot_compile on and back
-            self._preloader.join()
         t = time.perf_counter()
         fn = with_flags(_aot_compile_forward, self.settings)(self.backend, block, args, kwargs)
         self.stats.compiled += 1
@@ -311,14 +249,6 @@ class AotBlocks:
             self.stats.notes.append(f"{kind}: not saved: {type(e).__name__}: {str(e)[:120]}")
         self.stats.compile_s += time.perf_counter() - t
         return fn
-
-
-def _written(path: str) -> tuple[int, str]:
-    """A file's sort key, oldest first: modification time, then name."""
-    try:
-        return os.stat(path).st_mtime_ns, path
-    except OSError:  # removed meanwhile: last; its load then fails and is counted
-        return 1 << 62, path
 
 
 def with_flags(fn: Callable[..., Any], flags: Sequence[tuple[Any, str, Any]]) -> Callable[..., Any]:

@@ -313,53 +313,6 @@ def test_a_later_model_loads_a_variant_only_when_a_call_needs_it(src: Path, tmp_
     assert torch.equal(got_eval, want_eval)
 
 
-def test_preloading_in_the_background_runs_the_same_variants(src: Path, tmp_path: Path) -> None:
-    # `preload()` loads every file (oldest first) in a thread while the caller goes on; the
-    # calls then take the thread's results in the order they would have loaded them: the
-    # same bits, nothing compiled. A store closed before its first call loads what its
-    # calls need itself (the thread's not-started files are cancelled).
-    mod = _module(src, "2.0")
-    seed = int(torch.randint(0, 1 << 30, ()).item())
-    torch.manual_seed(seed)
-    eager = mod.Net()
-    store = tmp_path / "aot"
-    first = mod.Net()
-    first.load_state_dict(eager.state_dict())
-    parallelize(first, compile=True, compile_aot=str(store))
-    want = _run(first, (7, 12), seed)
-    x_eval = torch.randn(9, 16, generator=torch.Generator().manual_seed(seed))
-    e_eval = torch.randn(3, 16, generator=torch.Generator().manual_seed(seed + 1))
-    with torch.no_grad():
-        want_eval = first(x_eval, e_eval)
-
-    second = mod.Net()
-    second.load_state_dict(eager.state_dict())
-    done = parallelize(second, compile=True, compile_aot=str(store))
-    assert done.aot is not None
-    done.aot.preload()
-    done.aot.preload()  # (a second call starts nothing)
-    got = _run(second, (7, 12), seed)
-    with torch.no_grad():
-        got_eval = second(x_eval, e_eval)
-    done.aot.close()
-    assert done.aot.stats.loaded == 4 and done.aot.stats.compiled == 0, done.aot.stats
-    assert done.aot.stats.load_wait_s >= 0.0
-    for a, b in zip(got, want):
-        assert torch.equal(a, b)
-    assert torch.equal(got_eval, want_eval)
-
-    third = mod.Net()
-    third.load_state_dict(eager.state_dict())
-    done3 = parallelize(third, compile=True, compile_aot=str(store))
-    assert done3.aot is not None
-    done3.aot.preload()
-    done3.aot.close()  # at most the file under way is loaded; the calls load the rest
-    got3 = _run(third, (7, 12), seed)
-    assert done3.aot.stats.compiled == 0 and done3.aot.stats.loaded >= 2, done3.aot.stats
-    for a, b in zip(got3, want):
-        assert torch.equal(a, b)
-
-
 def test_bad_arguments_are_refused(tmp_path: Path) -> None:
     net = nn.Sequential(nn.Linear(4, 4))
     with pytest.raises(ValueError, match="compile_aot=.*needs compile"):

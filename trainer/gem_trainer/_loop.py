@@ -479,8 +479,6 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     marks.append(("build", time.perf_counter()))
     done, opt = _parallelize(model, cfg, world, device)
     model, aot = done.model, done.aot
-    if aot is not None:  # its files load in a thread while the loader, a resume and the first batch go on
-        aot.preload()
     marks.append(("parallelize", time.perf_counter()))
     ccache: dict[str, Any] = {}
     if cfg.compile_cache:  # before the first step compiles anything
@@ -753,8 +751,6 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         timers.extra["train_graphs"] = _compile_counts(aot)["graphs"]
     save_compile_cache()  # a run shorter than the warm-up
     tasks = evaluate(model, cfg, dcfg, rank, world, device, use_bf16)
-    if aot is not None:
-        aot.close()  # (a short run: the files no call needed are not loaded)
     ngpu = world if device.type == "cuda" else 0
     busy = timers.compute + timers.optimizer + timers.data_wait
     summary: dict[str, Any] = {
