@@ -44,15 +44,27 @@ def compile_notice(cfg: TrainConfig, device: torch.device, cache_loaded: bool) -
     if not (cfg.compile and device.type == "cuda"):
         return None
     if cache_loaded:
-        return "compile=True: compiling with the loaded compile_cache (~25 s to the first step on an H200)"
-    if cfg.compile_aot:
-        return (f"compile=True, compile_aot={cfg.compile_aot!r}: the first step comes after a warm-up "
-                "that loads the blocks an earlier run compiled there (on an H200 ~8 s; ~16 s on a "
-                "machine with empty caches) or compiles and keeps them (~60 s); compile=False starts "
-                "at once with ~30 % slower steps")
-    return ("compile=True: the first step comes after torch.compile's warm-up (on an H200 ~65-100 s "
-            "with empty caches, ~12-18 s warm); compile_cache carries a compile to a fresh machine, "
-            "compile=False starts at once with ~30 % slower steps")
+        msg = "compile=True: compiling with the loaded compile_cache (~25 s to the first step on an H200)"
+    elif cfg.compile_aot:
+        msg = (f"compile=True, compile_aot={cfg.compile_aot!r}: the first step comes after a warm-up "
+               "that loads the blocks an earlier run compiled there (on an H200 ~7-8 s; ~16 s on a "
+               "machine with empty caches) or compiles and keeps them (~60-75 s); compile=False starts "
+               "at once with ~30 % slower steps")
+    else:
+        msg = ("compile=True: the first step comes after torch.compile's warm-up (on an H200 ~65-100 s "
+               "with empty caches, ~12-18 s warm); compile_cache carries a compile to a fresh machine, "
+               "compile=False starts at once with ~30 % slower steps")
+    return msg + (BYTECODE_NOTE if sys.dont_write_bytecode else "")
+
+
+# Said with the compile notice where Python writes no bytecode caches: the lent H200 box sets
+# PYTHONDONTWRITEBYTECODE=1 and ships torch without .pyc files, so every process compiled
+# torch's Python from source: `import torch, torch._dynamo, torch._inductor.codecache,
+# torch._functorch.aot_autograd` took 13.2 s there against 2.8 s with a bytecode folder, and a
+# warm 2-step h200 run 22-24 s of wall time against 12 s (trainer/BENCHMARKS.md, 2026-12-05).
+BYTECODE_NOTE = ("; Python writes no bytecode caches here (PYTHONDONTWRITEBYTECODE), so every start "
+                 "compiles torch's own Python again (~10 s of a warm start's wall time on the H200 box): "
+                 "unset it and set PYTHONPYCACHEPREFIX to a writable folder to keep them")
 
 
 def check_writable(field: str, path: str) -> None:

@@ -1,6 +1,8 @@
 """Every --precision value reaches the model: the mxfp8_* values are gem_precision recipes."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -166,6 +168,25 @@ def test_compile_notice_on_gpu_only() -> None:
     assert cli_message(aot).startswith("--compile, --compile-aot=") and "--no-compile" in cli_message(aot)
     loaded = _preflight.compile_notice(h200(), cuda, True)
     assert loaded is not None and "loaded" in loaded
+
+
+def test_compile_notice_names_a_python_that_keeps_no_bytecode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where Python writes no bytecode caches (PYTHONDONTWRITEBYTECODE, as on the lent H200
+    box) every start compiles torch's Python again: the compile notice says so and how to keep
+    them; with bytecode caches it does not."""
+    from gem_trainer import _preflight
+    from gem_trainer.config import h200
+
+    cuda = torch.device("cuda")
+    for cfg, cached in ((h200(), False), (h200(compile_aot=""), False), (h200(), True)):
+        monkeypatch.setattr(sys, "dont_write_bytecode", True)
+        msg = _preflight.compile_notice(cfg, cuda, cached)
+        assert msg is not None and "PYTHONDONTWRITEBYTECODE" in msg and "PYTHONPYCACHEPREFIX" in msg
+        monkeypatch.setattr(sys, "dont_write_bytecode", False)
+        msg = _preflight.compile_notice(cfg, cuda, cached)
+        assert msg is not None and "PYTHONDONTWRITEBYTECODE" not in msg
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    assert _preflight.compile_notice(h200(), torch.device("cpu"), False) is None
 
 
 def test_h200_fp8_defaults_convert_the_wide_stream_linears() -> None:
