@@ -444,10 +444,11 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     `step()`, so a profile can skip the compile warm-up).
     """
     from gem_trainer import _preflight
-    from gem_trainer._metrics import ProgressLine, strict
+    from gem_trainer._metrics import ProgressLine, process_age_s, strict
 
     cfg.validate()
     t_start = time.perf_counter()
+    before_train = process_age_s()  # the process's start and imports, before the time to first step
     rank, world = _dist_env()
     cfg = dataclasses.replace(cfg, compile_aot=_preflight.resolve_compile_aot(cfg, world, rank))
     device = _setup_dist(world)
@@ -784,6 +785,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         "data_wait_s": timers.data_wait,
         "time_to_first_step_s": timers.first_step,
         "startup_s": startup,
+        "before_train_s": before_train,
         "world_size": world,
         "sparse": _sparse_summary(cfg, world, sparse_sync is not None),
         "table_grads": cfg.table_grads,
@@ -800,6 +802,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     summary = strict(summary, {
         "loss": "no step completed" + (f" (resumed at step {step} = steps)" if resumed_from == cfg.steps
                                        else f" ({timers.bad_steps} non-finite)" if timers.bad_steps else ""),
+        "before_train_s": "the process's start time is unreadable here (no /proc)",
         "auc_bayes": "no planted probabilities in this data (Bayes-optimal unknown)",
         "ne_bayes": "no planted probabilities in this data (Bayes-optimal unknown)",
     })

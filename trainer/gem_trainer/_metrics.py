@@ -75,6 +75,23 @@ def mfu(model_flops: float, seconds: float, num_gpus: int) -> float | None:
     return model_flops / seconds / (PEAK_BF16_FLOPS * num_gpus)
 
 
+def process_age_s() -> float:
+    """Seconds since this process started (Linux: its start time in /proc/self/stat against
+    /proc/uptime, to the clock tick, 10 ms), or NaN where that cannot be read. At the start of
+    `train()` it is what the time to first step leaves out: the interpreter's start and the
+    imports (torch's alone took 13.2 s on a box whose Python writes no bytecode caches)."""
+    try:
+        with open("/proc/self/stat") as f:
+            # the fields after the command name (which may hold spaces and parentheses);
+            # starttime is field 22 of the line, the 20th after the name
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return math.nan
+
+
 def strict(value: Any, notes: dict[str, str] | None = None) -> Any:
     """`value` with every non-finite float replaced by None, so `json.dumps(...,
     allow_nan=False)` succeeds (bare NaN/Infinity are not JSON).

@@ -1,15 +1,19 @@
 """The summary's `startup_s`: the time to first step split into its phases, each phase's time
 booked where it was spent (a slow model build, a late first batch, a slow device at the
-first step), and the phases adding up to `time_to_first_step_s`."""
+first step), and the phases adding up to `time_to_first_step_s`; `before_train_s`: the
+process's age when `train()` starts (its imports), which the time to first step leaves out."""
 
+import json
 import random
+import subprocess
+import sys
 import time
 
 import pytest
 
 import gem_data
 import gem_model
-from gem_trainer import _loop, presets_tiny, train
+from gem_trainer import _loop, _metrics, presets_tiny, train
 
 PHASES = ["setup", "build", "parallelize", "loader", "before_first_step", "first_batch",
           "first_forward_backward", "first_optimizer", "first_wait"]
@@ -55,6 +59,23 @@ def test_each_phase_holds_its_own_delay(monkeypatch: pytest.MonkeyPatch) -> None
     assert batch <= ph["first_batch"] < batch + 1.4, ph
     assert wait <= ph["first_wait"] < wait + 1.4, ph
     assert ph["before_first_step"] < 0.2, ph  # the loop's own set-up; no step failed
+    # this pytest process started before train() did
+    assert 0 < s["before_train_s"] <= _metrics.process_age_s(), s["before_train_s"]
+
+
+def test_process_age_counts_from_the_process_start() -> None:
+    """A child process reads its age before and after a fresh random sleep: the difference is
+    the sleep (to /proc's 10 ms ticks), and the first reading (the interpreter's start and
+    its imports) is positive and within the wall time the parent measured around the child."""
+    nap = round(random.uniform(0.3, 0.9), 2)
+    code = ("import json, time; from gem_trainer._metrics import process_age_s; a = process_age_s(); "
+            f"time.sleep({nap}); print(json.dumps([a, process_age_s()]))")
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    wall = time.perf_counter() - t
+    a, b = json.loads(out.strip().splitlines()[-1])
+    assert 0 < a < b <= wall + 0.02, (a, b, wall)
+    assert b - a == pytest.approx(nap, abs=0.05), (a, b, nap)
 
 
 def test_no_completed_step_has_no_startup(monkeypatch: pytest.MonkeyPatch) -> None:
