@@ -63,11 +63,19 @@ class AotStats:
     load_s: float = 0.0
     compile_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # Why each compile was needed: the first failing guard of every variant it had (e.g.
+    # "GLOBAL_STATE changed: grad_mode", a size guard), so a run shows which inputs make new
+    # variants without TORCH_LOGS=recompiles. At most REJECTED_KEPT entries.
+    rejected: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         return {"loaded": self.loaded, "compiled": self.compiled, "stale": self.stale,
                 "unreadable": self.unreadable, "save_errors": self.save_errors, "fallbacks": self.fallbacks,
-                "load_s": round(self.load_s, 3), "compile_s": round(self.compile_s, 3)}
+                "load_s": round(self.load_s, 3), "compile_s": round(self.compile_s, 3),
+                "rejected": list(self.rejected)}
+
+
+REJECTED_KEPT = 16
 
 
 def _kind(block: nn.Module) -> str:
@@ -181,6 +189,10 @@ class AotBlocks:
             variants.append(v)
             if v.guard_check(block, *args, **kwargs):
                 return v.fn(block, *args, **kwargs)
+        for i, v in enumerate(variants):
+            if len(self.stats.rejected) < REJECTED_KEPT:
+                self.stats.rejected.append(f"compile {self.stats.compiled + 1} ({kind}): variant {i + 1} of "
+                                           f"{len(variants)} failed {_why_not(v, block, args, kwargs)}")
         try:
             v = self._compile(kind, block, args, kwargs)
         except Exception as e:  # an experimental API: never let it stop a run
@@ -249,6 +261,19 @@ class AotBlocks:
             self.stats.notes.append(f"{kind}: not saved: {type(e).__name__}: {str(e)[:120]}")
         self.stats.compile_s += time.perf_counter() - t
         return fn
+
+
+def _why_not(variant: Any, block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The guard of a variant that these inputs fail, as dynamo words it ("GLOBAL_STATE changed:
+    grad_mode", "tensor 'L['x']' dtype mismatch ..."). It reads the experimental API's guard
+    manager (`_artifacts`, torch 2.11-2.13); anything else gives "unknown"."""
+    try:
+        f_locals = variant.prepare_f_locals(block, *args, **kwargs)
+        info = variant._artifacts.guard_manager.check_verbose(f_locals)
+        parts = [" ".join(str(p).split()) for p in getattr(info, "verbose_code_parts", None) or []]
+        return ("; ".join(parts) or "no guard named")[:300]
+    except Exception as e:
+        return f"unknown ({type(e).__name__})"
 
 
 def with_flags(fn: Callable[..., Any], flags: Sequence[tuple[Any, str, Any]]) -> Callable[..., Any]:

@@ -313,6 +313,36 @@ def test_a_later_model_loads_a_variant_only_when_a_call_needs_it(src: Path, tmp_
     assert torch.equal(got_eval, want_eval)
 
 
+def test_a_compile_says_which_guard_each_variant_failed(src: Path, tmp_path: Path) -> None:
+    # The store holds only training variants. A second model trains on them (nothing
+    # compiled, nothing rejected), then evaluates under no_grad: every loaded variant fails
+    # its grad-mode guard, and the compile's record names the guard of each.
+    mod = _module(src, "2.0")
+    seed = int(torch.randint(0, 1 << 30, ()).item())
+    torch.manual_seed(seed)
+    eager = mod.Net()
+    store = tmp_path / "aot"
+    first = mod.Net()
+    first.load_state_dict(eager.state_dict())
+    parallelize(first, compile=True, compile_aot=str(store))
+    _run(first, (7, 12), seed)
+    second = mod.Net()
+    second.load_state_dict(eager.state_dict())
+    done = parallelize(second, compile=True, compile_aot=str(store))
+    assert done.aot is not None
+    _run(second, (9,), seed)
+    assert done.aot.stats.compiled == 0 and done.aot.stats.rejected == [], done.aot.stats
+    assert done.aot.stats.summary()["rejected"] == []
+    x = torch.randn(6, 16, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        got = second(x, torch.randn(3, 16))
+    rejected = done.aot.stats.summary()["rejected"]
+    assert done.aot.stats.compiled >= 1 and len(rejected) >= 2, done.aot.stats
+    assert all("failed" in r and "unknown" not in r and "no guard named" not in r for r in rejected), rejected
+    assert any("grad_mode" in r for r in rejected), rejected
+    assert torch.isfinite(got).all()
+
+
 def test_bad_arguments_are_refused(tmp_path: Path) -> None:
     net = nn.Sequential(nn.Linear(4, 4))
     with pytest.raises(ValueError, match="compile_aot=.*needs compile"):
