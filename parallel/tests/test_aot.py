@@ -26,6 +26,7 @@ import os
 import sys
 import textwrap
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -98,8 +99,22 @@ def _run(net: nn.Module, sizes: tuple[int, ...], seed: int, bf16: bool = False) 
     return got
 
 
+def _first_model(src: Path, tmp_path: Path) -> tuple[Any, int, nn.Module, Path, nn.Module, Any]:
+    """(module, fresh seed, an eager Net, the store folder, a copy of the Net whose blocks
+    compile into the store, parallelize's result for it): the first process of a store."""
+    mod = _module(src, "2.0")
+    seed = int(torch.randint(0, 1 << 30, ()).item())
+    torch.manual_seed(seed)
+    eager = mod.Net()
+    store = tmp_path / "aot"
+    first = mod.Net()
+    first.load_state_dict(eager.state_dict())
+    done = parallelize(first, compile=True, compile_aot=str(store))
+    return mod, seed, eager, store, first, done
+
+
 @pytest.fixture()
-def src(tmp_path: Path) -> Path:
+def src(tmp_path: Path) -> Iterator[Path]:
     folder = tmp_path / "src"
     folder.mkdir()
     yield folder
@@ -284,14 +299,7 @@ def test_a_later_model_loads_a_variant_only_when_a_call_needs_it(src: Path, tmp_
     # The first model writes its training variants (first block, the others), then its two
     # evaluation variants. A second model's training step loads the two training files (the
     # oldest) and nothing else; its first evaluation then loads the other two. No compile.
-    mod = _module(src, "2.0")
-    seed = int(torch.randint(0, 1 << 30, ()).item())
-    torch.manual_seed(seed)
-    eager = mod.Net()
-    store = tmp_path / "aot"
-    first = mod.Net()
-    first.load_state_dict(eager.state_dict())
-    done = parallelize(first, compile=True, compile_aot=str(store))
+    mod, seed, eager, store, first, done = _first_model(src, tmp_path)
     want = _run(first, (7, 12), seed)
     with torch.no_grad():
         want_eval = first(torch.randn(9, 16, generator=torch.Generator().manual_seed(seed)),
@@ -317,14 +325,7 @@ def test_a_compile_says_which_guard_each_variant_failed(src: Path, tmp_path: Pat
     # The store holds only training variants. A second model trains on them (nothing
     # compiled, nothing rejected), then evaluates under no_grad: every loaded variant fails
     # its grad-mode guard, and the compile's record names the guard of each.
-    mod = _module(src, "2.0")
-    seed = int(torch.randint(0, 1 << 30, ()).item())
-    torch.manual_seed(seed)
-    eager = mod.Net()
-    store = tmp_path / "aot"
-    first = mod.Net()
-    first.load_state_dict(eager.state_dict())
-    parallelize(first, compile=True, compile_aot=str(store))
+    mod, seed, eager, store, first, _ = _first_model(src, tmp_path)
     _run(first, (7, 12), seed)
     second = mod.Net()
     second.load_state_dict(eager.state_dict())
