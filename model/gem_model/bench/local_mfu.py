@@ -297,21 +297,24 @@ def main(argv: list[str] | None = None) -> None:
     def autocast() -> Any:
         return torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda)
 
-    torch.manual_seed(0)
-    model = GEMModel(cfg).to(device)
-    if args.table_grads == "sparse":
-        sparse_table_grads(model)
-    if args.mxfp8:  # applied from outside, as gem_parallel.parallelize does in the trainer
-        import gem_precision
+    def build(c: GEMConfig, mxfp8: str | None) -> GEMModel:
+        """A model of `c` on the device with the run's table gradients and linear recipe."""
+        m = GEMModel(c).to(device)
+        if args.table_grads == "sparse":
+            sparse_table_grads(m)
+        if mxfp8:  # applied from outside, as gem_parallel.parallelize does in the trainer
+            import gem_precision
 
-        gem_precision.convert_to_mxfp8(model, args.mxfp8, keep_bf16=("heads*",))
+            gem_precision.convert_to_mxfp8(m, mxfp8, keep_bf16=("heads*",))
+        return m
+
+    torch.manual_seed(0)
+    model = build(cfg, args.mxfp8)
     results: dict[str, Any] = {}
     variants: list[tuple[str, GEMModel]] = [("kernels", model)]
     if not args.no_reference:
-        ref = GEMModel(dataclasses.replace(cfg, attention_backend="reference")).to(device)
+        ref = build(dataclasses.replace(cfg, attention_backend="reference"), None)
         ref.load_state_dict(model.state_dict())
-        if args.table_grads == "sparse":
-            sparse_table_grads(ref)
         variants.append(("reference", ref))
     logits: dict[str, torch.Tensor] = {}
     for tag, m in variants:
@@ -334,13 +337,7 @@ def main(argv: list[str] | None = None) -> None:
         if e2e_graph is not None:
             results[tag].update(e2e_graph_ms=e2e_graph * 1e3, e2e_graph_mfu=fl / e2e_graph / PEAK)
         if args.compile and tag == "kernels":  # the same weights, each layer compiled whole
-            whole = GEMModel(cfg).to(device)
-            if args.table_grads == "sparse":
-                sparse_table_grads(whole)
-            if args.mxfp8:
-                import gem_precision
-
-                gem_precision.convert_to_mxfp8(whole, args.mxfp8, keep_bf16=("heads*",))
+            whole = build(cfg, args.mxfp8)
             whole.load_state_dict(m.state_dict())
             compile_layers(whole, args.compile)
             with torch.no_grad(), autocast():
