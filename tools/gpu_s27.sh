@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Twenty-seventh session (one H200). PART=a: session 26's unrun plan (tools/gpu_s26b.sh), the
+# Twenty-seventh session (one H200). PART=a: session 26's unrun plan (its gpu_s26b.sh, folded in here and removed), the
 # background loading A/B and the GPU's recompile reasons; it carries .fa4a (`run` carry) and
 # copies it to /tmp/fa4a for PART=b on the same box. PART=b (carrying .fa4b): FlashAttention-4
 # installed (tools/fa4_setup.sh), the model's local MFU (`--compile --cuda-graph`) with the new
