@@ -21,8 +21,8 @@ PHASES = ["setup", "build", "parallelize", "loader", "before_first_step", "first
 
 def test_each_phase_holds_its_own_delay(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random()
-    # Fresh delays each run, 1.5 s apart, so a delay booked in the wrong phase shows.
-    build, batch, wait = (round(rng.uniform(0.4, 0.7), 3) + k for k in (0.0, 1.5, 3.0))
+    # Fresh delays each run, 2 s apart, so a delay booked in the wrong phase shows.
+    build, batch, wait = (round(rng.uniform(0.4, 0.7), 3) + k for k in (0.0, 2.0, 4.0))
     real_init = gem_model.GEMModel.__init__
     real_next = gem_data.JaggedLoader.__next__
     real_values = _loop._Pending.values
@@ -53,11 +53,12 @@ def test_each_phase_holds_its_own_delay(monkeypatch: pytest.MonkeyPatch) -> None
     assert list(ph) == PHASES, ph
     assert all(v >= 0 for v in ph.values()), ph
     assert sum(ph.values()) == pytest.approx(s["time_to_first_step_s"], abs=1e-3), (ph, s["time_to_first_step_s"])
-    # each delay in its phase, and not also in another (the phases' own work on the tiny
-    # preset, ~0.5 s for the build on a CPU, stays below the 1.5 s between the delays)
-    assert build <= ph["build"] < build + 1.4, ph
-    assert batch <= ph["first_batch"] < batch + 1.4, ph
-    assert wait <= ph["first_wait"] < wait + 1.4, ph
+    # each delay in its phase, and not also in another. The phases' own work on the tiny
+    # preset must stay below the 2 s between the delays: ~0.5 s for the build on an idle
+    # 2-core CPU, 1.5 s with two other processes busy on it (a margin of 1.4 s once failed so)
+    assert build <= ph["build"] < build + 1.9, ph
+    assert batch <= ph["first_batch"] < batch + 1.9, ph
+    assert wait <= ph["first_wait"] < wait + 1.9, ph
     assert ph["before_first_step"] < 0.2, ph  # the loop's own set-up; no step failed
     # this pytest process started before train() did
     assert 0 < s["before_train_s"] <= _metrics.process_age_s(), s["before_train_s"]
