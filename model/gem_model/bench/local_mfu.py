@@ -218,10 +218,15 @@ def bench_e2e(
     return sec, timer(replay, 1, iters)
 
 
+def _outer_modules(model: GEMModel) -> list[nn.Module]:
+    """The modules around the layers: the front end and the heads."""
+    return [model.sparse, model.dense, model.events, model.heads]
+
+
 def compile_modules(model: GEMModel, backend: str) -> None:
     """`torch.compile` (in place) of every module the bench times: the front end, each
     layer's modules and the heads; a whole-model run calls the same compiled modules."""
-    mods: list[nn.Module] = [model.sparse, model.dense, model.events, model.heads]
+    mods = _outer_modules(model)
     for layer in model.layers:
         mods += [m for name in LAYER_MODULES if (m := getattr(layer, name)) is not None]
     for m in mods:
@@ -231,10 +236,18 @@ def compile_modules(model: GEMModel, backend: str) -> None:
 def compile_layers(model: GEMModel, backend: str) -> None:
     """`torch.compile` (in place) of each layer whole, whole-graph with dynamic sizes (the
     trainer's block compile), and of the front end and the heads as `compile_modules` does."""
-    for m in (model.sparse, model.dense, model.events, model.heads):
+    for m in _outer_modules(model):
         m.compile(backend=backend)
     for layer in model.layers:
         layer.compile(backend=backend, fullgraph=True, dynamic=True)
+
+
+def _logits_close(got: torch.Tensor, want: torch.Tensor, cuda: bool) -> tuple[float, bool]:
+    """(max |got - want|, whether it is within the bench's tolerance: bf16 through every
+    layer on the GPU, fp32 on the CPU)."""
+    diff = float((got - want).abs().max())
+    scale = float(want.abs().max())
+    return diff, diff <= ((5e-2 + 5e-2 * scale) if cuda else 1e-4 * (1.0 + scale))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -356,16 +369,11 @@ def main(argv: list[str] | None = None) -> None:
 
     ok, diff = True, 0.0
     compared = "reference" in logits  # (not with --no-reference)
-    if compared:
-        diff = float((logits["kernels"] - logits["reference"]).abs().max())
-        scale = float(logits["reference"].abs().max())
-        # bf16 through every layer on the GPU (Triton vs fp32-math reference attention).
-        ok = diff <= ((5e-2 + 5e-2 * scale) if cuda else 1e-4 * (1.0 + scale))
+    if compared:  # Triton vs fp32-math reference attention
+        diff, ok = _logits_close(logits["kernels"], logits["reference"], cuda)
     layers_diff: float | None = None
     if "layers" in logits:  # the layer-compiled copy computes the module-compiled model's logits
-        layers_diff = float((logits["layers"] - logits["kernels"]).abs().max())
-        scale = float(logits["kernels"].abs().max())
-        layers_ok = layers_diff <= ((5e-2 + 5e-2 * scale) if cuda else 1e-4 * (1.0 + scale))
+        layers_diff, layers_ok = _logits_close(logits["layers"], logits["kernels"], cuda)
         print(f"logits max |layers compiled whole - modules compiled| = {layers_diff:.3g} "
               f"({'ok' if layers_ok else 'MISMATCH'})")
         ok = ok and layers_ok
