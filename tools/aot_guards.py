@@ -40,17 +40,29 @@ from gem_trainer import config as tc
 SMALL = dict(d_model=64, num_heads=2, emb_dim=16, event_emb_dim=32, ffn_mult=2, head_hidden=32)
 
 
+class _Stop(Exception):
+    """Raised by `layer_inputs`'s hook: the forward stops at the first layer's call."""
+
+
 def layer_inputs(model: gem_model.GEMModel, batch: object) -> tuple[torch.Tensor, torch.Tensor, object]:
-    """(x, token stream, layout) as `GEMModel.forward` hands them to its first layer."""
-    offsets, max_len = gem_model._model._check_batch(batch)
-    total = batch.event_ids.shape[0]  # type: ignore[attr-defined]
-    sample = _jagged.token_sample(offsets, total)
-    c = model.cfg
-    with torch.no_grad():
-        x = torch.cat([model.sparse(batch.sparse), model.dense(batch.dense, batch.domain)], dim=1)  # type: ignore[attr-defined]
-        n = c.num_cls if c.sequence_attention else 0
-        lay = _jagged.prefix_layout(offsets, max_len, total, n, head_dim=c.head_dim, rope_base=c.rope_base)
-        comb = model.events(batch.event_ids, batch.event_types, batch.timestamps, offsets, sample, lay)  # type: ignore[attr-defined]
+    """(x, token stream, layout) as `GEMModel.forward` hands them to its first layer: the
+    forward runs up to that call (a pre-hook takes the arguments and stops it)."""
+    got: list[tuple[object, ...]] = []
+
+    def grab(module: torch.nn.Module, args: tuple[object, ...]) -> None:
+        got.append(args)
+        raise _Stop
+
+    hook = model.layers[0].register_forward_pre_hook(grab)
+    try:
+        with torch.no_grad():
+            model(batch)
+    except _Stop:
+        pass
+    finally:
+        hook.remove()
+    x, comb, lay = got[0][:3]
+    assert isinstance(x, torch.Tensor) and isinstance(comb, torch.Tensor)
     return x.requires_grad_(), comb.requires_grad_(), lay
 
 
