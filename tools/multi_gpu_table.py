@@ -1,4 +1,4 @@
-"""The compact final table of `tools/multi_gpu.sh`: trainer scaling (1 GPU vs 2, NCCL vs copy
+"""The compact final table of `tools/gpu/multi_gpu.sh`: trainer scaling (1 GPU vs 2, NCCL vs copy
 engines), the comms bench's headline figures and every stage's exit code.
 
     python3 tools/multi_gpu_table.py OUT_DIR

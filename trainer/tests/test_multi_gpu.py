@@ -3,7 +3,7 @@ resume, with FSDP's all-gathers through NCCL and through gem_comms' copy engines
 
 A 2-GPU run once trained fine and then crashed in evaluation (a CPU all-gather on the NCCL
 group), which no CPU test could see. This launches `torchrun --nproc-per-node 2 -m
-gem_trainer` itself on the tiny preset; it skips without two GPUs (`tools/multi_gpu.sh` runs it
+gem_trainer` itself on the tiny preset; it skips without two GPUs (`tools/gpu/multi_gpu.sh` runs it
 on a lent 2-GPU machine)."""
 from __future__ import annotations
 

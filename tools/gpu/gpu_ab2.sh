@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H200 (~7 minutes), from the folder holding both trees: bash B/tools/gpu_ab2.sh A B
+# One H200 (~7 minutes), from the folder holding both trees: bash B/tools/gpu/gpu_ab2.sh A B
 # B = A + short-kv GDPA kernels (8 q tiles per program) + event tokens built in the CLS layout
 # + rope_qkv's one-pass backward. One stage after the other:
 #   B's GDPA GPU tests (the new kernels at real sizes, causal/window);

@@ -11,9 +11,9 @@
 # tee'd to $OUT/multi_gpu.log. The stage limits are cut to the budget (first argument, else
 # $BUDGET, else 560 s), so it ends before the call limit whatever hangs; a stage that would get
 # less than 30 s is skipped. Typical: bench ~60 s, each h200 run ~45 s, the trainer test ~100 s.
-# Usage (repo root, on the GPU box): OUT=/some/dir BUDGET=300 bash tools/multi_gpu.sh
+# Usage (repo root, on the GPU box): OUT=/some/dir BUDGET=300 bash tools/gpu/multi_gpu.sh
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/multi_gpu}
 mkdir -p "$OUT"
 : > "$OUT/rcs.txt"

@@ -3,7 +3,7 @@
 #   The issue-#16 command (--steps 300, cold caches); the GPU tests the session's changes touch
 #   (the no-sync steps of the trainer and the model with the FlashAttention-2 backward and the
 #   Adagrad kernel; the model's GPU tests); the issue-#15 table; the model's local-MFU bench at
-#   the trainer's size. (The two-GPU trainer test needs an x2 box: tools/multi_gpu.sh.)
+#   the trainer's size. (The two-GPU trainer test needs an x2 box: tools/gpu/multi_gpu.sh.)
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Twenty-seventh session, last call (one H200), after AotBlocks.preload was removed:
 #   pyflags     does this box write Python bytecode caches (PYTHONDONTWRITEBYTECODE, a writable
-#               torch folder)? tools/gpu_s27.sh's profile compiled ~2,400 .py files from source
+#               torch folder)? tools/gpu/gpu_s27.sh's profile compiled ~2,400 .py files from source
 #               in one process, and a 2-step warm run took ~29 s of wall time for 7.8 s in train();
 #   imp_*       `import torch, torch._dynamo, torch._inductor.codecache` timed: as the box is, then
 #               with a writable bytecode folder (PYTHONPYCACHEPREFIX), written then read;

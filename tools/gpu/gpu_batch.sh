@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batched GPU call: module GPU tests + benches, each under its own time limit.
-# Usage (on the GPU box, repo root): bash tools/gpu_batch.sh SECTION... ; writes $OUT/<name>.log
+# Usage (on the GPU box, repo root): bash tools/gpu/gpu_batch.sh SECTION... ; writes $OUT/<name>.log
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | sort -u | paste -sd:)
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

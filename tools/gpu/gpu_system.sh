@@ -8,7 +8,7 @@ OUT=${OUT:-/tmp/out}
 # device tool returns at most 8 files) beside the compact summary ($OUT/summary.txt).
 TOP=$OUT; OUT=$TOP/r/a/b; mkdir -p "$OUT"
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
-KERNELS_CMD=${KERNELS_CMD:-"bash tools/kernels_gpu.sh"}
+KERNELS_CMD=${KERNELS_CMD:-"bash tools/gpu/kernels_gpu.sh"}
 . tools/stage.sh
 export OUT
 if [ "${COMMS:-1}" = 1 ]; then  # both GPUs: the comms bench (matmul beside copy-engine vs NCCL all-gathers)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A/B of two source trees in one 2-GPU call (~8 minutes), run from the folder holding them:
-#   bash A/tools/gpu_ab.sh A B
+#   bash A/tools/gpu/gpu_ab.sh A B
 #   GPU 0: the quality bench's GEM row at 1,000 steps with tree B (the change), to compare
 #          with tree A's figures (the data are deterministic: the same samples, same held-out set).
 #   GPU 1: the h200 trainer, 60 steps, A then B, one after the other on the same GPU; with

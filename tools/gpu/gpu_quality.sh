@@ -3,7 +3,7 @@
 #   GPU 0: h200 preset, GEM + pooled MLP + logistic regression, STEPS updates, one sample stream;
 #   GPU 1: the same samples for GEM with attention off, then a checkpointed trainer run;
 #   CPU cores: tiny-preset variants (tools/quality_sweep.sh) beside them.
-# Usage: bash tools/gpu_quality.sh STEPS "tiny variant" ... ; everything lands in $OUT.
+# Usage: bash tools/gpu/gpu_quality.sh STEPS "tiny variant" ... ; everything lands in $OUT.
 steps=${1:-1000}; shift
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:) PYTHONUNBUFFERED=1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H200 (~7 minutes), from the folder holding both trees: bash B/tools/gpu_short.sh A B
+# One H200 (~7 minutes), from the folder holding both trees: bash B/tools/gpu/gpu_short.sh A B
 # B = A + the short-kv GDPA kernels (several q tiles per program) + our JFA backward for short
 # query sequences (the pooling seeds). One stage after the other:
 #   B's GPU tests of the two changes; `bench.gdpa --short` (q tiles per program A/B);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GEMConfig.merged_stream_reads (model 0.3.2, ninth session, no GPU time then) on the GPU: on
 # an x2 box both halves side by side in one call (~7 minutes); on one H200 two calls,
-# `PART=ab bash tools/gpu_merged.sh` (~7 min) then `PART=quality bash tools/gpu_merged.sh` (~7 min):
+# `PART=ab bash tools/gpu/gpu_merged.sh` (~7 min) then `PART=quality bash tools/gpu/gpu_merged.sh` (~7 min):
 #   GPU 0: the reads alone at the h200 step's shape (tools/bench_stream_reads.py: eager and
 #          compiled, separate vs merged), the no-host-sync GPU test with the switch on, then
 #          the h200 preset, 60 steps, off then on (one GPU, one run after the other: the first
@@ -9,7 +9,7 @@
 #          [Tc, 1024] in the blocks' backward);
 #   GPU 1 (or after it): the quality bench's GEM row with the switch on, 1,000 steps, against
 #          the eighth session's 0.7536 / 0.7627 / 0.7819 (same samples and held-out set; the
-#          command of tools/gpu_quality8.sh).
+#          command of tools/gpu/gpu_quality8.sh).
 # The switch changes only the order of bf16 gradient sums; it becomes the default if the step
 # is faster and the AUCs stay within their standard errors (~0.01).
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Two H200s (~9 minutes), run from the folder holding both trees: bash B/tools/gpu_adagrad.sh A B
+# Two H200s (~9 minutes), run from the folder holding both trees: bash B/tools/gpu/gpu_adagrad.sh A B
 #   GPU 0: the h200 trainer 60 steps, tree A then tree B (each compiles cold), then B at the
 #          issue's --steps 300, then B's compiled step under the profiler.
 #   GPU 1: B's row-wise Adagrad GPU test and bench, a GDPA short-kv tile sweep at the
