@@ -1,7 +1,7 @@
 """Which batches of the trainer's data would make a new compiled variant of a layer, and why.
 
     python3 tools/aot_guards.py [--preset h200] [--batches 300] [--backend inductor]
-                                [--small] [--bf16/--no-bf16]
+                                [--small] [--bf16/--no-bf16] [--largest K]
 
 The trainer's ahead-of-time store (`--compile-aot`) compiles a new variant of a block kind
 whenever no stored variant's guards accept a call. This tool walks the trainer's own batches
@@ -19,6 +19,14 @@ there the sequence attention is traced through the Triton kernels' custom ops
 (run it with TRITON_INTERPRET=1), as on a GPU. What it cannot see: guards that depend on the run's state
 rather than on a batch (grads, optimizer steps), and, on a CPU, guards that only the GPU's
 code generation adds.
+
+`--largest K` answers one of those GPU-only guards on any machine: inductor's Triton code
+uses 32-bit indices only where it can guard every kernel's and buffer's element count at
+<= 2**31 - 1, so a batch past that bound would need a new variant. It traces the first
+batch's pooling and computation-skip layers at the preset's real widths through
+AOTAutograd (inductor's decompositions, the trainer's flags; nothing runs) and prints
+the K largest tensors of each forward and backward graph, their element count as a
+share of 2**31 - 1, and their size in the batch's symbols.
 """
 from __future__ import annotations
 
@@ -31,7 +39,6 @@ import time
 import torch
 
 import gem_model
-from gem_model import _jagged
 from gem_parallel._aot import _aot_compile_forward, _why_not, with_flags
 from gem_parallel._parallelize import _compile_settings
 from gem_trainer import _loop
@@ -66,6 +73,45 @@ def layer_inputs(model: gem_model.GEMModel, batch: object) -> tuple[torch.Tensor
     return x.requires_grad_(), comb.requires_grad_(), lay
 
 
+class _Traced(Exception):
+    """Raised by `largest_tensors`'s partitioner once it has the forward and backward graphs."""
+
+
+def largest_tensors(layer: torch.nn.Module, args: tuple[object, ...], k: int) -> None:
+    """Print the k largest tensors of `layer`'s forward and backward graphs for `args`."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def partition(joint: torch.fx.GraphModule, inputs: object, **kw: object) -> object:
+        graphs.extend(min_cut_rematerialization_partition(joint, inputs, **kw))  # type: ignore[arg-type]
+        raise _Traced
+
+    backend = aot_autograd(fw_compiler=lambda gm, _: gm, partition_fn=partition, decompositions=select_decomp_table())
+    torch._dynamo.reset()
+    try:
+        with_flags(torch.compile(layer, backend=backend, fullgraph=True, dynamic=True), _compile_settings())(*args)
+    except Exception as e:  # dynamo wraps the backend's exception
+        if not graphs:
+            raise RuntimeError(f"tracing failed before the partition: {e!r}") from e
+    limit = 2**31 - 1
+    for name, g in zip(("forward", "backward"), graphs):
+        rows = []
+        for n in g.graph.nodes:
+            vals = n.meta.get("val")
+            for t in vals if isinstance(vals, (list, tuple)) else [vals]:
+                if isinstance(t, torch.Tensor):
+                    num = t.numel()
+                    hint = int(num.node.hint) if isinstance(num, torch.SymInt) else int(num)
+                    rows.append((hint, n.name, str(num.node.expr) if isinstance(num, torch.SymInt) else str(num)))
+        rows.sort(key=lambda r: -r[0])
+        print(f"  {name}: {len(rows)} tensors; the largest:")
+        for hint, node, expr in rows[:k]:
+            print(f"    {hint:>15,} elements  {hint / limit:5.2f} x 2**31  {node}  ({expr})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="h200")
@@ -74,6 +120,8 @@ def main() -> None:
     p.add_argument("--small", action="store_true", help="the preset's structure at CPU widths")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="autocast to bf16 as the trainer does (default: on a GPU)")
+    p.add_argument("--largest", type=int, default=0, metavar="K",
+                   help="print the K largest tensors of the first batch's layer graphs instead (see above)")
     a = p.parse_args()
     cuda = torch.cuda.is_available()
     if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
@@ -99,10 +147,15 @@ def main() -> None:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             x, comb, lay = layer_inputs(model, batch)
             if pooled_shape is None:
-                with torch.no_grad():
-                    events = _jagged.events_of(comb, lay)
-                    pooled_shape = tuple(model.layers[0].pooling(events, lay.seq_offsets, lay.seq_max_len).shape[1:])
+                pool = model.layers[0].pooling  # [B, n_out, d] (SeqPooling, MeanPooling); not run:
+                pooled_shape = (pool.n_out, pool.d)  # at full width the interpreter takes minutes
             pooled = torch.randn(x.shape[0], *pooled_shape, device=device, dtype=comb.dtype, requires_grad=True)
+            if a.largest:
+                for i in (0, 1):
+                    print(f"layer {i} (B={x.shape[0]} T={comb.shape[0]} max_len={lay.seq_max_len}; "
+                          f"{'pooling' if model.layers[i].pooling is not None else 'computation skip'}):", flush=True)
+                    largest_tensors(model.layers[i], (x, comb, lay, None if i == 0 else pooled), a.largest)
+                return
             for i, layer in enumerate(model.layers):
                 args = (x, comb, lay, None if i == 0 else pooled)  # as GEMModel.forward passes them
                 if any(v.guard_check(layer, *args) for v in variants):  # type: ignore[attr-defined]

@@ -100,7 +100,9 @@ def run_hsdp(rank: int, world: int, seed: int, ac: bool, compile: bool | str, bf
     losses = []
     for x, y in data(seed):
         xs, ys = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
-        loss = torch.nn.functional.mse_loss(model(xs), ys)
+        # .float(): under BF16_MIXED the output is bf16; torch 2.11's mse_loss backward refuses a
+        # bf16 input beside an fp32 target ("Found dtype Float but expected BFloat16").
+        loss = torch.nn.functional.mse_loss(model(xs).float(), ys)
         opt.zero_grad()
         loss.backward()
         opt.step()
