@@ -104,8 +104,8 @@ def largest_tensors(layer: torch.nn.Module, args: tuple[object, ...], k: int) ->
             for t in vals if isinstance(vals, (list, tuple)) else [vals]:
                 if isinstance(t, torch.Tensor):
                     num = t.numel()
-                    hint = int(num.node.hint) if isinstance(num, torch.SymInt) else int(num)
-                    rows.append((hint, n.name, str(num.node.expr) if isinstance(num, torch.SymInt) else str(num)))
+                    sym = isinstance(num, torch.SymInt)
+                    rows.append((int(num.node.hint) if sym else int(num), n.name, str(num.node.expr if sym else num)))
         rows.sort(key=lambda r: -r[0])
         print(f"  {name}: {len(rows)} tensors; the largest:")
         for hint, node, expr in rows[:k]:

@@ -6,7 +6,7 @@
 #   GPU 1: the h200 trainer, 60 steps, A then B, one after the other on the same GPU; with
 #          ONEPASS=1 B again with GEM_JFA_BWD=one_pass, with LONG=1 B at the issue's --steps 300;
 #          B's model GPU tests; B's compiled step under the profiler.
-. "$(dirname "$0")/stage.sh"  # this script's own tree: A may predate gpu_begin
+. "$(dirname "$0")/../stage.sh"  # this script's own tree: A may predate gpu_begin
 ab_trees "$1" "$2"
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   echo "=== quality ($B)"; grep -E " lr=[0-9.e+-]+: mean AUC|Error|^ *[a-z_]+ \||Bayes" "$OUT/quality.log" | cut -c1-220

@@ -6,7 +6,7 @@
 #   the h200 trainer 60 steps, tree A then tree B (same GPU, one after the other);
 #   B's compiled step under the profiler (the removed kernels must be gone).
 # The quality bench on B is a separate call (~380 s).
-. "$(dirname "$0")/stage.sh"
+. "$(dirname "$0")/../stage.sh"
 ab_trees "$1" "$2"
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   for r in tr_a tr_b; do echo "=== $r"; [ -f "$OUT/$r.log" ] && (cd "$ROOT/$B" && python3 tools/trainer_summary.py "$OUT/$r.log" | head -1); done

@@ -4,7 +4,7 @@
 #          issue's --steps 300, then B's compiled step under the profiler.
 #   GPU 1: B's row-wise Adagrad GPU test and bench, a GDPA short-kv tile sweep at the
 #          trainer's shape, then the quality bench's GEM row at 1,000 steps on B.
-. "$(dirname "$0")/stage.sh"
+. "$(dirname "$0")/../stage.sh"
 ab_trees "$1" "$2"
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   for r in tr_a tr_b tr_b_300; do echo "=== $r"; [ -f "$OUT/$r.log" ] && (cd "$ROOT/$B" && python3 tools/trainer_summary.py "$OUT/$r.log" | head -1); done

@@ -6,7 +6,7 @@
 #   `bench.bwd --only pma` (the pooling backward: ours vs FlashAttention-2); the h200 trainer
 #   60 steps, tree A then tree B (with FLASH=1 also B with GEM_JFA_BWD=flash: the GDPA change
 #   alone). The quality bench on B is a separate call (~400 s).
-. "$(dirname "$0")/stage.sh"
+. "$(dirname "$0")/../stage.sh"
 ab_trees "$1" "$2"
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"
   for r in tr_a tr_b tr_b_flash; do echo "=== $r"; [ -f "$OUT/$r.log" ] && (cd "$ROOT/$B" && python3 tools/trainer_summary.py "$OUT/$r.log" | head -1); done
