@@ -269,11 +269,29 @@ def _why_not(variant: Any, block: nn.Module, args: tuple[Any, ...], kwargs: dict
     manager (`_artifacts`, torch 2.11-2.13); anything else gives "unknown"."""
     try:
         f_locals = variant.prepare_f_locals(block, *args, **kwargs)
-        info = variant._artifacts.guard_manager.check_verbose(f_locals)
-        parts = [" ".join(str(p).split()) for p in getattr(info, "verbose_code_parts", None) or []]
-        return ("; ".join(parts) or "no guard named")[:300]
+        manager = variant._artifacts.guard_manager
+        info = manager.check_verbose(f_locals)
+        parts = [str(p) for p in getattr(info, "verbose_code_parts", None) or []]
+        if len(parts) > 1:
+            parts = _failing_parts(manager, f_locals, parts)
+        return ("; ".join(" ".join(p.split()) for p in parts) or "no guard named")[:300]
     except Exception as e:
         return f"unknown ({type(e).__name__})"
+
+
+def _failing_parts(manager: Any, f_locals: dict[str, Any], parts: list[str]) -> list[str]:
+    """The parts of a failed guard that these inputs make False. Dynamo installs all the
+    symbolic-size guards of a variant as one guard with many parts (`x.size()[0] >= 2`,
+    `offsets.size()[0] == 1 + x.size()[0]`, ...), and `check_verbose` returns them all;
+    each part is a Python expression over `L` (the call's locals), evaluated here as dynamo's
+    own recompile message does. All of `parts` where none evaluates to False (or a part
+    cannot be evaluated)."""
+    try:
+        scope = {"L": f_locals, "G": manager.global_scope["G"], **(manager.closure_vars or {})}
+        failing = [p for p in parts if eval(p, dict(manager.global_scope), scope) is False]  # noqa: S307
+    except Exception:
+        return parts
+    return failing or parts
 
 
 def with_flags(fn: Callable[..., Any], flags: Sequence[tuple[Any, str, Any]]) -> Callable[..., Any]:

@@ -344,6 +344,46 @@ def test_a_compile_says_which_guard_each_variant_failed(src: Path, tmp_path: Pat
     assert torch.isfinite(got).all()
 
 
+class _Branchy(nn.Module):
+    """A block whose traced code branches on its sizes and on a host int, as the model's
+    layers do on a batch's shape: each branch outcome needs a variant of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
+        y = self.lin(x)
+        if x.shape[0] > 2 * offsets.shape[0]:  # a relation between two sizes
+            y = y * 2
+        if max_len > 100:  # a host int
+            y = y + 1
+        return y.reshape(offsets.shape[0] - 1, -1, 8).sum(1)
+
+
+def test_a_size_guard_names_the_failing_condition_alone(tmp_path: Path) -> None:
+    # Dynamo keeps all of a variant's symbolic-size guards as one guard of many parts (the
+    # branch above, the reshape's divisibility, 0/1 specialisation, ...): the record must
+    # name the part these inputs break, not the first parts of the list.
+    blocks = nn.ModuleList([_Branchy()])
+    store = AotBlocks(str(tmp_path / "aot"), backend="eager")
+    store.install([(blocks, 0)])
+    b = int(torch.randint(4, 9, ()).item())  # samples; rows per sample: 4 (long) or 1 (short)
+    for rows, max_len in ((4, 150), (4, 120), (1, 150), (4, 40)):
+        x = torch.randn(b * rows, 8)
+        offsets = torch.arange(b + 1) * rows
+        got = blocks[0](x, offsets, max_len)
+        ref = blocks[0].forward(x, offsets, max_len)
+        torch.testing.assert_close(got, ref)
+    rejected = store.stats.rejected
+    assert store.stats.compiled == 3, store.stats
+    # the short batch breaks the relation; the small max_len breaks the host-int guard of both
+    assert rejected[0].startswith("compile 2") and "L['x'].size()[0] > 2*L['offsets'].size()[0]" in rejected[0]
+    assert "max_len" not in rejected[0] and "%" not in rejected[0], rejected[0]
+    assert [r for r in rejected if r.startswith("compile 3")] and all(
+        "101 <= L['max_len']" in r for r in rejected if r.startswith("compile 3") and "variant 1 " in r), rejected
+
+
 def test_bad_arguments_are_refused(tmp_path: Path) -> None:
     net = nn.Sequential(nn.Linear(4, 4))
     with pytest.raises(ValueError, match="compile_aot=.*needs compile"):

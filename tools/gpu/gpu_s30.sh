@@ -11,16 +11,25 @@
 #               time goes, function by function (prof.txt: the top of the cumulative table).
 #   PART=b  (the next call, .fa4b carried) flash-attn-4's set-up, then the model's local MFU
 #           twice (--cuda-graph), issue 16's 40 % on more than one sample.
+#   PART=c  cold then long again on a fresh box, after gem-parallel 0.3.9: PART=a's
+#           compile_aot.rejected printed the first parts of dynamo's one multi-part size guard
+#           (cut at 300 characters), not the part the batch broke; now it names that part.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; nvidia-smi --query-gpu=name --format=csv,noheader
   for f in mfu1 mfu2; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -E "^(GEM local|weighted|whole|model e2e|e2e, layers)" "$OUT/$f.log" | cut -c1-160; }; done
   for f in cold long warm pyc1 pyc2; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; last_summary "$OUT/$f.log" steps loss time_to_first_step_s startup_s compile_aot recompiles_per_100_steps mfu_steady step_s_median | cut -c1-1500; }; done
+  [ -f "$OUT/long.log" ] && { echo "=== long: rejected"; python3 -c "
+import json; s = [json.loads(l) for l in open('$OUT/long.log') if l.startswith('{') and 'mfu_steady' in l][-1]
+print(*s['compile_aot']['rejected'], sep='\n')" 2>&1 | cut -c1-400; }
   [ -f "$OUT/prof.txt" ] && { echo "=== prof"; head -n 45 "$OUT/prof.txt" | cut -c1-150; }
 }
 gpu_begin "${WATCH:-550}"
 TR="-m gem_trainer --preset h200 --eval-batches 0 --no-progress"
-if [ "${PART:-a}" = b ]; then
+if [ "${PART:-a}" = c ]; then
+  st cold 200 python3 $TR --steps 2
+  st long 200 python3 $TR --steps 60
+elif [ "${PART:-a}" = b ]; then
   st setup 60 bash tools/fa4_setup.sh
   export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
   for i in 1 2; do st mfu$i 240 python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph; done
