@@ -11,7 +11,7 @@
 #               time goes, function by function (prof.txt: the top of the cumulative table).
 #   PART=b  (the next call, .fa4b carried) flash-attn-4's set-up, then the model's local MFU
 #           twice (--cuda-graph), issue 16's 40 % on more than one sample.
-#   PART=c  cold then long again on a fresh box, after gem-parallel 0.3.9: PART=a's
+#   PART=c  long (60 steps) again, from an empty folder on a fresh box, after gem-parallel 0.3.9: PART=a's
 #           compile_aot.rejected printed the first parts of dynamo's one multi-part size guard
 #           (cut at 300 characters), not the part the batch broke; now it names that part.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
@@ -27,8 +27,7 @@ print(*s['compile_aot']['rejected'], sep='\n')" 2>&1 | cut -c1-400; }
 gpu_begin "${WATCH:-550}"
 TR="-m gem_trainer --preset h200 --eval-batches 0 --no-progress"
 if [ "${PART:-a}" = c ]; then
-  st cold 200 python3 $TR --steps 2
-  st long 200 python3 $TR --steps 60
+  st long 280 python3 $TR --steps 60  # from an empty folder: 2 + 2 variants
 elif [ "${PART:-a}" = b ]; then
   st setup 60 bash tools/fa4_setup.sh
   export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
