@@ -27,7 +27,7 @@ print(*s['compile_aot']['rejected'], sep='\n')" 2>&1 | cut -c1-400; }
 gpu_begin "${WATCH:-550}"
 TR="-m gem_trainer --preset h200 --eval-batches 0 --no-progress"
 if [ "${PART:-a}" = c ]; then
-  st long 280 python3 $TR --steps 60  # from an empty folder: 2 + 2 variants
+  st long "${LIM:-280}" python3 $TR --steps "${STEPS:-60}"  # from an empty folder: 2 + 2 variants (on the H100 the later ones came by step 6)
 elif [ "${PART:-a}" = b ]; then
   st setup 60 bash tools/fa4_setup.sh
   export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
