@@ -288,7 +288,8 @@ def _failing_parts(manager: Any, f_locals: dict[str, Any], parts: list[str]) -> 
     cannot be evaluated)."""
     try:
         scope = {"L": f_locals, "G": manager.global_scope["G"], **(manager.closure_vars or {})}
-        failing = [p for p in parts if eval(p, dict(manager.global_scope), scope) is False]  # noqa: S307
+        env = dict(manager.global_scope)  # (a copy: eval adds __builtins__ to its globals)
+        failing = [p for p in parts if eval(p, env, scope) is False]  # noqa: S307
     except Exception:
         return parts
     return failing or parts
