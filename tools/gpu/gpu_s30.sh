@@ -20,6 +20,9 @@
 #           -d .whl py-spy==0.4.3`; a 2-step run fills the store, then two sampled warm runs
 #           (as the box is; with bytecode written to /tmp/pyc), each summarised by
 #           tools/stacks.py (the seconds under train(), the share importing modules).
+#   PART=cd (thirty-first session, one call on a fresh box, `.fa4a` and `.whl` carried) PART=c's
+#           long run, then PART=d's sampled warm starts over the store it filled; also copies
+#           .fa4a for a PART=b call that follows at once on the same warm machine.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; nvidia-smi --query-gpu=name --format=csv,noheader
@@ -33,9 +36,13 @@ print(*s['compile_aot']['rejected'], sep='\n')" 2>&1 | cut -c1-400; }
 }
 gpu_begin "${WATCH:-550}"
 TR="-m gem_trainer --preset h200 --eval-batches 0 --no-progress"
-if [ "${PART:-a}" = d ]; then
+if [ "${PART:-a}" = cd ]; then
+  mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/ 2>/dev/null
+  st long "${LIM:-280}" python3 $TR --steps "${STEPS:-60}"
+fi
+if [ "${PART:-a}" = d ] || [ "${PART:-a}" = cd ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy-*.whl || exit 2
-  st fill 200 python3 $TR --steps 2
+  [ "${PART:-a}" = d ] && st fill 200 python3 $TR --steps 2
   st pyc_fill 60 env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/pyc python3 $TR --steps 2
   st spy_box 90 /tmp/spy/bin/py-spy record -r 200 -f raw -o "$OUT/spy_box.txt" -- python3 $TR --steps 2
   st spy_pyc 90 env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/pyc /tmp/spy/bin/py-spy record -r 200 -f raw -o "$OUT/spy_pyc.txt" -- python3 $TR --steps 2
