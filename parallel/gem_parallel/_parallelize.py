@@ -129,7 +129,15 @@ def _compile_settings() -> list[tuple[Any, str, Any]]:
       model's `_jagged.unique_rows`): without it that graph bypasses the cache and a warm
       start re-traces its joint forward+backward graph. The function's forward and backward
       are traced into the graph, so they are part of the cache key;
-    - the inductor features named in GEM_INDUCTOR_OFF off (`inductor_off`; none unless set).
+    - inductor's mix-order reduction in its non-strict mode (`INDUCTOR_ON`): the strict
+      mode fuses a reduction pair only past size thresholds and guards the sizes it checked.
+      On the H200 (torch 2.11) that guarded the sample count into 256..1279
+      (`scheduler.py` `can_fuse`), so the h200 preset's batches of fewer than 256 samples
+      (about one in ten) needed a second compiled variant of each layer kind, about a minute
+      of compiling in a cold run's first steps (trainer/BENCHMARKS.md, thirty-first
+      session). torch's own note on the flag: it avoids recompiles;
+    - the inductor features named in GEM_INDUCTOR_OFF off (`inductor_off`; none unless set;
+      naming an `INDUCTOR_ON` feature gives it torch's default, False).
       gem-parallel 0.3.3 and 0.3.4 turned two off for every fp8_block model
       (`FP8_BLOCK_INDUCTOR_OFF`): with gem-precision 0.3.2 on the H200 (torch 2.11) the h200
       preset's fp8_block layers failed in the coalescing tiling analysis
@@ -147,13 +155,31 @@ def _compile_settings() -> list[tuple[Any, str, Any]]:
         flags.append((torch._functorch.config, "autograd_cache_allow_custom_autograd_functions", True))
     import torch._inductor.config as inductor_config
 
-    flags += [(inductor_config.triton, name, False) for name in inductor_off()]  # names checked there
+    off = inductor_off()  # names checked there
+    flags += [(inductor_config.triton, name, True) for name in INDUCTOR_ON
+              if name not in off and hasattr(inductor_config.triton, name)]
+    flags += [(inductor_config.triton, name, False) for name in off]
     return flags
+
+
+def settings_tag(flags: Sequence[tuple[Any, str, Any]]) -> str:
+    """The compiler flags as text (`module.name=value`, sorted), for the ahead-of-time
+    store's folder name: variants compiled under other flags are never loaded."""
+    def where(m: Any) -> str:  # a config module, or a sub-config (`inductor_config.triton`)
+        own = vars(m)
+        if "_prefix" in own:
+            return f"{getattr(own.get('_config'), '__name__', '?')}.{own['_prefix']}".rstrip(".")
+        return str(getattr(m, "__name__", type(m).__name__))
+
+    return ",".join(sorted(f"{where(m)}.{n}={v!r}" for m, n, v in flags))
 
 
 # The inductor features that failed fp8_block layers under dynamic token counts with
 # gem-precision 0.3.2 (torch 2.11, H200); the fallback to name in GEM_INDUCTOR_OFF.
 FP8_BLOCK_INDUCTOR_OFF = ("coalesce_tiling_analysis", "mix_order_reduction")
+# The `torch._inductor.config.triton` features turned on while the blocks compile (where the
+# running torch has them); GEM_INDUCTOR_OFF can name them to keep torch's default.
+INDUCTOR_ON = ("mix_order_reduction_non_strict_mode",)
 INDUCTOR_OFF_ENV = "GEM_INDUCTOR_OFF"
 
 
@@ -251,8 +277,11 @@ def parallelize(
         if compile_aot is not None:
             # One sub-folder per model structure and precision (the repr names every
             # module class and size): other models' variants are never loaded or tried.
-            shape = hashlib.sha256(f"{model!r}|{precision}".encode()).hexdigest()[:12]
-            out.aot = AotBlocks(compile_aot, backend, _compile_settings(), tag=shape)
+            # The compiler flags too (gem-parallel 0.3.10): a variant compiled under other
+            # flags holds other code, and its guards do not cover the flags.
+            settings = _compile_settings()
+            shape = hashlib.sha256(f"{model!r}|{precision}|{settings_tag(settings)}".encode()).hexdigest()[:12]
+            out.aot = AotBlocks(compile_aot, backend, settings, tag=shape)
             out.aot.install(units)
         else:
             compile_blocks(units, backend)

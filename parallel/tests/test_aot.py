@@ -251,6 +251,32 @@ def test_models_of_other_shapes_keep_their_own_variants(src: Path, tmp_path: Pat
     assert len(again.aot.files()) == 2
 
 
+def test_other_compiler_flags_keep_their_own_variants(src: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # A variant holds the code its flags produced, and its guards do not cover the flags: a
+    # model compiled under other flags (GEM_INDUCTOR_OFF naming the non-strict mix-order
+    # reduction gem_parallel turns on) gets its own folder, the default flags find theirs again.
+    from gem_parallel._parallelize import INDUCTOR_ON, _compile_settings
+
+    import torch._inductor.config as inductor_config
+
+    mod = _module(src, "2.0")
+    store = str(tmp_path / "aot")
+    monkeypatch.delenv("GEM_INDUCTOR_OFF", raising=False)
+    on = {(n, v) for m, n, v in _compile_settings() if m is inductor_config.triton}
+    first = parallelize(mod.Net(16), compile=True, compile_aot=store)
+    monkeypatch.setenv("GEM_INDUCTOR_OFF", ",".join(INDUCTOR_ON))
+    off = {(n, v) for m, n, v in _compile_settings() if m is inductor_config.triton}
+    other = parallelize(mod.Net(16), compile=True, compile_aot=store)
+    monkeypatch.delenv("GEM_INDUCTOR_OFF")
+    again = parallelize(mod.Net(16), compile=True, compile_aot=store)
+    assert on == {(n, True) for n in INDUCTOR_ON if hasattr(inductor_config.triton, n)} != set()
+    assert off == {(n, False) for n in INDUCTOR_ON}
+    assert first.aot is not None and other.aot is not None and again.aot is not None
+    assert first.aot.directory != other.aot.directory
+    assert first.aot.directory == again.aot.directory
+
+
 def test_a_failing_ahead_of_time_compile_falls_back_to_torch_compile(
         src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The API is experimental: if torch cannot compile a kind ahead of time, the run goes on
