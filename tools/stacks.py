@@ -3,9 +3,14 @@
     py-spy record -r 200 -f raw -o STACKS.txt -- python3 -m gem_trainer ...
     python3 tools/stacks.py STACKS.txt [--rate 200] [--under train] [--top 30]
 
-py-spy samples the real stacks (wall clock, every thread; run it as a user who may ptrace),
-so, unlike cProfile, dynamo's frame hook does not hide callers and a sample costs the run
-nothing measurable. Prints, for the samples whose stack holds a frame named `--under`
+py-spy samples the real stacks (every thread; run it as a user who may ptrace), so, unlike
+cProfile, dynamo's frame hook does not hide callers. Two cautions:
+- py-spy stops the process for each sample. On the 16-core GPU box at 200 samples/s the h200
+  preset's warm time to first step went from ~8.6 s to 12.3-17.7 s (thirty-first session):
+  read the shares, not the seconds;
+- without `--idle` it drops samples where a thread waits (a subprocess, a lock, the GPU):
+  such waits are missing from the sums. Add `--idle` to see them.
+Prints, for the samples whose stack holds a frame named `--under`
 (default `train`, gem_trainer's loop; "" = all):
 - the seconds under it, and the share spent importing modules (`_find_and_load` on the stack);
 - the frames with the most inclusive time (each counted once per sample), then with the most

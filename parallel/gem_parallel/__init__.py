@@ -19,7 +19,6 @@ from gem_parallel._comm_volume import CommConfig, CommItem, comm_table, comm_vol
 from gem_parallel._dense import BF16_MIXED, apply_hsdp
 from gem_parallel._dims import Meshes, ParallelDims
 from gem_parallel._parallelize import Parallelized, compile_blocks, parallelize
-from gem_parallel._warm import start_triton_key
 
 __version__ = "0.3.10"
 __all__ = [
@@ -27,7 +26,6 @@ __all__ = [
     "parallelize",
     "Parallelized",
     "compile_blocks",
-    "start_triton_key",
     "AotBlocks",
     "ParallelDims",
     "Meshes",

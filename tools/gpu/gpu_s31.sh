@@ -8,7 +8,9 @@
 #   off1/on1 .. off3/on3  warm 2-step starts over the filled folder, alternating: "off" with
 #             gem_parallel.start_triton_key replaced by a no-op (the key computed inside the
 #             first step's load, as before 0.3.10), "on" as shipped (computed in a thread from
-#             the start of train()).
+#             the start of train()). Ran at commit cce3e3b on an H100 (no H200 came); the
+#             thread gave no gain beyond the box's noise (trainer/BENCHMARKS.md) and was removed
+#             in the next commit, so on a later tree the "off" and "on" runs are the same.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; nvidia-smi --query-gpu=name --format=csv,noheader

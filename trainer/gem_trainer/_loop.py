@@ -448,11 +448,6 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
 
     cfg.validate()
     t_start = time.perf_counter()
-    # Triton's cache key (a hash of its ~400 MB library: ~1 s of a warm GPU start) in a thread
-    # while the run sets up; joined before the first step (gem_parallel._warm).
-    import gem_parallel
-
-    key_thread = gem_parallel.start_triton_key() if cfg.compile and torch.cuda.is_available() else None
     before_train = process_age_s()  # the process's start and imports, before the time to first step
     rank, world = _dist_env()
     cfg = dataclasses.replace(cfg, compile_aot=_preflight.resolve_compile_aot(cfg, world, rank))
@@ -514,8 +509,6 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         if notice:
             _preflight.say(notice, rank)
     marks.append(("loader", time.perf_counter()))  # (+ the compile-cache file and a resume's load)
-    if key_thread is not None:
-        key_thread.join()
 
     log = MetricLog(cfg.log_dir, rank)
     timers = Timers()
