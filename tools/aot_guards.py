@@ -18,7 +18,9 @@ a new variant" without training, and in the compile time of the variants only.
 there the sequence attention is traced through the Triton kernels' custom ops
 (run it with TRITON_INTERPRET=1), as on a GPU. What it cannot see: guards that depend on the run's state
 rather than on a batch (grads, optimizer steps), and, on a CPU, guards that only the GPU's
-code generation adds.
+code generation adds. One such was behind the h200 store's later variants until
+gem-parallel 0.3.10: the strict mode of inductor's mix-order reduction (Triton code only)
+guarded the sample count into 256..1279 (trainer/BENCHMARKS.md, thirty-first session).
 
 `--largest K` answers one of those GPU-only guards on any machine: inductor's Triton code
 uses 32-bit indices only where it can guard every kernel's and buffer's element count at
