@@ -76,7 +76,8 @@ class Parallelized:
         return {"graphs": int(c["stats"]["unique_graphs"]), "graph_breaks": int(sum(c["graph_break"].values()))}
 
 
-def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str) -> None:
+def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str, *,
+                   precision: str | None = None) -> None:
     """Step 3: `torch.compile` of each (ModuleList, index) block, whole-graph, dynamic shapes.
 
     `fullgraph=True`: a graph break through the kernels' custom ops (or anywhere in a block)
@@ -93,6 +94,8 @@ def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str) -> 
     Args:
         units: `(parent, index)` pairs; `parent[index]` (an `nn.Module`) is compiled in place.
         backend: a `torch.compile` backend name ("inductor", "aot_eager", ...).
+        precision: the recipe the blocks were converted to (`parallelize`'s `precision`;
+            None: none); it selects the compiler flags (`_compile_settings`).
     """
     if not isinstance(backend, str) or not backend:
         raise TypeError(f"backend={backend!r} must be a torch.compile backend name (a non-empty str)")
@@ -112,10 +115,14 @@ def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str) -> 
         block = parent[i]
         builtin = type(block).__module__.startswith("torch.nn.modules")
         block.compile(backend=backend, fullgraph=not builtin, dynamic=True)
-        block._compiled_call_impl = _with_compile_settings(block._compiled_call_impl)
+        block._compiled_call_impl = _with_compile_settings(block._compiled_call_impl, precision)
 
 
-def _compile_settings() -> list[tuple[Any, str, Any]]:
+def _low_precision(precision: str | None) -> bool:
+    return precision is not None and precision.startswith((MXFP8_PREFIX, FP8_BLOCK_PREFIX))
+
+
+def _compile_settings(precision: str | None = None) -> list[tuple[Any, str, Any]]:
     """The compiler flags under which the blocks are traced (all read when dynamo compiles),
     as (config module, name, value) triples:
 
@@ -135,7 +142,10 @@ def _compile_settings() -> list[tuple[Any, str, Any]]:
       (`scheduler.py` `can_fuse`), so the h200 preset's batches of fewer than 256 samples
       (about one in ten) needed a second compiled variant of each layer kind, about a minute
       of compiling in a cold run's first steps (trainer/BENCHMARKS.md, thirty-first
-      session). torch's own note on the flag: it avoids recompiles;
+      session). torch's own note on the flag: it avoids recompiles. Not for blocks converted
+      to a low precision (`precision` "mxfp8_*" / "fp8_block*"): it was measured with bf16
+      only, and the FP8 layers once failed inside a mix-order reduction (below), so they keep
+      torch's strict mode;
     - the inductor features named in GEM_INDUCTOR_OFF off (`inductor_off`; none unless set;
       naming an `INDUCTOR_ON` feature gives it torch's default, False).
       gem-parallel 0.3.3 and 0.3.4 turned two off for every fp8_block model
@@ -157,7 +167,7 @@ def _compile_settings() -> list[tuple[Any, str, Any]]:
 
     off = inductor_off()  # names checked there
     flags += [(inductor_config.triton, name, True) for name in INDUCTOR_ON
-              if name not in off and hasattr(inductor_config.triton, name)]
+              if name not in off and hasattr(inductor_config.triton, name) and not _low_precision(precision)]
     flags += [(inductor_config.triton, name, False) for name in off]
     return flags
 
@@ -201,13 +211,13 @@ def inductor_off() -> tuple[str, ...]:
     return names
 
 
-def _with_compile_settings(fn: Callable[..., Any] | None) -> Callable[..., Any]:
+def _with_compile_settings(fn: Callable[..., Any] | None, precision: str | None = None) -> Callable[..., Any]:
     """`fn` (a block's compiled call) run with `_compile_settings` set and then restored
     (`_aot.with_flags`: plain attribute swaps, ~15 us per call on a 2-core CPU box; the
     single patch context before gem-parallel 0.3.2 took ~21 us)."""
     if fn is None:
         raise RuntimeError("nn.Module.compile set no compiled call")
-    return functools.wraps(fn)(with_flags(fn, _compile_settings()))
+    return functools.wraps(fn)(with_flags(fn, _compile_settings(precision)))
 
 
 def parallelize(
@@ -251,7 +261,7 @@ def parallelize(
         `Parallelized` (the model, the converted linears, the parameters FSDP skipped).
     """
     out = Parallelized(model)
-    if precision is not None and precision.startswith((MXFP8_PREFIX, FP8_BLOCK_PREFIX)):
+    if _low_precision(precision):
         import gem_precision
 
         out.mxfp8_converted = gem_precision.convert(
@@ -279,12 +289,12 @@ def parallelize(
             # module class and size): other models' variants are never loaded or tried.
             # The compiler flags too (gem-parallel 0.3.10): a variant compiled under other
             # flags holds other code, and its guards do not cover the flags.
-            settings = _compile_settings()
+            settings = _compile_settings(precision)
             shape = hashlib.sha256(f"{model!r}|{precision}|{settings_tag(settings)}".encode()).hexdigest()[:12]
             out.aot = AotBlocks(compile_aot, backend, settings, tag=shape)
             out.aot.install(units)
         else:
-            compile_blocks(units, backend)
+            compile_blocks(units, backend, precision=precision)
         out.compiled_blocks = len(units)
     if meshes is None:
         return out
