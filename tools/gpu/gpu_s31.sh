@@ -11,11 +11,13 @@
 #             the start of train()). Ran at commit cce3e3b on an H100 (no H200 came); the
 #             thread gave no gain beyond the box's noise (trainer/BENCHMARKS.md) and was removed
 #             in the next commit, so on a later tree the "off" and "on" runs are the same.
+#   PART=next (the plan for the next H200 call) the long run, then two plain warm 2-step
+#             starts (warm1, warm2): the H200's step and variants under 0.3.10, and its warm start.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; nvidia-smi --query-gpu=name --format=csv,noheader
   [ -f "$OUT/long.log" ] && { echo "=== long"; last_summary "$OUT/long.log" steps loss time_to_first_step_s compile_aot recompiles_per_100_steps mfu_steady step_s_median | cut -c1-1500; }
-  for f in off1 on1 off2 on2 off3 on3; do [ -f "$OUT/$f.log" ] && { printf '%s ' "$f"; python3 -c "
+  for f in off1 on1 off2 on2 off3 on3 warm1 warm2; do [ -f "$OUT/$f.log" ] && { printf '%s ' "$f"; python3 -c "
 import json; s = [json.loads(l) for l in open('$OUT/$f.log') if l.startswith('{') and 'mfu_steady' in l][-1]
 p = s['startup_s']; a = s['compile_aot']
 print('ttfs %.2f setup %.2f loader %.3f before_first_step %.3f first_fb %.2f load_s %.2f loaded %d compiled %d' % (s['time_to_first_step_s'], p['setup'], p['loader'], p['before_first_step'], p['first_forward_backward'], a['load_s'], a['loaded'], a['compiled']))" 2>&1 | tail -1; }; done
@@ -24,7 +26,8 @@ gpu_begin "${WATCH:-470}"
 TR="--preset h200 --eval-batches 0 --no-progress"
 OFF="import runpy, sys, gem_parallel; gem_parallel.start_triton_key = lambda: None; sys.argv[0] = 'gem_trainer'; runpy.run_module('gem_trainer', run_name='__main__', alter_sys=True)"
 st long "${LIM:-280}" python3 -m gem_trainer $TR --steps "${STEPS:-60}"
-for i in 1 2 3; do
+[ "${PART:-}" = next ] && { st warm1 60 python3 -m gem_trainer $TR --steps 2; st warm2 60 python3 -m gem_trainer $TR --steps 2; }
+[ "${PART:-}" = next ] || for i in 1 2 3; do
   st off$i 60 python3 -c "$OFF" $TR --steps 2
   st on$i 60 python3 -m gem_trainer $TR --steps 2
 done
