@@ -261,7 +261,7 @@ def parallelize(
         `Parallelized` (the model, the converted linears, the parameters FSDP skipped).
     """
     out = Parallelized(model)
-    if _low_precision(precision):
+    if precision is not None and _low_precision(precision):
         import gem_precision
 
         out.mxfp8_converted = gem_precision.convert(
