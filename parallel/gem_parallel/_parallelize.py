@@ -19,7 +19,7 @@ import hashlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 import torch._functorch.config
@@ -118,7 +118,8 @@ def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str, *,
         block._compiled_call_impl = _with_compile_settings(block._compiled_call_impl, precision)
 
 
-def _low_precision(precision: str | None) -> bool:
+def _low_precision(precision: str | None) -> TypeGuard[str]:
+    """Whether `precision` is a `gem_precision.convert` recipe (MXFP8 or fp8_block)."""
     return precision is not None and precision.startswith((MXFP8_PREFIX, FP8_BLOCK_PREFIX))
 
 
@@ -166,8 +167,9 @@ def _compile_settings(precision: str | None = None) -> list[tuple[Any, str, Any]
     import torch._inductor.config as inductor_config
 
     off = inductor_off()  # names checked there
-    flags += [(inductor_config.triton, name, True) for name in INDUCTOR_ON
-              if name not in off and hasattr(inductor_config.triton, name) and not _low_precision(precision)]
+    on = () if _low_precision(precision) else INDUCTOR_ON
+    flags += [(inductor_config.triton, name, True) for name in on
+              if name not in off and hasattr(inductor_config.triton, name)]
     flags += [(inductor_config.triton, name, False) for name in off]
     return flags
 
@@ -261,7 +263,7 @@ def parallelize(
         `Parallelized` (the model, the converted linears, the parameters FSDP skipped).
     """
     out = Parallelized(model)
-    if precision is not None and _low_precision(precision):
+    if _low_precision(precision):
         import gem_precision
 
         out.mxfp8_converted = gem_precision.convert(
