@@ -120,6 +120,33 @@ def test_bad_arguments_name_the_argument_and_compile_nothing(units: str, backend
     assert not hasattr(blocks[0], "_compiled_call_impl") or blocks[0]._compiled_call_impl is None
 
 
+@pytest.mark.parametrize("precision, non_strict", [(None, True), ("bf16", True), ("fp8_block", False),
+                                                   ("mxfp8_rceil", False)])
+def test_blocks_trace_under_the_flags_of_their_precision(precision: str | None, non_strict: bool) -> None:
+    """compile_blocks(precision=) traces the blocks with inductor's non-strict mix-order
+    reduction for unconverted blocks and torch's strict default for low-precision ones, as
+    parallelize does; the process's own setting is untouched outside the call."""
+    import torch._inductor.config as inductor_config
+
+    if not hasattr(inductor_config.triton, "mix_order_reduction_non_strict_mode"):
+        pytest.skip("this torch has no mix_order_reduction_non_strict_mode")
+    torch._dynamo.reset()
+    seen: list[bool] = []
+
+    def recording(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
+        seen.append(inductor_config.triton.mix_order_reduction_non_strict_mode)
+        return gm.forward
+
+    name = f"gem_test_flags_{precision}"  # (a backend name is registered once per process)
+    torch._dynamo.register_backend(recording, name=name)
+    model = nn.ModuleList([_Block(16)])
+    gem_parallel.compile_blocks([(model, 0)], name, precision=precision)
+    x, rows = _inputs(21, 16, seed=3)
+    _run(model[0], x, rows)
+    assert seen and set(seen) == {non_strict}
+    assert inductor_config.triton.mix_order_reduction_non_strict_mode is False
+
+
 def test_the_flags_hold_only_inside_a_block_call() -> None:
     """The compile flags are the process's own again after a block call returns or raises: a
     user's other torch.compile calls keep torch's defaults."""
