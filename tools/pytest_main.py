@@ -1,10 +1,48 @@
-"""Runs pytest on the test files given as arguments, inside a Bazel py_test."""
+"""Runs pytest on the test files given as arguments, inside a Bazel py_test.
+
+Each test starts from a seed of its own, drawn at random (the tests assert on fresh random
+data) or taken from `GEM_TEST_SEED`; a failing test's report names it, so
+`./bazelw test //trainer:test_table_grads --test_env=GEM_TEST_SEED=<seed>` replays its data.
+"""
 import atexit
 import os
+import random
 import sys
 import threading
+from collections.abc import Generator
+from typing import Any
 
 import pytest
+
+SEED_ENV = "GEM_TEST_SEED"
+
+
+class Seeds:
+    """Seeds Python's `random` and, where the test's module imported it, torch's generators
+    before each test; adds the seed to a failing test's report."""
+
+    def __init__(self, fixed: str | None) -> None:
+        if fixed is not None and not fixed.isdigit():
+            raise ValueError(f"{SEED_ENV}={fixed!r} must be a non-negative integer")
+        self.fixed = None if fixed is None else int(fixed)
+        self.seeds: dict[str, int] = {}
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        seed = self.fixed if self.fixed is not None else int.from_bytes(os.urandom(4), "little")
+        self.seeds[item.nodeid] = seed
+        random.seed(seed)
+        torch = sys.modules.get("torch")  # not imported here: a test without torch stays without
+        if torch is not None:
+            torch.manual_seed(seed)  # the CPU generator and every CUDA device's
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Generator[None, Any, None]:
+        outcome = yield
+        report = outcome.get_result()
+        seed = self.seeds.get(item.nodeid)
+        if report.failed and seed is not None:
+            report.sections.append(("test seed", f"{SEED_ENV}={seed} replays this test's random data"))
 
 if __name__ == "__main__":
     tmp = os.environ.get("TEST_TMPDIR")
@@ -14,7 +52,7 @@ if __name__ == "__main__":
     xml = os.environ.get("XML_OUTPUT_FILE")
     if xml:
         args.append(f"--junitxml={xml}")
-    rc = int(pytest.main(args))
+    rc = int(pytest.main(args, plugins=[Seeds(os.environ.get(SEED_ENV))]))
     # Everything a normal exit does that a test could depend on, in the interpreter's order:
     # wait for non-daemon threads, run the atexit handlers (multiprocessing's clean-up,
     # weakref.finalize, tempfile), flush stdio. Then skip the interpreter's own teardown
