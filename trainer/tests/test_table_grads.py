@@ -39,8 +39,8 @@ def test_one_optimizer_step_equals_the_dense_step() -> None:
     Adam step divides by the gradient's own magnitude, so rounding noise becomes a full-size
     move where a gradient is zero in exact arithmetic (the non-sequence summary's `mix.bias`;
     the LayerNorm after it removes it). That noise differed between the two copies in ~1 run
-    in 100, never when the seed was rerun alone (rounding that depends on the process's
-    allocation history, as MKL's alignment-dependent paths do), and failed CI once.
+    in 100, never when the seed was rerun alone (so the rounding depends on the process's
+    history; alignment-dependent BLAS paths would do that, not pinned down), and failed CI once.
     """
     torch.manual_seed(int(torch.randint(0, 10**6, ())))
     cfg = presets_tiny()
