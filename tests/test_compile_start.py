@@ -162,7 +162,7 @@ def test_the_flags_hold_only_inside_a_block_call() -> None:
             raise ValueError("x must not have 3 rows")
         return x * 2
 
-    call = _with_compile_settings(block_call)
+    call = _with_compile_settings(block_call, flags)
     assert torch.equal(call(torch.ones(2)), torch.full((2,), 2.0))
     with pytest.raises(ValueError, match="3 rows"):
         call(torch.ones(3))

@@ -111,11 +111,12 @@ def compile_blocks(units: Sequence[tuple[nn.ModuleList, int]], backend: str, *,
     limit = 4 * len(units) + 8
     if torch._dynamo.config.recompile_limit < limit:
         torch._dynamo.config.recompile_limit = limit
+    flags = _compile_settings(precision)  # read once for all the blocks (with_flags copies it)
     for parent, i in units:
         block = parent[i]
         builtin = type(block).__module__.startswith("torch.nn.modules")
         block.compile(backend=backend, fullgraph=not builtin, dynamic=True)
-        block._compiled_call_impl = _with_compile_settings(block._compiled_call_impl, precision)
+        block._compiled_call_impl = _with_compile_settings(block._compiled_call_impl, flags)
 
 
 def _low_precision(precision: str | None) -> TypeGuard[str]:
@@ -213,13 +214,14 @@ def inductor_off() -> tuple[str, ...]:
     return names
 
 
-def _with_compile_settings(fn: Callable[..., Any] | None, precision: str | None = None) -> Callable[..., Any]:
-    """`fn` (a block's compiled call) run with `_compile_settings` set and then restored
-    (`_aot.with_flags`: plain attribute swaps, ~15 us per call on a 2-core CPU box; the
-    single patch context before gem-parallel 0.3.2 took ~21 us)."""
+def _with_compile_settings(fn: Callable[..., Any] | None,
+                           flags: Sequence[tuple[Any, str, Any]]) -> Callable[..., Any]:
+    """`fn` (a block's compiled call) run with `flags` (`_compile_settings`) set and then
+    restored (`_aot.with_flags`: plain attribute swaps, ~15 us per call on a 2-core CPU box;
+    the single patch context before gem-parallel 0.3.2 took ~21 us)."""
     if fn is None:
         raise RuntimeError("nn.Module.compile set no compiled call")
-    return functools.wraps(fn)(with_flags(fn, _compile_settings(precision)))
+    return functools.wraps(fn)(with_flags(fn, flags))
 
 
 def parallelize(
