@@ -68,8 +68,9 @@ def test_one_optimizer_step_equals_the_dense_step() -> None:
             rows = c.indices()[0]
             # it names exactly the looked-up rows: every other row of the dense gradient is zero
             assert torch.equal(gd.index_fill(0, rows, 0), torch.zeros_like(gd)), n
-            torch.testing.assert_close(c.to_dense(), gd, rtol=1e-5, atol=1e-6 * scale, msg=lambda m: f"{n}: {m}")
-            pd.grad = c.to_dense()  # the dense step sees the sums the sparse step will form
+            summed = c.to_dense()
+            torch.testing.assert_close(summed, gd, rtol=1e-5, atol=1e-6 * scale, msg=lambda m: f"{n}: {m}")
+            pd.grad = summed  # the dense step sees the sums the sparse step will form
         else:
             torch.testing.assert_close(gs, gd, rtol=1e-5, atol=1e-6 * scale, msg=lambda m: f"{n}: {m}")
             ps.grad = gd.clone()
