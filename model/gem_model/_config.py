@@ -84,6 +84,15 @@ class GEMConfig:
             until it is measured in the trainer on the GPU (one run of the new form on one
             box, without a same-box run of the old one, could not tell: trainer/BENCHMARKS.md);
             `python3 tools/with_model.py select_stream_rows=true -- -m gem_trainer ...` runs it.
+        last_layer_rows_only: the last layer's stream is read only at its CLS rows and its
+            `num_recent` newest events (the heads take the feature tokens and the summary),
+            unless that layer pools. So its attention computes queries, `wo` and the
+            residual for those rows only, while keys and values still cover every row: the
+            same outputs and gradients up to rounding, without the last layer's
+            `[Tc, Tc]`-sized attention (a quarter of all attention at the h200 preset). On
+            by default (gem-model 0.4.0); False attends every row, as before. Applies where
+            the last layer does not pool (computation_skip with an even num_layers) and has
+            no window (the band needs aligned query and key positions).
 
     Precision (MXFP8), activation checkpointing, compile and sharding are not model config:
     `gem_parallel.parallelize(model, ..., precision="mxfp8_rceil")` applies them from outside.
@@ -125,6 +134,7 @@ class GEMConfig:
     stream_dtype: str = "compute"
     merged_stream_reads: bool = True
     select_stream_rows: bool = False
+    last_layer_rows_only: bool = True
 
     def __post_init__(self) -> None:
         positive = (
@@ -140,7 +150,7 @@ class GEMConfig:
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, int) or val < 0:
                 raise ValueError(f"GEMConfig.{name}={val!r} must be an int >= 0")
-        for name in ("merged_stream_reads", "select_stream_rows"):
+        for name in ("merged_stream_reads", "select_stream_rows", "last_layer_rows_only"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"GEMConfig.{name}={getattr(self, name)!r} must be a bool")
         if not self.tasks:

@@ -261,6 +261,53 @@ def stream_reads(comb: torch.Tensor, lay: PrefixLayout, k: int, *, events: bool,
     return out[0], out[1], (out[2] if events else None)
 
 
+class _SlotRows(torch.autograd.Function):
+    """`x.index_select(0, rows) * valid` whose backward writes each row's gradient once.
+
+    The valid slots name distinct rows (each sample's CLS rows and its newest events); an
+    invalid slot (a recent slot of a sequence shorter than k) reads zero, so its gradient is
+    dropped, not added into the clamped row it names. The backward is then a zero fill and
+    one `index_copy` (no atomics, bitwise reproducible), the invalid slots sent to a spare
+    row past the end.
+    """
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, rows: torch.Tensor,
+                valid: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(rows, valid)
+        ctx.num_rows = x.shape[0]  # type: ignore[attr-defined]
+        mask = valid.reshape(-1, *([1] * (x.dim() - 1)))
+        return x.index_select(0, rows) * mask
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        rows, valid = ctx.saved_tensors  # type: ignore[attr-defined]
+        n = ctx.num_rows  # type: ignore[attr-defined]
+        out = g.new_zeros((n + 1, *g.shape[1:]))
+        return out.index_copy_(0, torch.where(valid, rows, n), g)[:n], None, None
+
+
+def query_slots(lay: PrefixLayout, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows a block reads from the stream after its attention when it does not pool:
+    `[B, n + k]` (each sample's n CLS rows, then its k newest event rows, oldest first) and
+    their validity `[B, n + k]` (False for the recent slots of a sequence shorter than k,
+    whose rows are clamped: `recent_rows`)."""
+    b = lay.offsets.shape[0] - 1
+    cls = lay.cls_rows.reshape(b, lay.n)
+    rec, ok = recent_rows(lay.offsets, k, lay.n)
+    rows = torch.cat([cls, rec], dim=1)
+    valid = torch.cat([torch.ones_like(cls, dtype=torch.bool), ok.squeeze(-1)], dim=1)
+    return rows, valid
+
+
+def slot_rows(x: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """`x[rows] * valid` along dim 0 (rows, valid: `[S]` int64 / bool) for rows whose valid
+    entries never repeat (not checked: that would read them on the host; `query_slots`'
+    rows qualify). Invalid slots read zero and pass no gradient (`_SlotRows`)."""
+    out: torch.Tensor = _SlotRows.apply(x, rows, valid)  # type: ignore[no-untyped-call]
+    return out
+
+
 def events_of(comb: torch.Tensor, lay: PrefixLayout) -> torch.Tensor:
     """The event rows `[T, d]` of the combined stream (a gather; no copy when n == 0)."""
     return comb if lay.n == 0 else unique_rows(comb, lay.seq_rows)

@@ -127,29 +127,64 @@ class SeqAttention(nn.Module):
     rotated in one pass, and the kernels take them without a copy.
     """
 
-    def __init__(self, cfg: GEMConfig) -> None:
+    def __init__(self, cfg: GEMConfig, query_slots: int | None = None) -> None:
         super().__init__()
+        if query_slots is not None and (query_slots < 1 or cfg.window is not None):
+            raise ValueError(f"query_slots={query_slots} must be None, or >= 1 without a window "
+                             f"(window={cfg.window})")
         self.d, self.heads, self.dh = cfg.d_model, cfg.num_heads, cfg.head_dim
         self.n_cls, self.window, self.base = cfg.num_cls, cfg.window, cfg.rope_base
         self.backend = cfg.attention_backend
+        self.query_slots = query_slots
         self.norm = nn.LayerNorm(self.d)
         self.wqkv = nn.Linear(self.d, 3 * self.d)
         self.wo = nn.Linear(self.d, self.d)
 
-    def forward(self, comb: torch.Tensor, lay: _jagged.PrefixLayout) -> torch.Tensor:
-        """comb `[Tc, d]` (CLS rows filled) → comb + attention `[Tc, d]`."""
+    def forward(self, comb: torch.Tensor, lay: _jagged.PrefixLayout,
+                slots: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """comb `[Tc, d]` (CLS rows filled) → comb + attention `[Tc, d]`.
+
+        With `query_slots` (the last layer, whose stream only these rows leave): `slots` =
+        `_jagged.query_slots(lay, k)` (rows `[B, S]`, validity), and only those rows are
+        attended and projected: → (comb + attention)[rows] `[B, S, d]`, zero in invalid slots.
+        Keys and values still cover every row.
+        """
+        if (slots is None) != (self.query_slots is None):
+            raise ValueError(f"slots must be given exactly when query_slots={self.query_slots} is set")
         tc = comb.shape[0]
         qkv = self.wqkv(self.norm(comb)).reshape(tc, 3, self.heads, self.dh)
         q, k, v = _jagged.rope_qkv(qkv, lay.cos, lay.sin)
+        if slots is None:
+            o = _jagged.attention(
+                q, k, v, lay.offsets, lay.offsets, lay.max_len, lay.max_len,
+                window=self.window, backend=self.backend,
+            )
+            out: torch.Tensor = comb + self.wo(o.reshape(tc, self.d))
+            return out
+        rows, valid = slots
+        b, n = rows.shape
+        if n != self.query_slots:
+            raise ValueError(f"slots hold {n} rows per sample, must hold query_slots={self.query_slots}")
+        rows, valid = rows.reshape(-1), valid.reshape(-1)
         o = _jagged.attention(
-            q, k, v, lay.offsets, lay.offsets, lay.max_len, lay.max_len,
-            window=self.window, backend=self.backend,
+            _jagged.slot_rows(q, rows, valid), k, v, _jagged.uniform_offsets(b, n, comb.device),
+            lay.offsets, n, lay.max_len, backend=self.backend,
         )
-        out: torch.Tensor = comb + self.wo(o.reshape(tc, self.d))
-        return out
+        out = (_jagged.slot_rows(comb, rows, valid) + self.wo(o.reshape(b * n, self.d))) * valid[:, None]
+        return out.reshape(b, n, self.d)
 
     def flops(self, s: _flops.Shapes) -> float:
+        """Useful forward FLOPs. With `query_slots`, only the valid slots' queries count (the
+        CLS rows and up to `query_slots - num_cls` newest events per sample): the fused
+        `wqkv` still projects q for every row, and the invalid slots are attended, unused."""
         tc = s.tokens + s.batch * self.n_cls
+        if self.query_slots is not None:
+            k = self.query_slots - self.n_cls
+            q_rows = [self.n_cls + min(k, n) for n in s.lengths]
+            return (
+                _flops.linear(tc, self.d, 2 * self.d) + 2 * _flops.linear(sum(q_rows), self.d, self.d)
+                + _flops.attention(sum(r * (n + self.n_cls) for r, n in zip(q_rows, s.lengths)), self.heads, self.dh)
+            )
         pairs = sum(_flops.band_pairs(n + self.n_cls, self.window) for n in s.lengths)
         return (
             _flops.linear(tc, self.d, 3 * self.d) + _flops.linear(tc, self.d, self.d)
@@ -276,24 +311,32 @@ class Interaction(nn.Module):
         self.w2 = nn.Linear(self.h, self.d)
 
     def forward(self, x: torch.Tensor, s_sum: torch.Tensor) -> torch.Tensor:
+        """x `[B, F, d]`, s_sum `[B, n_sum, d]` -> the feature tokens `[B, F, d]`.
+
+        Only the F feature tokens' outputs leave the layer (the next layer builds its own
+        sequence summary), so only their queries are attended and projected by `wo`; the
+        summary tokens serve as keys and values. The same output as attending all N tokens
+        and dropping the summary rows, for about 23 % fewer FLOPs at the h200 preset.
+        """
         z = torch.cat([x, s_sum.to(x.dtype)], dim=1)
         b = z.shape[0]
         qkv = self.wqkv(self.norm1(z)).reshape(b, self.n, 3, self.heads, self.dh)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, N, Dh]
+        q = qkv[:, : self.f, 0].transpose(1, 2)  # [B, H, F, Dh]
+        k, v = qkv[:, :, 1:].permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, N, Dh]
         # Explicit products (not SDPA): N is tiny, and flop counters see them.
         p = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.dh), dim=-1)
-        a = torch.matmul(p, v).transpose(1, 2).reshape(b, self.n, self.d)
-        z = z + self.wo(a)
-        x = z[:, : self.f]
+        a = torch.matmul(p, v).transpose(1, 2).reshape(b, self.f, self.d)
+        x = x + self.wo(a)
         out: torch.Tensor = x + self.w2(F.gelu(self.w1(self.norm2(x))))
         return out
 
     def flops(self, s: _flops.Shapes) -> float:
-        rows = s.batch * self.n
+        rows, queries = s.batch * self.n, s.batch * self.f
         return (
-            _flops.linear(rows, self.d, 4 * self.d)
-            + _flops.attention(s.batch * self.n * self.n, self.heads, self.dh)
-            + 2 * _flops.linear(s.batch * self.f, self.d, self.h)
+            _flops.linear(rows, self.d, 3 * self.d)
+            + _flops.linear(queries, self.d, self.d)
+            + _flops.attention(queries * self.n, self.heads, self.dh)
+            + 2 * _flops.linear(queries, self.d, self.h)
         )
 
 
@@ -307,7 +350,13 @@ class InterFormerLayer(nn.Module):
         self.select_rows = cfg.select_stream_rows
         self.nonseq_summary = NonSeqSummary(cfg)
         self.seq_ffn: GDPAFFN | PersonalizedFFN = GDPAFFN(cfg) if cfg.gdpa_ffn else PersonalizedFFN(cfg)
-        self.seq_attention = SeqAttention(cfg) if cfg.sequence_attention else None
+        # The last layer's stream is read only at its CLS rows and newest events unless it
+        # pools (the heads take x and the summary), so its attention computes just those.
+        self.last_rows = (cfg.last_layer_rows_only and cfg.sequence_attention and layer == cfg.num_layers - 1
+                          and not cfg.pools_at(layer) and cfg.window is None)
+        self.seq_attention = None
+        if cfg.sequence_attention:
+            self.seq_attention = SeqAttention(cfg, cfg.num_cls + cfg.num_recent if self.last_rows else None)
         self.pooling: SeqPooling | MeanPooling | None = None
         if cfg.pools_at(layer):
             self.pooling = SeqPooling(cfg) if cfg.sequence_attention else MeanPooling(cfg)
@@ -317,9 +366,13 @@ class InterFormerLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, comb: torch.Tensor, lay: _jagged.PrefixLayout,
         pooled: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
         """x `[B, F, d]`, the token stream `[Tc, d]` in `lay`'s CLS layout → (x, stream,
         sequence summary `[B, n_sum, d]`, pooling).
+
+        The stream is None from the model's last layer when it does not pool (`last_rows`,
+        GEMConfig.last_layer_rows_only): its attention runs for the rows this layer reads
+        (CLS tokens and the `num_recent` newest events) only, so no full stream is made.
 
         The FFN runs over the CLS rows too (a few % more rows, no gather/scatter of the
         sequence); their values are then replaced by this layer's CLS tokens, so nothing of
@@ -336,6 +389,12 @@ class InterFormerLayer(nn.Module):
                 comb = _jagged.with_cls(comb, cls_in, lay)
             else:  # in place on the FFN's fresh output (its add saves nothing for backward)
                 comb = comb.index_copy_(0, lay.cls_rows, cls_in.to(comb.dtype))
+            if self.last_rows and comb.shape[0] > 0:
+                if pooled is None:
+                    raise ValueError("a computation-skip layer needs the previous layer's pooling")
+                read = self.seq_attention(comb, lay, _jagged.query_slots(lay, self.num_recent))
+                s_sum = self.seq_summary(read[:, : lay.n], pooled, read[:, lay.n:])
+                return self.interaction(x, s_sum), None, s_sum, pooled
             comb = self.seq_attention(comb, lay)
             if self.merged_reads and lay.n > 0 and comb.shape[0] > 0:
                 cls_flat, recent, events = _jagged.stream_reads(

@@ -71,15 +71,19 @@ class GEMModel(nn.Module):
         x = torch.cat([self.sparse(batch.sparse), self.dense(batch.dense, batch.domain)], dim=1)
         # The CLS rows are inserted once (the event tokens are built in that layout) and the
         # stream stays in it through every layer (each layer overwrites them); the final
-        # stream is not read (the heads take x and the last summary), so nothing is stripped.
+        # stream is not read (the heads take x and the last summary), so nothing is stripped,
+        # and the last layer attends only the rows it reads (GEMConfig.last_layer_rows_only).
         cfg = self.cfg
         n = cfg.num_cls if cfg.sequence_attention else 0
         lay = _jagged.prefix_layout(offsets, max_len, total, n, head_dim=cfg.head_dim, rope_base=cfg.rope_base)
         comb = self.events(batch.event_ids, batch.event_types, batch.timestamps, offsets, sample, lay)
         pooled: torch.Tensor | None = None
         s_sum = x.new_zeros(0)
-        for layer in self.layers:
-            x, comb, s_sum, pooled = layer(x, comb, lay, pooled)
+        stream: torch.Tensor | None = comb
+        for i, layer in enumerate(self.layers):
+            if stream is None:  # only the last layer may return no stream (`last_rows`)
+                raise RuntimeError(f"layer {i - 1} returned no token stream, but is not the last layer")
+            x, stream, s_sum, pooled = layer(x, stream, lay, pooled)
         return self.heads(x, s_sum, batch.domain)  # type: ignore[no-any-return]
 
     def flops(self, batch: Any) -> dict[str, float]:

@@ -26,6 +26,8 @@ KUNLUN: dict[str, dict[str, Any]] = {
     "hier_pool": dict(hierarchical_pooling=True),
     "window": dict(window=3),
     "skip": dict(computation_skip=True, num_layers=3),
+    # the last layer does not pool: its attention runs for the rows it reads only
+    "skip_last": dict(computation_skip=True, num_layers=4, gdpa_ffn=True, hierarchical_pooling=True),
     "event_widths": dict(event_widths=(16, 8, 4, 1)),
     "all": dict(
         gdpa_ffn=True, hierarchical_pooling=True, window=4, computation_skip=True,

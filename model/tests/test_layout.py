@@ -8,6 +8,7 @@ every gradient must agree on fresh random batches with edge lengths.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -388,3 +389,128 @@ def test_rope_qkv_gpu_backward_matches_the_sliced_form(compiled: bool) -> None:
         grads.append(x.grad)
     torch.testing.assert_close(grads[1], grads[0], rtol=1.6e-2, atol=2e-2)
     torch.testing.assert_close(grads[1][:, 2], ups[2], rtol=0, atol=0)
+
+
+def _interaction_all_queries(m: Any, x: torch.Tensor, s_sum: torch.Tensor) -> torch.Tensor:
+    """Reference: self-attention over all N = F + n_sum tokens, FFN, then the F feature rows
+    (gem-model 0.3.9's Interaction, which also attended and projected the summary rows)."""
+    z = torch.cat([x, s_sum.to(x.dtype)], dim=1)
+    b, n = z.shape[:2]
+    q, k, v = m.wqkv(m.norm1(z)).reshape(b, n, 3, m.heads, m.dh).permute(2, 0, 3, 1, 4).unbind(0)
+    a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, m.d)
+    x = (z + m.wo(a))[:, : m.f]
+    return x + m.w2(F.gelu(m.w1(m.norm2(x))))
+
+
+@pytest.mark.parametrize("b", [1, 5])
+def test_interaction_matches_attending_every_token(b: int) -> None:
+    """The interaction attends only the feature tokens' queries (the summary rows' outputs
+    are dropped): forward and every gradient equal the all-token formulation's (float64)."""
+    model = GEMModel(tiny_config()).double()
+    m = model.layers[0].interaction
+    x = torch.randn(b, m.f, m.d, dtype=torch.float64, requires_grad=True)
+    s = torch.randn(b, m.n - m.f, m.d, dtype=torch.float64, requires_grad=True)
+    out, ref = m(x, s), _interaction_all_queries(m, x, s)
+    assert out.shape == (b, m.f, m.d)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    g = torch.randn_like(out)
+    params = [x, s, *m.parameters()]
+    got = torch.autograd.grad(out, params, g)
+    want = torch.autograd.grad(ref, params, g)
+    for name, a, e in zip(["x", "s_sum", *(n for n, _ in m.named_parameters())], got, want, strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_slot_rows_is_the_masked_gather(compiled: bool) -> None:
+    """`slot_rows` = `x.index_select(0, rows) * valid`: the same values bit for bit and the
+    same gradient, with invalid slots naming rows that valid slots also name (clamped rows
+    of short sequences), eager and compiled."""
+    g = torch.Generator().manual_seed(11 + compiled)
+    lengths = [0, 1, 6, 2, 9]
+    offsets = torch.tensor([0] + lengths).cumsum(0)
+    lay = _jagged.prefix_layout(offsets, max(lengths), int(offsets[-1]), 2, head_dim=4, rope_base=100.0)
+    rows, valid = _jagged.query_slots(lay, 3)
+    assert rows.shape == valid.shape == (len(lengths), 5)
+    assert valid.sum(1).tolist() == [2 + min(3, n) for n in lengths]
+    ok = rows[valid]
+    assert ok.unique().numel() == ok.numel() and not valid.all()  # distinct valid rows; some invalid
+    x0 = torch.randn(lay.sample.shape[0], 3, 4, generator=g)
+    up = torch.randn(rows.numel(), 3, 4, generator=g)
+
+    def ours(x: torch.Tensor) -> torch.Tensor:
+        return _jagged.slot_rows(x, rows.reshape(-1), valid.reshape(-1))
+
+    def plain(x: torch.Tensor) -> torch.Tensor:
+        return x.index_select(0, rows.reshape(-1)) * valid.reshape(-1, 1, 1)
+
+    def run(fn: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x0.clone().requires_grad_()
+        out = fn(x)
+        (out * up).sum().backward()
+        assert x.grad is not None
+        return out.detach(), x.grad
+
+    fn: Any = ours
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(ours, fullgraph=True, dynamic=True, backend="aot_eager")
+    for a, b in zip(run(fn), run(plain)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("extra", [dict(), dict(num_recent=0), dict(num_cls=1, num_recent=7),
+                                   dict(merged_stream_reads=False, select_stream_rows=True)])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_last_layer_rows_only_matches_every_row(extra: dict[str, Any], compiled: bool) -> None:
+    """The last layer (no pooling) attends only the rows it reads: the logits and every
+    gradient equal the model that attends every row (`last_layer_rows_only=False`), with
+    empty sequences and sequences shorter than num_recent in the batch."""
+    cfg = tiny_config(**KUNLUN["skip_last"], **extra)
+    torch.manual_seed(5)
+    model = GEMModel(cfg)
+    every = GEMModel(dataclasses.replace(cfg, last_layer_rows_only=False))
+    every.load_state_dict(model.state_dict())
+    assert model.layers[-1].last_rows and not every.layers[-1].last_rows
+    assert not any(layer.last_rows for layer in model.layers[:-1])
+    if compiled:
+        torch._dynamo.reset()
+        model.layers[-1].compile(backend="aot_eager", fullgraph=True, dynamic=True)
+    g = torch.Generator().manual_seed(3)
+    lengths = [0, 1, 13, 2] + torch.randint(0, 20, (3,), generator=g).tolist()
+    batch = make_batch(len(lengths), lengths=lengths, seed=6)
+
+    def run(m: GEMModel) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        out = m(batch)
+        F.binary_cross_entropy_with_logits(out, batch.labels).backward()
+        return out.detach(), {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
+
+    (got, got_g), (want, want_g) = run(model), run(every)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert got_g.keys() == want_g.keys()
+    # float32 rounding, at the scale of the largest gradient: the biases over a token axis
+    # that a LayerNorm then cancels (`mix`, `kv_mix`, `pooling.up`) have a zero gradient in
+    # exact arithmetic, so theirs is rounding noise and differs between the two orders
+    top = max(float(v.abs().max()) for v in want_g.values())
+    for n in want_g:
+        scale = float(want_g[n].abs().max())
+        torch.testing.assert_close(got_g[n], want_g[n], rtol=1e-4, atol=1e-5 * top + 1e-4 * scale, msg=n)
+
+
+@pytest.mark.parametrize("extra,last_rows", [
+    (dict(computation_skip=True, num_layers=2), True),
+    (dict(computation_skip=True, num_layers=3), False),  # the last layer pools: it reads every event
+    (dict(computation_skip=False, num_layers=2), False),
+    (dict(computation_skip=True, num_layers=2, window=4), False),  # the band needs aligned positions
+    (dict(computation_skip=True, num_layers=2, last_layer_rows_only=False), False),
+    (dict(computation_skip=True, num_layers=2, sequence_attention=False), False),
+])
+def test_last_rows_only_where_the_stream_is_not_read(extra: dict[str, Any], last_rows: bool) -> None:
+    model = GEMModel(tiny_config(**extra))
+    assert [layer.last_rows for layer in model.layers] == [False] * (len(model.layers) - 1) + [last_rows]
+    att = model.layers[-1].seq_attention
+    assert (att is not None and att.query_slots is not None) == last_rows
+    if last_rows:
+        assert att is not None
+        with pytest.raises(ValueError, match="slots must be given"):
+            att(torch.zeros(4, model.cfg.d_model), None)  # type: ignore[arg-type]

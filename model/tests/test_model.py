@@ -39,24 +39,35 @@ def test_empty_and_all_empty_batches() -> None:
         assert out.shape == (len(lengths), 2) and torch.isfinite(out).all()
 
 
+def _slot_rows(cfg: GEMConfig, lengths: list[int]) -> int:
+    """The valid query slots of a `last_rows` layer: CLS rows and up to num_recent events."""
+    return sum(cfg.num_cls + min(cfg.num_recent, n) for n in lengths)
+
+
 def _flop_counter(model: GEMModel, batch: Any) -> int:
-    """Matrix-product FLOPs executed, less the sequence FFN's work on the CLS rows: the model
-    runs its FFN over the CLS-prefixed layout (copy-free, issue 16) and overwrites those
-    rows, so the analytic count (the useful work) leaves them out."""
+    """Matrix-product FLOPs executed, less the known waste the analytic count (the useful
+    work) leaves out: the sequence FFN's work on the CLS rows (the model runs its FFN over
+    the CLS-prefixed layout, copy-free, and overwrites those rows), and in a `last_rows`
+    layer the q projection of the rows it does not attend from and `wo` over its invalid
+    slots."""
     fc = FlopCounterMode(display=False)
     with fc:
         model(batch)
     lengths = _jagged.lengths_of(batch.seq_offsets).tolist()
-    n = model.cfg.num_cls if model.cfg.sequence_attention else 0
+    cfg = model.cfg
+    n = cfg.num_cls if cfg.sequence_attention else 0
     waste = sum(
         layer.seq_ffn.flops(_flops.Shapes(tuple(x + n for x in lengths)))  # type: ignore[union-attr,operator]
         - layer.seq_ffn.flops(_flops.Shapes(tuple(lengths)))  # type: ignore[union-attr,operator]
         for layer in model.layers
     )
+    if model.layers[-1].last_rows:
+        tc, slots, valid = sum(lengths) + n * len(lengths), len(lengths) * (n + cfg.num_recent), _slot_rows(cfg, lengths)
+        waste += _flops.linear(tc - valid, cfg.d_model, cfg.d_model) + _flops.linear(slots - valid, cfg.d_model, cfg.d_model)
     return int(fc.get_total_flops() - waste)
 
 
-FLOP_CASES = ["interformer", "gdpa", "hier_pool", "skip", "event_widths"]
+FLOP_CASES = ["interformer", "gdpa", "hier_pool", "skip", "skip_last", "event_widths"]
 
 
 @pytest.mark.parametrize("name", FLOP_CASES)
@@ -80,7 +91,12 @@ def _padding_waste(cfg: GEMConfig, lengths: list[int]) -> float:
     """Attention FLOPs a padded implementation does beyond the visible pairs."""
     b, lmax, t = len(lengths), max(lengths), sum(lengths)
     lc = [n + cfg.num_cls for n in lengths]
-    waste = cfg.num_layers * (b * (lmax + cfg.num_cls) ** 2 - sum(_flops.band_pairs(n, cfg.window) for n in lc))
+    last_rows = GEMModel(cfg).layers[-1].last_rows
+    full = cfg.num_layers - last_rows
+    waste = full * (b * (lmax + cfg.num_cls) ** 2 - sum(_flops.band_pairs(n, cfg.window) for n in lc))
+    if last_rows:  # every slot over the padded keys, against the valid slots over their own
+        r = cfg.num_cls + cfg.num_recent
+        waste += b * r * (lmax + cfg.num_cls) - sum((cfg.num_cls + min(cfg.num_recent, n)) * m for n, m in zip(lengths, lc))
     n_seeds = cfg.hier_seeds if cfg.hierarchical_pooling else cfg.num_pma_seeds
     pools = sum(cfg.pools_at(i) for i in range(cfg.num_layers))
     waste += pools * n_seeds * (b * lmax - t)

@@ -129,14 +129,19 @@ def _fresh(x: Any) -> Any:
 
 
 def capture(model: GEMModel, batch: Any, autocast: Callable[[], Any]) -> dict[str, tuple[nn.Module, Any, Any]]:
-    """Inputs of the front-end modules, layer 0's modules (layer 1's pooling if skipped) and heads."""
+    """Inputs of the front-end modules, layer 0's modules (layer 1's pooling if skipped), the
+    last layer's attention when it attends from the rows it reads only (`seq_attention_last`,
+    GEMConfig.last_layer_rows_only) and the heads."""
     mods: dict[str, nn.Module] = {"sparse": model.sparse, "dense": model.dense, "events": model.events, "heads": model.heads}
     for name in LAYER_MODULES:
         for layer in model.layers:
             m = getattr(layer, name)
-            if m is not None:
+            if m is not None and not (name == "seq_attention" and layer.last_rows):
                 mods[name] = m
                 break
+    last = model.layers[-1]
+    if last.last_rows and last.seq_attention is not None:  # it attends from the rows it reads only
+        mods["seq_attention_last"] = last.seq_attention
     got: dict[str, tuple[nn.Module, Any, Any]] = {}
     hooks = []
     for name, m in mods.items():
@@ -151,8 +156,10 @@ def capture(model: GEMModel, batch: Any, autocast: Callable[[], Any]) -> dict[st
 
 
 def count(model: GEMModel, name: str) -> int:
-    if name in ("sparse", "dense", "events", "heads"):
+    if name in ("sparse", "dense", "events", "heads", "seq_attention_last"):
         return 1
+    if name == "seq_attention":
+        return sum(1 for layer in model.layers if layer.seq_attention is not None and not layer.last_rows)
     return sum(1 for layer in model.layers if getattr(layer, name) is not None)
 
 
@@ -272,6 +279,9 @@ def main(argv: list[str] | None = None) -> None:
                          "dense gradients, the optimizer then compacts the ids, outside this bench)")
     ap.add_argument("--cuda-graph", action="store_true",
                     help="also time each fwd+bwd replayed from a CUDA graph (no launch overhead; CUDA only)")
+    ap.add_argument("--last-layer-every-row", action="store_true",
+                    help="the last layer attends from every row (GEMConfig.last_layer_rows_only=False, "
+                         "gem-model 0.3.9's computation; the same outputs): for an A/B against the default")
     args = ap.parse_args(argv)
 
     cuda = torch.cuda.is_available()
@@ -290,6 +300,8 @@ def main(argv: list[str] | None = None) -> None:
                            window=args.window, event_widths=(16, 16, 12, 8, 8, 4, 4, 2))
         b, cap, mean = args.batch or 4, args.cap or 64, min(args.mean_len, 24.0)
         warmup, iters = 1, 2
+    if args.last_layer_every_row:
+        cfg = dataclasses.replace(cfg, last_layer_rows_only=False)
     if args.tokens:  # the trainer's batches: sequences until the token budget is reached
         if args.tokens < 1:
             raise SystemExit(f"--tokens={args.tokens} must be >= 1")
@@ -381,10 +393,11 @@ def main(argv: list[str] | None = None) -> None:
     fwd = model.flops_for(tuple(lengths))
     print(f"\nGEM local MFU — {torch.cuda.get_device_name() if cuda else 'CPU'}; B={b} tokens={sum(lengths)} "
           f"max_len={max(lengths)} d_model={cfg.d_model} heads={cfg.num_heads}x{cfg.head_dim} layers={cfg.num_layers} "
-          f"window={cfg.window} mxfp8={args.mxfp8} compile={args.compile} cuda_graph={args.cuda_graph}; "
+          f"window={cfg.window} mxfp8={args.mxfp8} compile={args.compile} cuda_graph={args.cuda_graph} "
+          f"last_layer_rows_only={cfg.last_layer_rows_only}; "
           f"fwd GFLOP={fwd['total'] / 1e9:.1f}")
     gcols = f"{'graph ms':>10}{'graph MFU':>10}" if args.cuda_graph else ""
-    hdr = f"{'module':<16}{'n':>3}{'GFLOP(3x)':>11}{'ms':>9}{'TFLOP/s':>9}{'MFU':>7}{'ref ms':>9}{'ref MFU':>8}{gcols}"
+    hdr = f"{'module':<20}{'n':>3}{'GFLOP(3x)':>11}{'ms':>9}{'TFLOP/s':>9}{'MFU':>7}{'ref ms':>9}{'ref MFU':>8}{gcols}"
     print(hdr)
     print("-" * len(hdr))
     kr = results.get("kernels")
@@ -395,15 +408,15 @@ def main(argv: list[str] | None = None) -> None:
             ref_s = f"{rf['ms']:>9.2f}{rf['mfu'] * 100:>7.1f}%" if rf else f"{'-':>9}{'-':>8}"
             n = int(r["count"]) or ""
             g = _graph_cols(r.get("graph_ms"), r.get("graph_mfu")) if args.cuda_graph else ""
-            print(f"{name:<16}{n:>3}{r['total_gflop'] / max(r['count'], 1):>11.1f}{r['ms']:>9.2f}{r['tflops']:>9.1f}"
+            print(f"{name:<20}{n:>3}{r['total_gflop'] / max(r['count'], 1):>11.1f}{r['ms']:>9.2f}{r['tflops']:>9.1f}"
                   f"{r['mfu'] * 100:>6.1f}%{ref_s}{g}")
         ref_e2e = f"{rr['e2e_ms']:>9.2f}{rr['e2e_mfu'] * 100:>7.1f}%" if rr else f"{'-':>9}{'-':>8}"
         g = _graph_cols(kr.get("e2e_graph_ms"), kr.get("e2e_graph_mfu")) if args.cuda_graph else ""
-        print(f"{'model e2e':<16}{'':>3}{3 * fwd['total'] / 1e9:>11.1f}{kr['e2e_ms']:>9.2f}{kr['e2e_tflops']:>9.1f}"
+        print(f"{'model e2e':<20}{'':>3}{3 * fwd['total'] / 1e9:>11.1f}{kr['e2e_ms']:>9.2f}{kr['e2e_tflops']:>9.1f}"
               f"{kr['e2e_mfu'] * 100:>6.1f}%{ref_e2e}{g}")
         if "e2e_layers_ms" in kr:
             g = _graph_cols(kr.get("e2e_layers_graph_ms"), kr.get("e2e_layers_graph_mfu")) if args.cuda_graph else ""
-            print(f"{'e2e, layers':<16}{'':>3}{3 * fwd['total'] / 1e9:>11.1f}{kr['e2e_layers_ms']:>9.2f}"
+            print(f"{'e2e, layers':<20}{'':>3}{3 * fwd['total'] / 1e9:>11.1f}{kr['e2e_layers_ms']:>9.2f}"
                   f"{3 * fwd['total'] / kr['e2e_layers_ms'] / 1e9:>9.1f}{kr['e2e_layers_mfu'] * 100:>6.1f}%"
                   f"{'-':>9}{'-':>8}{g}")
     if compared:
@@ -416,6 +429,7 @@ def main(argv: list[str] | None = None) -> None:
         "batch": b, "tokens": sum(lengths), "max_len": max(lengths), "window": cfg.window,
         "d_model": cfg.d_model, "layers": cfg.num_layers, "mxfp8": args.mxfp8, "compile": args.compile,
         "cuda_graph": args.cuda_graph, "table_grads": args.table_grads,
+        "last_layer_rows_only": cfg.last_layer_rows_only,
         "peak_tflops": PEAK / 1e12,
         "fwd_gflop": {k: v / 1e9 for k, v in fwd.items()},
         "kernels": results.get("kernels"), "reference": results.get("reference"),
