@@ -263,6 +263,17 @@ def test_stream_reads_match_the_separate_reads(dtype: torch.dtype, events: bool,
         assert not got_g[~read].any()
 
 
+def _assert_same_bits(ours: Any, plain: Any, run: Any, compiled: bool) -> None:
+    """`run(ours)` (eager, or compiled by dynamo with aot_eager) and `run(plain)` give the
+    same tensors bit for bit."""
+    fn = ours
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(ours, fullgraph=True, dynamic=True, backend="aot_eager")
+    for a, b in zip(run(fn), run(plain), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("compiled", [False, True])
 def test_with_cls_is_index_copy(dtype: torch.dtype, compiled: bool) -> None:
@@ -291,12 +302,7 @@ def test_with_cls_is_index_copy(dtype: torch.dtype, compiled: bool) -> None:
         assert x.grad is not None and cls.grad is not None
         return out.detach(), x.grad, cls.grad
 
-    fn: Any = ours
-    if compiled:
-        torch._dynamo.reset()
-        fn = torch.compile(ours, fullgraph=True, dynamic=True, backend="aot_eager")
-    for a, b in zip(run(fn), run(plain)):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    _assert_same_bits(ours, plain, run, compiled)
     with pytest.raises(ValueError, match="cls must be"):
         _jagged.with_cls(x0, cls0[1:], lay)
 
@@ -466,12 +472,7 @@ def test_slot_rows_is_the_masked_gather(compiled: bool) -> None:
         assert x.grad is not None
         return out.detach(), x.grad
 
-    fn: Any = ours
-    if compiled:
-        torch._dynamo.reset()
-        fn = torch.compile(ours, fullgraph=True, dynamic=True, backend="aot_eager")
-    for a, b in zip(run(fn), run(plain)):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    _assert_same_bits(ours, plain, run, compiled)
 
 
 @pytest.mark.parametrize("extra", [dict(), dict(num_recent=0), dict(num_cls=1, num_recent=7),
