@@ -253,9 +253,17 @@ def effective_precision(cfg: TrainConfig, device: torch.device) -> str:
 def run_info(cfg: TrainConfig, device: torch.device, deterministic: bool,
              resumed_from: int | None) -> dict[str, Any]:
     """Summary keys that say how the run ran (on CUDA also how the JFA backward is picked:
-    its one-pass path adds dQ with atomics, so a run is not bitwise repeatable with it)."""
+    its one-pass path adds dQ with atomics, so a run is not bitwise repeatable with it).
+
+    `model_version`: MFU counts the model's useful FLOPs (`GEMModel.flops_for`), and what is
+    useful changed with the model (gem-model 0.4.0 skips the last layer's unread attention
+    rows and lowered the count by 12 % at the h200 preset): compare MFU between runs of one
+    model version, step times across versions."""
+    import gem_model
+
     info: dict[str, Any] = {"precision": cfg.precision, "precision_effective": effective_precision(cfg, device),
-                            "deterministic": deterministic, "resumed_from": resumed_from}
+                            "deterministic": deterministic, "resumed_from": resumed_from,
+                            "model_version": gem_model.__version__}
     if device.type == "cuda":
         import gem_kernels
 

@@ -56,6 +56,9 @@ def test_resume_on_an_empty_directory_says_it_starts_at_step_0(tmp_path: Path,
     assert f"gem: note: --resume: no checkpoint in --ckpt-dir={ck} yet; starting at step 0" in err, err
     s = _summary(out)
     assert s["steps"] == 2 and s["resumed_from"] is None
+    import gem_model  # the summary names the model version its MFU's FLOP count belongs to
+
+    assert s["model_version"] == gem_model.__version__, s["model_version"]
     # ... and a second --resume continues from that run's checkpoint.
     rc, out, err = _run(capsys, "--steps", "3", "--ckpt-dir", str(ck), "--resume")
     assert rc == 0 and "no checkpoint" not in err, err
