@@ -10,7 +10,9 @@ module: nested inside a model, the parent's `state_dict()` rewrites its keys, an
 module by module: each torchrec-sharded submodule is asked for its own state dict
 (ShardedTensors, or DTensors over `LocalShardsWrapper` for 2-D) under its qualified name, and
 each subtree without one for its ordinary `state_dict()`. The optimizers' state is keyed by
-parameter index, which does not depend on the world size. The tables' fused optimizer
+parameter index, which does not depend on the world size; on load, every saved index must
+name one of the optimizer's parameters with that state's shape (`_check_index_state`), so a
+checkpoint of a model with other parameters is refused instead of loaded onto the wrong ones. The tables' fused optimizer
 (torchrec's, inside the sharded module) keeps its own state in the module's state dict.
 
 Tested with gem_checkpoint in `tests/test_multiprocess_ckpt.py`, `tests/test_sparse_2d.py`
@@ -102,11 +104,43 @@ class TrainState:
             set_state_dict(self.model, self.optimizers, model_state_dict=sd["model"],
                            optim_state_dict=sd["optim"])
             return
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        states = [{int(k): v for k, v in sd["optim"][str(i)]["state"].items()} for i in range(len(self.optimizers))]
+        for i, (o, state) in enumerate(zip(self.optimizers, states)):
+            _check_index_state(i, o, state, names)  # before anything is loaded
         _load_module_state(self.model, "", set(self.sharded), sd["model"])
-        for i, o in enumerate(self.optimizers):
-            osd = sd["optim"][str(i)]
-            o.load_state_dict({"state": {int(k): v for k, v in osd["state"].items()},
-                               "param_groups": o.state_dict()["param_groups"]})
+        for o, state in zip(self.optimizers, states):
+            o.load_state_dict({"state": state, "param_groups": o.state_dict()["param_groups"]})
+
+
+def _check_index_state(i: int, opt: torch.optim.Optimizer, state: dict[int, Any], names: dict[int, str]) -> None:
+    """Refuses index-keyed optimizer state that cannot be this optimizer's.
+
+    Keyed by index, a checkpoint of a model with other parameters (one removed, added or
+    reordered) would otherwise load each state onto whichever parameter now has its index:
+    torch keeps entries past the last parameter as loose keys, and DCP stops only a
+    mismatch of shapes it compares. So every saved index must name one of the optimizer's
+    parameters, and every state tensor must fit that parameter's shape: each of its sizes
+    equal to the parameter's at the same position, or 1, over no more dimensions (a
+    per-element state, a row-wise one such as Row-wise Adagrad's `[rows]` sum, a factored
+    one such as Adafactor's `[rows, 1]` / `[1, cols]`). Scalars (`step`) are not checked.
+    """
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for k, st in sorted(state.items()):
+        if not 0 <= k < len(params):
+            raise ValueError(
+                f"the checkpoint holds optimizer {i}'s state for parameter index {k}, but optimizer {i} has "
+                f"{len(params)} parameters: it was written for a model with other parameters (optimizer "
+                "state of a model with torchrec-sharded tables is keyed by index)")
+        p = params[k]
+        for key, t in (st.items() if isinstance(st, dict) else ()):
+            if isinstance(t, torch.Tensor) and t.dim() > 0 and not (
+                    t.dim() <= p.dim() and all(a in (b, 1) for a, b in zip(t.shape, p.shape))):
+                raise ValueError(
+                    f"the checkpoint's optimizer {i} state {key!r} for parameter index {k} has shape "
+                    f"{tuple(t.shape)}, which does not fit that parameter ({names.get(id(p), '?')}) of shape {tuple(p.shape)}: "
+                    "it was written for a model with other parameters (optimizer state of a model with "
+                    "torchrec-sharded tables is keyed by index)")
 
 
 def _holds(name: str, sharded: set[str]) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -71,3 +72,66 @@ def test_torchrec_sharded_tables_round_trip_module_by_module(tmp_path: Path) -> 
         assert r["dense"] and all(r["dense"].values()), r["dense"]
         assert r["momentum"] and all(r["momentum"]), r["momentum"]
         assert r["sync"]  # 1-D tables: no replica sync
+
+
+class _WithTables(nn.Module):
+    """A model whose `tables` child stands in for a torchrec-sharded module: the index-keyed
+    path's logic does not depend on what that child is (torchrec itself: the test above)."""
+
+    def __init__(self, seed: int, *, dense_bias: bool = True, mid: int = 12) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.tables = nn.Embedding(10, 6)
+        self.dense = nn.Sequential(nn.Linear(6, mid), nn.LayerNorm(mid), nn.Linear(mid, 3, bias=dense_bias))
+
+
+def _index_keyed(net: nn.Module, steps: int) -> tuple[Any, torch.optim.Optimizer]:
+    opt = torch.optim.AdamW(net.dense.parameters(), lr=1e-2)
+    for _ in range(steps):
+        opt.zero_grad()
+        net.dense(net.tables(torch.randint(0, 10, (5,)))).square().mean().backward()
+        opt.step()
+    state = Parallelized(net).train_state([opt])
+    state.sharded = ["tables"]  # the module-by-module path, optimizer state keyed by index
+    return state, opt
+
+
+def test_index_keyed_state_round_trips_and_refuses_other_parameters() -> None:
+    """The index-keyed optimizer state loads into the same model, and a checkpoint of a model
+    with other parameters (DCP + gem_checkpoint deliver every saved entry) is refused before
+    anything is loaded: a parameter fewer at the end (its index is past the last), or one of
+    another shape (a width changed)."""
+    seed = random.randrange(1 << 30)
+    state, opt = _index_keyed(_WithTables(seed), 3)
+    sd = state.state_dict()
+    assert sorted(sd["optim"]["0"]["state"]) == ["0", "1", "2", "3", "4", "5"]
+
+    twin = _WithTables(seed + 1)
+    state2, opt2 = _index_keyed(twin, 0)
+    state2.load_state_dict(sd)
+    for p, q in zip(opt.param_groups[0]["params"], opt2.param_groups[0]["params"], strict=True):
+        assert torch.equal(p, q)
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(opt.state[p][key], opt2.state[q][key]), key
+
+    # what fits a [12, 6] weight: row-wise [12] and factored [12, 1] / [1, 6] states; not [6]
+    from gem_parallel._state import _check_index_state
+
+    names = dict((id(p), n) for n, p in twin.named_parameters())
+    for shape, fits in (((12,), True), ((12, 1), True), ((1, 6), True), ((6,), False), ((12, 6, 1), False)):
+        bad = {0: {"sum": torch.zeros(shape), "step": torch.tensor(3.0)}}
+        if fits:
+            _check_index_state(0, opt2, bad, names)
+        else:
+            with pytest.raises(ValueError, match="does not fit that parameter"):
+                _check_index_state(0, opt2, bad, names)
+
+    for other, match in ((_WithTables(seed + 2, dense_bias=False), "parameter index 5, but optimizer 0 has 5"),
+                         (_WithTables(seed + 3, mid=8), r"shape \(12, 6\), which does not fit that parameter \(dense.0.weight\) "
+                                                        r"of shape \(8, 6\)")):
+        state3, opt3 = _index_keyed(other, 0)
+        before = {n: p.detach().clone() for n, p in other.named_parameters()}
+        with pytest.raises(ValueError, match=match):
+            state3.load_state_dict(sd)
+        assert all(torch.equal(p, before[n]) for n, p in other.named_parameters())  # nothing loaded
+        assert not opt3.state
