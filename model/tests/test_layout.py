@@ -555,3 +555,32 @@ def test_last_rows_attention_gpu_matches_every_row() -> None:
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
     for a, b in zip(got_g, want_g, strict=True):
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2 * float(b.abs().max()))
+
+
+def test_last_layer_rows_only_under_activation_checkpointing() -> None:
+    """With every layer under torch's non-reentrant activation checkpointing (the trainer's
+    `--ac`), the rows-only last layer (its `slot_rows` gathers recomputed in the backward)
+    gives the same logits and gradients as without."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    cfg = tiny_config(**KUNLUN["skip_last"])
+    torch.manual_seed(9)
+    plain = GEMModel(cfg)
+    ac = GEMModel(cfg)
+    ac.load_state_dict(plain.state_dict())
+    for i in range(len(ac.layers)):
+        ac.layers[i] = checkpoint_wrapper(ac.layers[i], preserve_rng_state=False)
+    assert plain.layers[-1].last_rows
+    batch = make_batch(6, lengths=[0, 1, 14, 3, 8, 25], seed=8)
+
+    def run(m: GEMModel) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        out = m(batch)
+        F.binary_cross_entropy_with_logits(out, batch.labels).backward()
+        return out.detach(), {n.replace("_checkpoint_wrapped_module.", ""): p.grad
+                              for n, p in m.named_parameters() if p.grad is not None}
+
+    (got, got_g), (want, want_g) = run(ac), run(plain)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert got_g.keys() == want_g.keys()
+    for n in want_g:
+        torch.testing.assert_close(got_g[n], want_g[n], rtol=0, atol=0, msg=n)
