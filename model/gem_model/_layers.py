@@ -380,6 +380,7 @@ class InterFormerLayer(nn.Module):
         """
         x_sum = self.nonseq_summary(x)
         comb = self.seq_ffn(comb, x_sum, lay.offsets, lay.max_len, lay.sample)
+        stream: torch.Tensor | None = comb
         cls_out = x_sum
         recent: torch.Tensor | None = None
         events: torch.Tensor | None = None
@@ -389,20 +390,18 @@ class InterFormerLayer(nn.Module):
                 comb = _jagged.with_cls(comb, cls_in, lay)
             else:  # in place on the FFN's fresh output (its add saves nothing for backward)
                 comb = comb.index_copy_(0, lay.cls_rows, cls_in.to(comb.dtype))
-            if self.last_rows and comb.shape[0] > 0:
-                if pooled is None:
-                    raise ValueError("a computation-skip layer needs the previous layer's pooling")
+            if self.last_rows and comb.shape[0] > 0:  # (it does not pool: reads no event row)
                 read = self.seq_attention(comb, lay, _jagged.query_slots(lay, self.num_recent))
-                s_sum = self.seq_summary(read[:, : lay.n], pooled, read[:, lay.n:])
-                return self.interaction(x, s_sum), None, s_sum, pooled
-            comb = self.seq_attention(comb, lay)
-            if self.merged_reads and lay.n > 0 and comb.shape[0] > 0:
-                cls_flat, recent, events = _jagged.stream_reads(
-                    comb, lay, self.num_recent, events=self.pooling is not None,
-                    gather_grad=self.select_rows)
+                cls_out, recent, stream = read[:, : lay.n], read[:, lay.n:], None
             else:
-                cls_flat = _jagged.unique_rows(comb, lay.cls_rows)
-            cls_out = cls_flat.reshape(x_sum.shape)
+                stream = comb = self.seq_attention(comb, lay)
+                if self.merged_reads and lay.n > 0 and comb.shape[0] > 0:
+                    cls_flat, recent, events = _jagged.stream_reads(
+                        comb, lay, self.num_recent, events=self.pooling is not None,
+                        gather_grad=self.select_rows)
+                else:
+                    cls_flat = _jagged.unique_rows(comb, lay.cls_rows)
+                cls_out = cls_flat.reshape(x_sum.shape)
         if self.pooling is not None:
             if events is None:
                 events = _jagged.events_of(comb, lay)
@@ -412,4 +411,4 @@ class InterFormerLayer(nn.Module):
         if recent is None:
             recent = recent_tokens(comb, lay.offsets, self.num_recent, lay.n)
         s_sum = self.seq_summary(cls_out, pooled, recent)
-        return self.interaction(x, s_sum), comb, s_sum, pooled
+        return self.interaction(x, s_sum), stream, s_sum, pooled

@@ -39,9 +39,10 @@ def test_empty_and_all_empty_batches() -> None:
         assert out.shape == (len(lengths), 2) and torch.isfinite(out).all()
 
 
-def _slot_rows(cfg: GEMConfig, lengths: list[int]) -> int:
-    """The valid query slots of a `last_rows` layer: CLS rows and up to num_recent events."""
-    return sum(cfg.num_cls + min(cfg.num_recent, n) for n in lengths)
+def _slot_rows(cfg: GEMConfig, lengths: list[int]) -> list[int]:
+    """Per sample, the valid query slots of a `last_rows` layer: its CLS rows and up to
+    num_recent events."""
+    return [cfg.num_cls + min(cfg.num_recent, n) for n in lengths]
 
 
 def _flop_counter(model: GEMModel, batch: Any) -> int:
@@ -62,7 +63,7 @@ def _flop_counter(model: GEMModel, batch: Any) -> int:
         for layer in model.layers
     )
     if model.layers[-1].last_rows:
-        tc, slots, valid = sum(lengths) + n * len(lengths), len(lengths) * (n + cfg.num_recent), _slot_rows(cfg, lengths)
+        tc, slots, valid = sum(lengths) + n * len(lengths), len(lengths) * (n + cfg.num_recent), sum(_slot_rows(cfg, lengths))
         waste += _flops.linear(tc - valid, cfg.d_model, cfg.d_model) + _flops.linear(slots - valid, cfg.d_model, cfg.d_model)
     return int(fc.get_total_flops() - waste)
 
@@ -87,16 +88,17 @@ def test_flops_match_flop_counter(name: str) -> None:
     assert analytic["seq_attention"] > 0 and analytic["pooling"] > 0
 
 
-def _padding_waste(cfg: GEMConfig, lengths: list[int]) -> float:
+def _padding_waste(model: GEMModel, lengths: list[int]) -> float:
     """Attention FLOPs a padded implementation does beyond the visible pairs."""
+    cfg = model.cfg
     b, lmax, t = len(lengths), max(lengths), sum(lengths)
     lc = [n + cfg.num_cls for n in lengths]
-    last_rows = GEMModel(cfg).layers[-1].last_rows
+    last_rows = model.layers[-1].last_rows
     full = cfg.num_layers - last_rows
     waste = full * (b * (lmax + cfg.num_cls) ** 2 - sum(_flops.band_pairs(n, cfg.window) for n in lc))
     if last_rows:  # every slot over the padded keys, against the valid slots over their own
         r = cfg.num_cls + cfg.num_recent
-        waste += b * r * (lmax + cfg.num_cls) - sum((cfg.num_cls + min(cfg.num_recent, n)) * m for n, m in zip(lengths, lc))
+        waste += b * r * (lmax + cfg.num_cls) - sum(q * m for q, m in zip(_slot_rows(cfg, lengths), lc))
     n_seeds = cfg.hier_seeds if cfg.hierarchical_pooling else cfg.num_pma_seeds
     pools = sum(cfg.pools_at(i) for i in range(cfg.num_layers))
     waste += pools * n_seeds * (b * lmax - t)
@@ -126,7 +128,7 @@ def test_jagged_flops_bracket_flop_counter(name: str) -> None:
     counted = _flop_counter(model, batch)
     analytic = model.flops(batch)["total"]
     assert analytic <= counted * 1.0001
-    assert counted <= (analytic + _padding_waste(cfg, lengths) + _cls_event_rows(model, lengths)) * 1.0001
+    assert counted <= (analytic + _padding_waste(model, lengths) + _cls_event_rows(model, lengths)) * 1.0001
 
 
 def test_window_flops_count_only_visible_pairs() -> None:
