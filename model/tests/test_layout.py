@@ -475,6 +475,15 @@ def test_slot_rows_is_the_masked_gather(compiled: bool) -> None:
     _assert_same_bits(ours, plain, run, compiled)
 
 
+def _logits_and_grads(m: GEMModel, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One fwd+bwd of `m` on `batch` (BCE on its labels): the logits and every parameter's
+    gradient, named as in the unwrapped model (activation checkpointing's wrapper dropped)."""
+    out = m(batch)
+    F.binary_cross_entropy_with_logits(out, batch.labels).backward()
+    return out.detach(), {n.replace("_checkpoint_wrapped_module.", ""): p.grad
+                          for n, p in m.named_parameters() if p.grad is not None}
+
+
 @pytest.mark.parametrize("extra", [dict(), dict(num_recent=0), dict(num_cls=1, num_recent=7),
                                    dict(merged_stream_reads=False, select_stream_rows=True)])
 @pytest.mark.parametrize("compiled", [False, True])
@@ -496,12 +505,7 @@ def test_last_layer_rows_only_matches_every_row(extra: dict[str, Any], compiled:
     lengths = [0, 1, 13, 2] + torch.randint(0, 20, (3,), generator=g).tolist()
     batch = make_batch(len(lengths), lengths=lengths, seed=6)
 
-    def run(m: GEMModel) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        out = m(batch)
-        F.binary_cross_entropy_with_logits(out, batch.labels).backward()
-        return out.detach(), {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
-
-    (got, got_g), (want, want_g) = run(model), run(every)
+    (got, got_g), (want, want_g) = _logits_and_grads(model, batch), _logits_and_grads(every, batch)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert_grads_close(got_g, want_g)
 
@@ -573,13 +577,7 @@ def test_last_layer_rows_only_under_activation_checkpointing() -> None:
     assert plain.layers[-1].last_rows
     batch = make_batch(6, lengths=[0, 1, 14, 3, 8, 25], seed=8)
 
-    def run(m: GEMModel) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        out = m(batch)
-        F.binary_cross_entropy_with_logits(out, batch.labels).backward()
-        return out.detach(), {n.replace("_checkpoint_wrapped_module.", ""): p.grad
-                              for n, p in m.named_parameters() if p.grad is not None}
-
-    (got, got_g), (want, want_g) = run(ac), run(plain)
+    (got, got_g), (want, want_g) = _logits_and_grads(ac, batch), _logits_and_grads(plain, batch)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert got_g.keys() == want_g.keys()
     for n in want_g:

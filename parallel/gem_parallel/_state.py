@@ -12,8 +12,9 @@ module by module: each torchrec-sharded submodule is asked for its own state dic
 each subtree without one for its ordinary `state_dict()`. The optimizers' state is keyed by
 parameter index, which does not depend on the world size; on load, every saved index must
 name one of the optimizer's parameters with that state's shape (`_check_index_state`), so a
-checkpoint of a model with other parameters is refused instead of loaded onto the wrong ones. The tables' fused optimizer
-(torchrec's, inside the sharded module) keeps its own state in the module's state dict.
+checkpoint of a model with other parameters is refused instead of loaded onto the wrong
+ones. The tables' fused optimizer (torchrec's, inside the sharded module) keeps its own
+state in the module's state dict.
 
 Tested with gem_checkpoint in `tests/test_multiprocess_ckpt.py`, `tests/test_sparse_2d.py`
 (bitwise resume) and `tests/test_elastic_resume.py` (resume on 1 and 3 processes, 2-D <->
