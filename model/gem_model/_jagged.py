@@ -379,6 +379,36 @@ class _RopeQKV(torch.autograd.Function):
         return gem_kernels.rope_qkv_grad(dq.to(dt), dk.to(dt), dv.to(dt), cos, sin), None, None
 
 
+class _RopeKV(torch.autograd.Function):
+    """k rotated and v passed through, from a projection `[T, 2, H, D]`; the backward writes
+    the projection's gradient as one stack (the rotation's transpose in fp32, as
+    `rope_qkv_grad`), not autograd's two selects added into a zeroed buffer."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, kv: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.save_for_backward(cos, sin)
+        ctx.dtype = kv.dtype  # type: ignore[attr-defined]
+        return rope(kv[:, 0], cos, sin), kv[:, 1]
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, dk: torch.Tensor,
+                 dv: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        cos, sin = ctx.saved_tensors  # type: ignore[attr-defined]
+        dt = ctx.dtype  # type: ignore[attr-defined]
+        g = dk.to(torch.promote_types(dk.dtype, torch.float32))
+        return torch.stack((rope(g, cos, -sin).to(dt), dv.to(dt)), dim=1), None, None
+
+
+def rope_kv(kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rope(k), v) from a projection `[T, 2, H, D]` (a layer that projects q apart), as
+    views; its gradient is written in one pass (`_RopeKV`)."""
+    if kv.dim() != 4 or kv.shape[1] != 2:
+        raise ValueError(f"kv must be [T, 2, H, D], got {tuple(kv.shape)}")
+    k, v = _RopeKV.apply(kv, cos, sin)  # type: ignore[no-untyped-call]
+    return k, v
+
+
 def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(rope(q), rope(k), v) from a fused projection `[T, 3, H, D]`, as views.
 

@@ -17,6 +17,7 @@ has `flops(shapes)` giving its analytic forward FLOPs (gem_model._flops conventi
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,13 +33,28 @@ def _glu(lin: nn.Linear, z: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _drop_bias(module: nn.Module, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+    state_dict.pop(prefix + "bias", None)
+
+
+def _token_mix(n_in: int, n_out: int) -> nn.Linear:
+    """A linear over the token axis whose output a LayerNorm over d normalizes: without a
+    bias, which would add one constant per token that the LayerNorm's mean removes (a
+    parameter with no effect, whose gradient is rounding noise that Adam turns into full
+    moves). Checkpoints of gem-model < 0.5, which had the bias, still load: the hook drops it,
+    exactly, since it had no effect."""
+    lin = nn.Linear(n_in, n_out, bias=False)
+    lin.register_load_state_dict_pre_hook(_drop_bias)
+    return lin
+
+
 class NonSeqSummary(nn.Module):
     """Cross arch, non-sequence → sequence: F feature tokens → n_cls gated summary tokens."""
 
     def __init__(self, cfg: GEMConfig) -> None:
         super().__init__()
         self.f, self.n, self.d = cfg.num_tokens, cfg.num_cls, cfg.d_model
-        self.mix = nn.Linear(self.f, self.n)  # over the token axis
+        self.mix = _token_mix(self.f, self.n)  # over the token axis, then self.norm
         self.norm = nn.LayerNorm(self.d)
         self.glu = nn.Linear(self.d, 2 * self.d)
 
@@ -88,7 +104,7 @@ class GDPAFFN(nn.Module):
         self.n_cls, self.n_kv = cfg.num_cls, cfg.gdpa_kv_len
         self.act, self.backend = cfg.gdpa_activation, cfg.attention_backend
         self.norm = nn.LayerNorm(self.d)
-        self.kv_mix = nn.Linear(self.n_cls, self.n_kv)
+        self.kv_mix = _token_mix(self.n_cls, self.n_kv)  # then kv_norm
         self.kv_norm = nn.LayerNorm(self.d)
         self.wq = nn.Linear(self.d, self.d)
         self.wkv = nn.Linear(self.d, 2 * self.d)
@@ -152,9 +168,9 @@ class SeqAttention(nn.Module):
         if (slots is None) != (self.query_slots is None):
             raise ValueError(f"slots must be given exactly when query_slots={self.query_slots} is set")
         tc = comb.shape[0]
-        qkv = self.wqkv(self.norm(comb)).reshape(tc, 3, self.heads, self.dh)
-        q, k, v = _jagged.rope_qkv(qkv, lay.cos, lay.sin)
         if slots is None:
+            qkv = self.wqkv(self.norm(comb)).reshape(tc, 3, self.heads, self.dh)
+            q, k, v = _jagged.rope_qkv(qkv, lay.cos, lay.sin)
             o = _jagged.attention(
                 q, k, v, lay.offsets, lay.offsets, lay.max_len, lay.max_len,
                 window=self.window, backend=self.backend,
@@ -166,17 +182,32 @@ class SeqAttention(nn.Module):
         if n != self.query_slots:
             raise ValueError(f"slots hold {n} rows per sample, must hold query_slots={self.query_slots}")
         rows, valid = rows.reshape(-1), valid.reshape(-1)
+        read = _jagged.slot_rows(comb, rows, valid)  # the residual's rows (zero in invalid slots)
+        if type(self.wqkv).forward is nn.Linear.forward:
+            # q for the slot rows only: the LayerNorm is per row, so norm(comb)[rows] is
+            # norm(read), and the one gather serves the residual and q. (An invalid slot's q
+            # is the LayerNorm's bias projected; its output is zeroed below, so it passes no
+            # gradient.) A converted linear (MXFP8, FP8 blocks) keeps the fused call.
+            w, bias = self.wqkv.weight, self.wqkv.bias
+            kv = F.linear(self.norm(comb), w[self.d:], None if bias is None else bias[self.d:])
+            k, v = _jagged.rope_kv(kv.reshape(tc, 2, self.heads, self.dh), lay.cos, lay.sin)
+            q = F.linear(self.norm(read), w[: self.d], None if bias is None else bias[: self.d])
+            q = _jagged.rope(q.reshape(b * n, self.heads, self.dh), lay.cos[rows], lay.sin[rows])
+        else:
+            qkv = self.wqkv(self.norm(comb)).reshape(tc, 3, self.heads, self.dh)
+            q, k, v = _jagged.rope_qkv(qkv, lay.cos, lay.sin)
+            q = _jagged.slot_rows(q, rows, valid)
         o = _jagged.attention(
-            _jagged.slot_rows(q, rows, valid), k, v, _jagged.uniform_offsets(b, n, comb.device),
+            q, k, v, _jagged.uniform_offsets(b, n, comb.device),
             lay.offsets, n, lay.max_len, backend=self.backend,
         )
-        out = (_jagged.slot_rows(comb, rows, valid) + self.wo(o.reshape(b * n, self.d))) * valid[:, None]
+        out = (read + self.wo(o.reshape(b * n, self.d))) * valid[:, None]
         return out.reshape(b, n, self.d)
 
     def flops(self, s: _flops.Shapes) -> float:
         """Useful forward FLOPs. With `query_slots`, only the valid slots' queries count (the
-        CLS rows and up to `query_slots - num_cls` newest events per sample): the fused
-        `wqkv` still projects q for every row, and the invalid slots are attended, unused."""
+        CLS rows and up to `query_slots - num_cls` newest events per sample; the invalid slots
+        are attended, unused. A converted `wqkv` (FP8) still projects q for every row."""
         tc = s.tokens + s.batch * self.n_cls
         if self.query_slots is not None:
             k = self.query_slots - self.n_cls
@@ -215,7 +246,7 @@ class SeqPooling(nn.Module):
         self.up: nn.Linear | None = None
         if self.hier:
             self.down = nn.Linear(self.n_seeds, self.rank, bias=False)
-            self.up = nn.Linear(self.rank, self.n_out)
+            self.up = _token_mix(self.rank, self.n_out)  # SeqSummary's norm follows
 
     def forward(self, seq: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
         b, t = offsets.shape[0] - 1, seq.shape[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -108,3 +109,47 @@ def test_step_flops_from_host_lengths_equal_the_device_count() -> None:
     batch = next(loader)
     loader.close()
     assert _loop._flops(model, batch) == float(model.flops(batch)["total"]) > 0
+
+
+def test_a_gem_model_0_4_checkpoint_resumes_by_name(tmp_path: Any) -> None:
+    """A single-process trainer checkpoint of gem-model 0.4 (whose three token-mix linears
+    had a bias: `nonseq_summary.mix`, `seq_ffn.kv_mix`, `pooling.up`) resumes into today's
+    model: every parameter and every optimizer state is restored by name, the biases and
+    their state are left behind."""
+    from torch import nn
+
+    from gem_checkpoint import Checkpointer
+    from gem_parallel import Parallelized
+
+    cfg = tiny()
+    mcfg = _loop.model_config(cfg, _loop.data_config(cfg))
+    torch.manual_seed(int(torch.randint(0, 10**6, ())))
+    old = gem_model.GEMModel(mcfg)
+    mixes = [n for n, _ in old.named_modules() if n.endswith(("nonseq_summary.mix", "seq_ffn.kv_mix", "pooling.up"))]
+    assert mixes
+    for n in mixes:
+        parent, _, leaf = n.rpartition(".")
+        lin = old.get_submodule(n)
+        biased = nn.Linear(lin.in_features, lin.out_features)
+        with torch.no_grad():
+            biased.weight.copy_(lin.weight)
+        setattr(old.get_submodule(parent), leaf, biased)
+    opt = _loop.build_optimizer(old, cfg)
+    for p in old.parameters():  # one step with made-up gradients fills every optimizer state
+        p.grad = torch.randn_like(p)
+    opt.dense.step()
+    ck = Checkpointer(str(tmp_path))
+    ck.save(1, {"app": Parallelized(old).train_state([opt.dense])})
+    ck.wait()
+
+    new = gem_model.GEMModel(mcfg)
+    opt2 = _loop.build_optimizer(new, cfg)
+    assert Checkpointer(str(tmp_path)).load({"app": Parallelized(new).train_state([opt2.dense])}) == 1
+    old_p = dict(old.named_parameters())
+    assert len(old_p) == len(dict(new.named_parameters())) + len(mixes)
+    for n, p in new.named_parameters():
+        torch.testing.assert_close(p, old_p[n], rtol=0, atol=0, msg=n)
+        if p in opt2.dense.state:
+            for key, v in opt2.dense.state[p].items():
+                torch.testing.assert_close(v, opt.dense.state[old_p[n]][key], rtol=0, atol=0, msg=f"{n} {key}")
+    assert len(opt2.dense.state) == len(opt.dense.state) - len(mixes)

@@ -37,8 +37,8 @@ def test_one_optimizer_step_equals_the_dense_step() -> None:
     optimizer to sum) and the dense copy gets their sums; the other parameters get the dense
     model's gradients. Why not let each model step on its own gradients: a first Adagrad /
     Adam step divides by the gradient's own magnitude, so rounding noise becomes a full-size
-    move where a gradient is zero in exact arithmetic (the non-sequence summary's `mix.bias`;
-    the LayerNorm after it removes it). That noise differed between the two copies in ~1 run
+    move where a gradient is zero in exact arithmetic (gem-model < 0.5's token-mix biases,
+    such as the non-sequence summary's `mix.bias`, which the LayerNorm after it removed). That noise differed between the two copies in ~1 run
     in 100, never when the seed was rerun alone (so the rounding depends on the process's
     history; alignment-dependent BLAS paths would do that, not pinned down), and failed CI once.
     """
