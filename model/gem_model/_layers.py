@@ -44,7 +44,7 @@ def _token_mix(n_in: int, n_out: int) -> nn.Linear:
     moves). Checkpoints of gem-model < 0.5, which had the bias, still load: the hook drops it,
     exactly, since it had no effect."""
     lin = nn.Linear(n_in, n_out, bias=False)
-    lin.register_load_state_dict_pre_hook(_drop_bias)
+    lin.register_load_state_dict_pre_hook(_drop_bias)  # type: ignore[no-untyped-call]
     return lin
 
 
