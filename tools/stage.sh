@@ -14,7 +14,11 @@ export -f st
 #   ... the stages (st) ...
 #   gpu_end             stops the watchdog, writes both, prints the summary.
 gpu_begin() { TOP=${OUT:-/tmp/out}; OUT=$TOP/r/a/b; mkdir -p "$OUT"; export OUT TOP
-  ( sleep "$1"; _gpu_write ) & WATCHDOG=$!; }
+  GPU_T0=$(date +%s) GPU_WATCH=$1; ( sleep "$1"; _gpu_write ) & WATCHDOG=$!; }
+# gpu_left: seconds left before the watchdog, less 15 (at least 1): the last stage's limit.
+gpu_left() { local l=$(( GPU_WATCH - 15 - $(date +%s) + GPU_T0 )); echo $(( l > 1 ? l : 1 )); }
+# The h200 trainer's arguments for the A/B stages (add --steps).
+H200_TR="-m gem_trainer --preset h200 --eval-batches 0 --no-progress"
 _gpu_write() { summary > "$TOP/summary.txt" 2>&1; tar -czf "$TOP/all.tgz" -C "$OUT" . 2>/dev/null; }
 gpu_end() { kill "$WATCHDOG" 2>/dev/null; _gpu_write; cat "$TOP/summary.txt"; }
 

@@ -11,6 +11,7 @@
 #   PART=c  issue 16's command `--steps 300`, 0.5.0 then 0.4.0 (the same box as PART=b).
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 OLD="env PYTHONPATH=.ab/model040:$PYTHONPATH"
+[ "${PART:-a}" = b ] || [ -f .ab/model040/gem_model/__init__.py ] || { echo "gpu_s34: no .ab/model040: unpack 0.4.0 (header) and carry .ab" >&2; exit 2; }
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; nvidia-smi --query-gpu=name --format=csv,noheader
   [ -f "$OUT/gputest.log" ] && { echo "=== gpu test"; tail -n 2 "$OUT/gputest.log" | cut -c1-200; }
@@ -18,20 +19,18 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"; nvidia-smi --query-gpu=name -
   [ -f "$OUT/quality.log" ] && { echo "=== quality"; grep -E " lr=[0-9.e+-]+: mean AUC|Error|^ *[a-z_]+ \||Bayes" "$OUT/quality.log" | cut -c1-220; }
 }
 gpu_begin "${WATCH:-560}"
-TR="-m gem_trainer --preset h200 --eval-batches 0 --no-progress"
-T0=$(date +%s)
-left() { local l=$(( ${WATCH:-560} - 15 - $(date +%s) + T0 )); echo $(( l > 1 ? l : 1 )); }
+TR=$H200_TR
 if [ "${PART:-a}" = a ]; then
   st gputest 100 python3 -m pytest -q -p no:cacheprovider model/tests/test_layout.py -k "gpu"
   st new1 200 python3 $TR --steps 60
   st old 170 $OLD python3 $TR --steps 60
-  st new2 $(left) python3 $TR --steps 60
+  st new2 $(gpu_left) python3 $TR --steps 60
 elif [ "${PART:-a}" = c ]; then
   st n300 140 python3 $TR --steps 300
-  st o300 $(left) $OLD python3 $TR --steps 300
+  st o300 $(gpu_left) $OLD python3 $TR --steps 300
 else
   st quality 420 python3 -m gem_trainer.bench.quality --preset h200 --steps 1000 --models gem \
      --eval-at 100,250,500,750,1000 --out "$OUT/quality"
-  st tr_300 $(left) python3 $TR --steps 300
+  st tr_300 $(gpu_left) python3 $TR --steps 300
 fi
 gpu_end
