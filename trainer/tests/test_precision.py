@@ -33,7 +33,7 @@ def test_mxfp8_precisions_convert_and_train(precision: str) -> None:
     assert torch.isfinite(out).all()
     # Same initial weights: the MXFP8 forward is the fp32 one up to E4M3 rounding.
     rel = ((out.float() - out_ref.float()).norm() / out_ref.float().norm()).item()
-    # E4M3 rounding through 4 layers of a random tiny model: 0.03-0.22 over seeds 0-7 for
+    # E4M3 rounding through the 2 layers of a random tiny model: 0.03-0.22 over seeds 0-7 for
     # every recipe (gem-model 0.4 and 0.5 alike; the bound was once 0.1, tuned to one
     # initialisation); a broken conversion is off by ~1.
     assert 0 < rel < 0.3, rel
