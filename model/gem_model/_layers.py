@@ -17,6 +17,7 @@ has `flops(shapes)` giving its analytic forward FLOPs (gem_model._flops conventi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -135,6 +136,18 @@ class GDPAFFN(nn.Module):
         )
 
 
+def _out_slice(lin: nn.Module) -> Callable[[torch.Tensor, int, int], torch.Tensor] | None:
+    """How to compute `lin(x)[..., start:stop]` from `lin`'s weight rows `start:stop` alone: a
+    plain `nn.Linear` by slicing its weight and bias; a converted one (a precision recipe's
+    linear, whose forward is its own) through its `forward_slice(x, start, stop)` (gem_precision's
+    FP8 linears have one); None for any other module, whose caller then projects whole."""
+    if isinstance(lin, nn.Linear) and type(lin).forward is nn.Linear.forward:
+        w, bias = lin.weight, lin.bias
+        return lambda x, start, stop: F.linear(x, w[start:stop], None if bias is None else bias[start:stop])
+    fs = getattr(lin, "forward_slice", None)
+    return fs if callable(fs) else None
+
+
 class SeqAttention(nn.Module):
     """MHA over each jagged sequence with its CLS tokens prepended; RoPE; optional window.
 
@@ -183,15 +196,15 @@ class SeqAttention(nn.Module):
             raise ValueError(f"slots hold {n} rows per sample, must hold query_slots={self.query_slots}")
         rows, valid = rows.reshape(-1), valid.reshape(-1)
         read = _jagged.slot_rows(comb, rows, valid)  # the residual's rows (zero in invalid slots)
-        if type(self.wqkv).forward is nn.Linear.forward:
+        proj = _out_slice(self.wqkv)
+        if proj is not None:
             # q for the slot rows only: the LayerNorm is per row, so norm(comb)[rows] is
             # norm(read), and the one gather serves the residual and q. (An invalid slot's q
             # is the LayerNorm's bias projected; its output is zeroed below, so it passes no
-            # gradient.) A converted linear (MXFP8, FP8 blocks) keeps the fused call.
-            w, bias = self.wqkv.weight, self.wqkv.bias
-            kv = F.linear(self.norm(comb), w[self.d:], None if bias is None else bias[self.d:])
+            # gradient.) A linear that cannot be sliced keeps the fused call.
+            kv = proj(self.norm(comb), self.d, 3 * self.d)
             k, v = _jagged.rope_kv(kv.reshape(tc, 2, self.heads, self.dh), lay.cos, lay.sin)
-            q = F.linear(self.norm(read), w[: self.d], None if bias is None else bias[: self.d])
+            q = proj(self.norm(read), 0, self.d)
             q = _jagged.rope(q.reshape(b * n, self.heads, self.dh), lay.cos[rows], lay.sin[rows])
         else:
             qkv = self.wqkv(self.norm(comb)).reshape(tc, 3, self.heads, self.dh)
@@ -207,7 +220,8 @@ class SeqAttention(nn.Module):
     def flops(self, s: _flops.Shapes) -> float:
         """Useful forward FLOPs. With `query_slots`, only the valid slots' queries count (the
         CLS rows and up to `query_slots - num_cls` newest events per sample; the invalid slots
-        are attended, unused. A converted `wqkv` (FP8) still projects q for every row."""
+        are attended, unused. A converted `wqkv` without `forward_slice` still projects q for
+        every row, uncounted."""
         tc = s.tokens + s.batch * self.n_cls
         if self.query_slots is not None:
             k = self.query_slots - self.n_cls

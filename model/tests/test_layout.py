@@ -542,11 +542,25 @@ class _ConvertedLinear(nn.Linear):
         return super().forward(x)
 
 
-def test_last_layer_rows_only_with_a_converted_wqkv() -> None:
-    """A converted `wqkv` (a Linear subclass with its own forward: FP8 recipes) cannot be
-    sliced, so the rows-only layer projects q for every row through it and gathers the slot
-    rows after: the same logits and gradients as the every-row model, and the module is
-    called (the plain Linear's path is the weight-slice one)."""
+class _SliceableLinear(_ConvertedLinear):
+    """A converted linear with `forward_slice`, as gem_precision's FP8 linears have."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        super().__init__(*a, **k)
+        self.slices: list[tuple[int, int, int]] = []
+
+    def forward_slice(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        self.slices.append((x.shape[0], start, stop))
+        return nn.functional.linear(x, self.weight[start:stop], self.bias[start:stop])
+
+
+@pytest.mark.parametrize("kind", [_ConvertedLinear, _SliceableLinear])
+def test_last_layer_rows_only_with_a_converted_wqkv(kind: type[nn.Linear]) -> None:
+    """A converted `wqkv` (a Linear subclass with its own forward: FP8 recipes). With
+    `forward_slice` the rows-only layer calls it twice, k/v over every row and q over the
+    slot rows, and never its forward; without, it projects q for every row through the
+    forward and gathers the slot rows after. Either way: the same logits and gradients as the
+    every-row model."""
     cfg = tiny_config(**KUNLUN["skip_last"])
     torch.manual_seed(15)
     model = GEMModel(cfg)
@@ -554,7 +568,7 @@ def test_last_layer_rows_only_with_a_converted_wqkv() -> None:
     every.load_state_dict(model.state_dict())
     att = model.layers[-1].seq_attention
     assert att is not None
-    conv = _ConvertedLinear(att.wqkv.in_features, att.wqkv.out_features)
+    conv = kind(att.wqkv.in_features, att.wqkv.out_features)
     conv.load_state_dict(att.wqkv.state_dict())
     att.wqkv = conv
     seen: list[int] = []
@@ -563,9 +577,63 @@ def test_last_layer_rows_only_with_a_converted_wqkv() -> None:
     batch = make_batch(len(lengths), lengths=lengths, seed=12)
 
     (got, got_g), (want, want_g) = _logits_and_grads(model, batch), _logits_and_grads(every, batch)
-    assert seen == [sum(lengths) + len(lengths) * cfg.num_cls]  # every row of the stream, once
+    rows, d = sum(lengths) + len(lengths) * cfg.num_cls, cfg.d_model
+    if kind is _SliceableLinear:
+        assert seen == [] and conv.slices == [(rows, d, 3 * d), (len(lengths) * (cfg.num_cls + cfg.num_recent), 0, d)]
+    else:
+        assert seen == [rows]  # every row of the stream, once
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert_grads_close(got_g, want_g)
+
+
+@pytest.mark.parametrize("recipe,d_model", [("fp8_block", 128), ("mxfp8_rceil", 64)])
+def test_last_layer_rows_only_with_gem_precision_linears(recipe: str, d_model: int) -> None:
+    """gem_precision's converted linears (reference arithmetic on CPU): the rows-only last
+    layer reads q and k/v through `forward_slice`, never the fused forward, and the model
+    matches the every-row model converted the same way (each row's codes and scales are the
+    same in both: only the GEMMs' rounding differs)."""
+    import gem_precision
+
+    cfg = tiny_config(**KUNLUN["skip_last"], d_model=d_model)
+    model = GEMModel(cfg)
+    every = GEMModel(dataclasses.replace(cfg, last_layer_rows_only=False))
+    every.load_state_dict(model.state_dict())
+    for m in (model, every):
+        converted = gem_precision.convert(m, recipe, min_features=1, keep_bf16=("heads*",))
+        assert f"layers.{cfg.num_layers - 1}.seq_attention.wqkv" in converted
+    att = model.layers[-1].seq_attention
+    assert att is not None
+    fused: list[int] = []
+    sliced: list[tuple[int, int, int]] = []
+    att.wqkv.register_forward_hook(lambda _m, inp, _out: fused.append(inp[0].shape[0]))
+    real = att.wqkv.forward_slice
+
+    def counted(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        sliced.append((x.shape[0], start, stop))
+        out: torch.Tensor = real(x, start, stop)
+        return out
+
+    att.wqkv.forward_slice = counted  # type: ignore[method-assign]
+    lengths = [0, 3, 21, 9, 5]
+    batch = make_batch(len(lengths), lengths=lengths, seed=int(torch.randint(0, 100, ())))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as the trainer runs them (FP8 linears return bf16)
+        (got, got_g), (want, want_g) = _logits_and_grads(model, batch), _logits_and_grads(every, batch)
+    rows, d = sum(lengths) + len(lengths) * cfg.num_cls, cfg.d_model
+    assert fused == [] and sliced == [(rows, d, 3 * d), (len(lengths) * (cfg.num_cls + cfg.num_recent), 0, d)]
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    # The gradients: FP8 quantizes dY in blocks along the tokens for the weight gradients,
+    # and the rows-only layer packs its q rows densely, so the blocks (and their scales)
+    # differ, and the difference grows through each earlier FP8 backward (up to ~20 % for
+    # the first layers' weights; measured). The last layer's own q / k / v weight gradients
+    # stay within ~1 % (a q that passes no gradient is off by 100 %); every parameter's
+    # gradient points the same way overall.
+    w = f"layers.{cfg.num_layers - 1}.seq_attention.wqkv.weight"
+    for i, part in enumerate("qkv"):
+        g, ref = got_g[w][i * d:(i + 1) * d], want_g[w][i * d:(i + 1) * d]
+        assert float((g - ref).norm() / ref.norm()) < 0.05, part
+    assert got_g.keys() == want_g.keys()
+    flat = lambda gs: torch.cat([gs[n].float().flatten() / gs[n].float().norm().clamp_min(1e-12) for n in sorted(gs)])  # noqa: E731
+    assert float(F.cosine_similarity(flat(got_g), flat(want_g), dim=0)) > 0.97
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from gem_precision._fp8_cost import H200_BF16_TFLOPS, H200_FP8_TFLOPS, H200_QUANT_GBPS, fp8_block_speedup
-from gem_precision._quant import interpreting
+from gem_precision._quant import check_slice, interpreting
 
 BLOCK = 128
 E4M3 = torch.float8_e4m3fn
@@ -399,13 +399,24 @@ class FP8BlockLinear(nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._linear(x, self.weight, self.bias)
+
+    def forward_slice(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """`forward(x)[..., start:stop]`, computed from weight rows `start:stop` alone (one
+        projection of a fused one, e.g. q from a q/k/v weight, for other rows than k and v).
+        Both bounds multiples of 128: the weight's 128x128 tiles, and so the codes and scales,
+        are the full forward's."""
+        check_slice(start, stop, self.out_features, BLOCK)
+        return self._linear(x, self.weight[start:stop], None if self.bias is None else self.bias[start:stop])
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dtype not in _FLOATS:
             raise TypeError(f"x.dtype={getattr(x, 'dtype', type(x).__name__)} must be one of {_FLOATS}")
         if x.shape[-1] != self.in_features:
             raise ValueError(f"{x.shape=} must end in in_features={self.in_features}")
         c = self.config
         out: torch.Tensor = _FP8BlockFn.apply(  # type: ignore[no-untyped-call]
-            x, self.weight, self.bias, c.wgrad_bf16, _resolve(c.backend, x), c.compile_quant, _fused(c.quant, x))
+            x, weight, bias, c.wgrad_bf16, _resolve(c.backend, x), c.compile_quant, _fused(c.quant, x))
         return out
 
     def extra_repr(self) -> str:

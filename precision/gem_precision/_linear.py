@@ -19,7 +19,7 @@ from torch import nn
 
 from gem_precision._formats import MXTensor, ScaleMode
 from gem_precision._gemm import mx_mm
-from gem_precision._quant import Backend, resolve_backend, to_mx, to_mx_2d_both
+from gem_precision._quant import Backend, check_slice, resolve_backend, to_mx, to_mx_2d_both
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -154,12 +154,23 @@ class MXFP8Linear(nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._linear(x, self.weight, self.bias)
+
+    def forward_slice(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """`forward(x)[..., start:stop]`, computed from weight rows `start:stop` alone (one
+        projection of a fused one, e.g. q from a q/k/v weight, for other rows than k and v).
+        Both bounds multiples of 32: the weight's MX blocks along either axis, and so its
+        codes and scales, are the full forward's."""
+        check_slice(start, stop, self.out_features, 32)
+        return self._linear(x, self.weight[start:stop], None if self.bias is None else self.bias[start:stop])
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"{x.shape=} must end in in_features={self.in_features}")
         c = self.config
         be = resolve_backend(c.backend, x)
         out: torch.Tensor = _MXLinearFn.apply(  # type: ignore[no-untyped-call]
-            x, self.weight, self.bias, c.elem_dtype, c.grad_elem_dtype, c.scale_mode, c.wgrad_bf16, be)
+            x, weight, bias, c.elem_dtype, c.grad_elem_dtype, c.scale_mode, c.wgrad_bf16, be)
         return out
 
     def extra_repr(self) -> str:
