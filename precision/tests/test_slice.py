@@ -71,3 +71,23 @@ def test_forward_slice_bad_bounds_name_the_argument(recipe: str) -> None:
         lin.forward_slice(x, 0.0, 128)  # type: ignore[operator]
     with pytest.raises(ValueError, match="must end in in_features=128"):
         lin.forward_slice(torch.randn(4, 64), 0, 128)  # type: ignore[operator]
+
+
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.skipif(not SM90, reason="needs an SM90 (Hopper) GPU")
+@pytest.mark.parametrize("part", [(0, 1024), (1024, 3072)])
+def test_gpu_forward_slice_at_the_h200_layers_size(part: tuple[int, int]) -> None:
+    """cuBLAS's blockwise GEMM at the h200 model's q / k-v split of a 1024 -> 3072 `wqkv`,
+    eager and compiled: a slice equals the full forward's features (output, dX, dW) to one
+    bf16 rounding; each cuBLAS call rounds once, in its own order."""
+    start, stop = part
+    lin = _converted("fp8_block", 1024, 3072).cuda()
+    x = torch.randn(4000, 1024, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(4000, stop - start, device="cuda")
+    want = _run(lin, x, dy, lambda xg: lin(xg)[:, start:stop])
+    for fn in (lin.forward_slice, torch.compile(lin.forward_slice, fullgraph=True)):
+        got = _run(lin, x, dy, lambda xg: fn(xg, start, stop))  # noqa: B023
+        for a, b in zip(got, want):
+            assert float((a.float() - b.float()).norm() / b.float().norm()) < 2.0**-8
