@@ -246,9 +246,19 @@ def _table_budget(device: torch.device) -> int:
     return 8 << 30
 
 
-def autocast(bf16: bool) -> Any:
-    """bf16 autocast on CUDA for the non-fp32 precisions, else a no-op context."""
-    return torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+def autocast_device(cfg: TrainConfig, device: torch.device) -> str | None:
+    """Where the step runs under bf16 autocast: CUDA for every precision but fp32; a CPU for
+    the low-precision recipes only. Their converted linears return bf16, as on the GPU, and
+    the plain layers they feed (a token mix after an FP8 `wo`) must take bf16 too. Plain
+    bf16 on a CPU runs in fp32 (`effective_precision`)."""
+    if device.type == "cuda":
+        return "cuda" if cfg.precision != "fp32" else None
+    return device.type if cfg.precision not in ("fp32", "bf16") else None
+
+
+def autocast(device_type: str | None) -> Any:
+    """bf16 autocast on `device_type` (`autocast_device`), or a no-op context for None."""
+    return torch.autocast(device_type, dtype=torch.bfloat16) if device_type else contextlib.nullcontext()
 
 
 def _seed_all(seed: int) -> None:
@@ -517,7 +527,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     bar = _progress(cfg, rank, step)
     # No bar (stdout/stderr is a pipe or a file): a plain line every log_every steps instead.
     line = ProgressLine(cfg.steps, step, cfg.log_every) if bar is None and cfg.progress and rank == 0 else None
-    use_bf16 = device.type == "cuda" and cfg.precision != "fp32"
+    amp = autocast_device(cfg, device)
     books = _Books(step=step)
     timers.start_step = step
     it = iter(loader)
@@ -656,7 +666,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             if late_check and cuda:
                 start_event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
                 start_event.record()
-            with autocast(use_bf16):
+            with autocast(amp):
                 logits = model(batch)
             loss = loss_fn(logits, batch.labels)
             if late_check:
@@ -751,7 +761,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     if cfg.compile:  # before the evaluation, whose no_grad variants are not recompiles
         timers.extra["train_graphs"] = _compile_counts(aot)["graphs"]
     save_compile_cache()  # a run shorter than the warm-up
-    tasks = evaluate(model, cfg, dcfg, rank, world, device, use_bf16)
+    tasks = evaluate(model, cfg, dcfg, rank, world, device, amp)
     ngpu = world if device.type == "cuda" else 0
     busy = timers.compute + timers.optimizer + timers.data_wait
     summary: dict[str, Any] = {
@@ -841,7 +851,7 @@ def _startup_phases(t_start: float, marks: list[tuple[str, float]], first: _Pend
 
 
 def evaluate(model: Any, cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int, world: int,
-             device: torch.device, use_bf16: bool) -> dict[str, dict[str, float]]:
+             device: torch.device, amp: str | None) -> dict[str, dict[str, float]]:
     """Per-task NE/AUC on held-out batches, next to the planted task's Bayes-optimal values."""
     if cfg.eval_batches == 0:
         return {}
@@ -854,7 +864,7 @@ def evaluate(model: Any, cfg: TrainConfig, dcfg: gem_data.DataConfig, rank: int,
                 batch = next(it)
             except StopIteration:
                 break
-            with autocast(use_bf16):
+            with autocast(amp):
                 logits = model(batch)
             probs.append(torch.sigmoid(logits.float()).cpu())
             labels.append(batch.labels.cpu())

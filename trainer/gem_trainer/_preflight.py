@@ -231,8 +231,9 @@ def slow_run_notices(cfg: TrainConfig, device: torch.device) -> list[str]:
     if device.type != "cuda":
         if cfg.precision not in ("fp32", "bf16"):
             out.append(f"precision={cfg.precision!r} on CPU is emulated (gem_precision's "
-                       "dequantize-and-matmul in fp32 around every linear): expect several times "
-                       "the fp32 step time; the numerics are the recipe's, the speed is not")
+                       "dequantize-and-matmul in fp32 around every converted linear, the rest "
+                       "under bf16 autocast as on the GPU): expect several times the fp32 step "
+                       "time; the numerics are the recipe's, the speed is not")
         elif cfg.precision == "bf16":
             out.append("precision='bf16' on CPU runs in fp32 (bf16 autocast is used on CUDA only)")
         if cfg.preset != "tiny":

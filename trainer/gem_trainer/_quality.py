@@ -53,14 +53,14 @@ def held_out(cfg: TrainConfig, dcfg: gem_data.DataConfig, device: torch.device) 
     return HeldOut(batches, labels, bayes, tuple(dcfg.tasks))
 
 
-def score(model: torch.nn.Module, ho: HeldOut, use_bf16: bool) -> dict[str, dict[str, float]]:
+def score(model: torch.nn.Module, ho: HeldOut, amp: str | None) -> dict[str, dict[str, float]]:
     """Per-task AUC (+ standard error) and NE of `model` on the held-out set."""
     was = model.training
     model.eval()
     probs = []
     with torch.no_grad():
         for b in ho.batches:
-            with _loop.autocast(use_bf16):
+            with _loop.autocast(amp):
                 probs.append(torch.sigmoid(model(b).float()).cpu())
     model.train(was)
     return task_metrics(torch.cat(probs), ho.labels, ho.tasks)
@@ -88,7 +88,7 @@ def curve(
         opt = _loop.build_optimizer(model, cfg)
     else:
         opt = make_opt(model)
-    use_bf16 = device.type == "cuda" and cfg.precision != "fp32"
+    amp = _loop.autocast_device(cfg, device)
     torch.manual_seed(cfg.seed)
     replay = stream is not None and len(stream) >= cfg.steps
     loader = None if replay else _loop.make_loader(cfg, dcfg, 0, 1, device)
@@ -106,7 +106,7 @@ def curve(
                 stream.append(batch)
         if hasattr(opt, "set_step"):
             opt.set_step(step - 1)
-        with _loop.autocast(use_bf16):
+        with _loop.autocast(amp):
             logits = model(batch)
         loss = _loop.loss_fn(logits, batch.labels)
         loss.backward()  # type: ignore[no-untyped-call]
@@ -115,7 +115,7 @@ def curve(
         samples += batch.num_samples
         if step in targets:
             rows.append({"model": name, "step": step, "samples": samples,
-                         "train_s": time.perf_counter() - t0, "tasks": score(model, ho, use_bf16)})
+                         "train_s": time.perf_counter() - t0, "tasks": score(model, ho, amp)})
     if loader is not None:
         loader.close()
     return rows

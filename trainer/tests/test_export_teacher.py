@@ -23,7 +23,7 @@ _FAST = {"steps": 12, "batch_size": 16, "eval_batches": 4, "log_every": 100, "pr
 
 def _eval(model: torch.nn.Module, cfg: object) -> dict[str, dict[str, float]]:
     dcfg = data_config(cfg)  # type: ignore[arg-type]
-    return evaluate(model, cfg, dcfg, 0, 1, torch.device("cpu"), False)  # type: ignore[arg-type]
+    return evaluate(model, cfg, dcfg, 0, 1, torch.device("cpu"), None)
 
 
 def test_exported_teacher_is_the_trained_model(tmp_path: Path) -> None:

@@ -223,3 +223,36 @@ def test_h200_fp8_defaults_convert_the_wide_stream_linears() -> None:
     every = converted(0.0)
     assert set(wide) < set(every) and all(k == n == 1024 for name, (k, n) in every.items() if name not in wide)
     assert not any(p in n for n in every for p in ("heads", "interaction", "summary"))
+
+
+@pytest.mark.parametrize("precision", ["fp8_block", "mxfp8_rceil"])
+def test_a_recipe_on_cpu_runs_the_kunlun_blocks_under_bf16_autocast(precision: str) -> None:
+    """A converted linear returns bf16. In the h200 structure (hierarchical pooling) a
+    converted pooling `wo` feeds the plain token mix `down`, which fails on fp32 weights
+    without autocast: the trainer's step on a CPU raised a dtype error for every recipe that
+    converted `wo` (seen at d_model 1024). `autocast_device` puts the recipes' CPU step under
+    bf16 autocast, as on the GPU; fp32 and plain bf16 stay fp32 on a CPU."""
+    import dataclasses
+
+    from gem_trainer._loop import autocast, autocast_device
+
+    cpu = torch.device("cpu")
+    assert autocast_device(tiny(precision=precision), cpu) == "cpu"
+    assert autocast_device(tiny(precision="fp32"), cpu) is None
+    assert autocast_device(tiny(precision="bf16"), cpu) is None
+    cfg = tiny(precision=precision, batch_size=8)
+    dcfg = data_config(cfg)
+    mcfg = dataclasses.replace(model_config(cfg, dcfg), d_model=128, computation_skip=True, gdpa_ffn=True,
+                               hierarchical_pooling=True, num_layers=4)
+    model = gem_model.GEMModel(mcfg)
+    done = gem_parallel.parallelize(model, precision=precision, mxfp8_min_features=128, fp8_min_speedup=0.0)
+    assert "layers.0.pooling.wo" in done.mxfp8_converted and "layers.0.pooling.down" not in done.mxfp8_converted
+    batch = next(iter(make_loader(cfg, dcfg, 0, 1, cpu)))
+    with pytest.raises(RuntimeError, match="dtype"):  # the failure the autocast removes
+        model(batch)
+    with autocast(autocast_device(cfg, cpu)):
+        out = model(batch)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(out.float(), batch.labels.float())
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
