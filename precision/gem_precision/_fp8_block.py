@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from gem_precision._fp8_cost import H200_BF16_TFLOPS, H200_FP8_TFLOPS, H200_QUANT_GBPS, fp8_block_speedup
-from gem_precision._quant import check_slice, interpreting
+from gem_precision._quant import interpreting, weight_rows
 
 BLOCK = 128
 E4M3 = torch.float8_e4m3fn
@@ -406,8 +406,7 @@ class FP8BlockLinear(nn.Linear):
         projection of a fused one, e.g. q from a q/k/v weight, for other rows than k and v).
         Both bounds multiples of 128: the weight's 128x128 tiles, and so the codes and scales,
         are the full forward's."""
-        check_slice(start, stop, self.out_features, BLOCK)
-        return self._linear(x, self.weight[start:stop], None if self.bias is None else self.bias[start:stop])
+        return self._linear(x, *weight_rows(self, start, stop, BLOCK))
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dtype not in _FLOATS:

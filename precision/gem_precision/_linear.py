@@ -19,7 +19,7 @@ from torch import nn
 
 from gem_precision._formats import MXTensor, ScaleMode
 from gem_precision._gemm import mx_mm
-from gem_precision._quant import Backend, check_slice, resolve_backend, to_mx, to_mx_2d_both
+from gem_precision._quant import Backend, resolve_backend, to_mx, to_mx_2d_both, weight_rows
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -161,8 +161,7 @@ class MXFP8Linear(nn.Linear):
         projection of a fused one, e.g. q from a q/k/v weight, for other rows than k and v).
         Both bounds multiples of 32: the weight's MX blocks along either axis, and so its
         codes and scales, are the full forward's."""
-        check_slice(start, stop, self.out_features, 32)
-        return self._linear(x, self.weight[start:stop], None if self.bias is None else self.bias[start:stop])
+        return self._linear(x, *weight_rows(self, start, stop, 32))
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if x.shape[-1] != self.in_features:

@@ -38,16 +38,18 @@ def resolve_backend(backend: str, t: torch.Tensor) -> Literal["triton", "referen
     raise ValueError(f"{backend=} must be 'auto', 'triton' or 'reference'")
 
 
-def check_slice(start: int, stop: int, out_features: int, block: int) -> None:
-    """Validates a linear's `forward_slice` bounds: 0 <= start < stop <= out_features, both
-    multiples of the recipe's block (so the slice's weight blocks are the full weight's)."""
+def weight_rows(lin: torch.nn.Linear, start: int, stop: int, block: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`lin`'s weight and bias rows `start:stop` for its `forward_slice`, after checking the
+    bounds: 0 <= start < stop <= out_features, both multiples of the recipe's block (so the
+    slice's weight blocks are the full weight's)."""
     for name, v in (("start", start), ("stop", stop)):
         if not isinstance(v, int) or isinstance(v, bool):
             raise TypeError(f"{name}={v!r} must be an int")
         if v % block:
             raise ValueError(f"{name}={v} must be a multiple of {block} (the recipe's weight block)")
-    if not 0 <= start < stop <= out_features:
-        raise ValueError(f"start={start}, stop={stop} must satisfy 0 <= start < stop <= out_features={out_features}")
+    if not 0 <= start < stop <= lin.out_features:
+        raise ValueError(f"start={start}, stop={stop} must satisfy 0 <= start < stop <= out_features={lin.out_features}")
+    return lin.weight[start:stop], None if lin.bias is None else lin.bias[start:stop]
 
 
 def check_mx_args(x: torch.Tensor, elem_dtype: torch.dtype, block_size: int, dim: int, scale_mode: str, pad: bool) -> int:
