@@ -37,7 +37,7 @@ from gem_trainer._gc import GcWatch
 from gem_trainer._metrics import WARMUP_STEPS, MetricLog, Timers, mfu, slow_steps
 from gem_trainer._optim import Optimizers, RowWiseAdagrad, dense_adamw, embedding_tables
 from gem_trainer._stats import task_metrics
-from gem_trainer.config import TrainConfig, keep_bf16_patterns, resolve_ckpt_writer
+from gem_trainer.config import TrainConfig, keep_bf16_patterns, precision_recipe, resolve_ckpt_writer
 
 
 class _StopFlag:
@@ -114,8 +114,7 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
                          "(torchrec is not importable here); use sparse_sharding='none'")
     import gem_parallel
 
-    # Every value but fp32/bf16 (autocast) is a gem_precision recipe that converts the linears.
-    precision = None if cfg.precision in ("fp32", "bf16") else cfg.precision
+    precision = precision_recipe(cfg)
     fp8_min_speedup = cfg.fp8_min_speedup if cfg.precision.startswith("fp8_block") else 0.0
     apply_table_grads(model, cfg, world)  # (sparse: one process, unsharded tables)
     if world == 1 and not sharded:
@@ -253,7 +252,7 @@ def autocast_device(cfg: TrainConfig, device: torch.device) -> str | None:
     bf16 on a CPU runs in fp32 (`effective_precision`)."""
     if device.type == "cuda":
         return "cuda" if cfg.precision != "fp32" else None
-    return device.type if cfg.precision not in ("fp32", "bf16") else None
+    return device.type if precision_recipe(cfg) else None
 
 
 def autocast(device_type: str | None) -> Any:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from gem_trainer.config import AOT_AUTO, TrainConfig
+from gem_trainer.config import AOT_AUTO, TrainConfig, precision_recipe
 
 
 # How notices name settings: field names for library callers; the CLI installs its
@@ -229,7 +229,7 @@ def slow_run_notices(cfg: TrainConfig, device: torch.device) -> list[str]:
     """What will make this run slower (or other) than the user likely expects."""
     out: list[str] = []
     if device.type != "cuda":
-        if cfg.precision not in ("fp32", "bf16"):
+        if precision_recipe(cfg):
             out.append(f"precision={cfg.precision!r} on CPU is emulated (gem_precision's "
                        "dequantize-and-matmul in fp32 around every converted linear, the rest "
                        "under bf16 autocast as on the GPU): expect several times the fp32 step "
@@ -246,7 +246,7 @@ def effective_precision(cfg: TrainConfig, device: torch.device) -> str:
     """The arithmetic the run really uses (the summary records it next to the requested one)."""
     if cfg.precision == "bf16" and device.type != "cuda":
         return "fp32"
-    if cfg.precision not in ("fp32", "bf16") and device.type != "cuda":
+    if precision_recipe(cfg) and device.type != "cuda":
         return f"{cfg.precision} (emulated)"
     return cfg.precision
 

@@ -227,6 +227,12 @@ PRECISIONS = ("fp32", "bf16", "mxfp8_floor", "mxfp8_rceil", "mxfp8_rceil_wgrad_b
               "fp8_block", "fp8_block_wgrad_bf16")
 
 
+def precision_recipe(cfg: TrainConfig) -> str | None:
+    """The gem_precision recipe `cfg.precision` names (its linears are converted), or None for
+    fp32 and bf16 (no conversion: bf16 is autocast at run time)."""
+    return None if cfg.precision in ("fp32", "bf16") else cfg.precision
+
+
 def tiny(**overrides: object) -> TrainConfig:
     """CPU default: the tiny model on the embedded synthetic task, about a minute on 2 cores."""
     return dataclasses.replace(TrainConfig(), **overrides)  # type: ignore[arg-type]
