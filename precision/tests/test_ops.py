@@ -112,14 +112,31 @@ def test_compiled_model_equals_eager(recipe: MXRecipe, autocast: bool) -> None:
 
 
 def test_compiled_inductor_close_to_eager() -> None:
-    # Inductor fuses the fp32 bias-gradient sum differently: equal GEMM results, bias grads close.
+    # Equal forward. In the backward, inductor computes the GELU gradient on the bf16 layer
+    # outputs in fp32 and rounds once, eager rounds in bf16: a layer's dY may differ by one bf16
+    # rounding per element. So each gradient is bounded by that rounding carried through its sum
+    # (not by its own size: a bias gradient near zero is a sum with cancellation).
     x = torch.randn(48, 64)
     eager, compiled = _model(1, MXRecipe.RCEIL, False), torch.compile(_model(1, MXRecipe.RCEIL, False), fullgraph=True)
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []  # eager (input, output) of each layer
+
+    def keep(_: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        out.retain_grad()
+        seen.append((args[0], out))
+
+    for lin in eager[::2]:
+        lin.register_forward_hook(keep)
     ye, ge = _step(eager, x, False)
     yc, gc = _step(compiled, x, False)
     assert torch.equal(ye, yc)
-    for a, b in zip(ge, gc):
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6 * a.abs().max().item())
+    for i, (inp, out) in enumerate(seen):
+        dy = out.grad.float().abs()  # type: ignore[union-attr]
+        # dW: dY enters the MXFP8 GEMM as e4m3 codes, so one bf16 rounding of dY moves a term by at
+        # most one e4m3 rounding (2^-3 relative); db: an fp32 sum of dY, one bf16 rounding (2^-8).
+        for got, want, bound, name in ((gc[2 * i], ge[2 * i], 2**-3 * dy.T @ inp.detach().float().abs(), "weight"),
+                                       (gc[2 * i + 1], ge[2 * i + 1], 2**-8 * dy.sum(0), "bias")):
+            err = (got - want).abs()
+            assert bool((err <= bound).all()), f"layer {2 * i} {name}: error {err.max():.3g} over its bound"
 
 
 def test_linear_dynamic_batch() -> None:
