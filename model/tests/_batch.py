@@ -6,12 +6,12 @@ for the basic checks: this builds exactly the fields the model reads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from gem_model import GEMConfig, presets
+from gem_model.bench._batch import Batch, Jag, Sparse, offsets_of
 
 SPARSE = (("user", 50), ("country", 7), ("device", 5))
 FEATURES: dict[str, Any] = dict(
@@ -40,57 +40,6 @@ def tiny_config(**overrides: Any) -> GEMConfig:
     return presets.tiny(**{**FEATURES, **overrides})
 
 
-class _Jag:
-    def __init__(self, values: torch.Tensor, lengths: torch.Tensor) -> None:
-        self._v, self._l = values, lengths
-
-    def values(self) -> torch.Tensor:
-        return self._v
-
-    def lengths(self) -> torch.Tensor:
-        return self._l
-
-    def offsets(self) -> torch.Tensor:
-        return torch.cat([self._l.new_zeros(1), torch.cumsum(self._l, 0)])
-
-
-class Sparse:
-    """Minimal SparseFeatures: keys() / values() / lengths() / offsets() / to_dict()."""
-
-    def __init__(self, feats: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self._f = feats
-
-    def keys(self) -> list[str]:
-        return list(self._f)
-
-    def values(self) -> torch.Tensor:
-        return torch.cat([v for v, _ in self._f.values()])
-
-    def lengths(self) -> torch.Tensor:
-        return torch.cat([n for _, n in self._f.values()])
-
-    def offsets(self) -> torch.Tensor:
-        n = self.lengths()
-        return torch.cat([n.new_zeros(1), torch.cumsum(n, 0)])
-
-    def to_dict(self) -> dict[str, _Jag]:
-        return {k: _Jag(v, n) for k, (v, n) in self._f.items()}
-
-
-@dataclass
-class Batch:
-    event_ids: torch.Tensor
-    event_types: torch.Tensor
-    timestamps: torch.Tensor
-    seq_offsets: torch.Tensor
-    max_seq_len: int
-    sparse: Any
-    dense: torch.Tensor
-    domain: torch.Tensor
-    labels: torch.Tensor
-    probs: torch.Tensor | None = field(default=None)
-
-
 def make_batch(
     b: int, *, lengths: list[int] | None = None, max_len: int = 24, seed: int = 0
 ) -> Batch:
@@ -103,7 +52,7 @@ def make_batch(
     if lengths is None:
         lengths = torch.randint(0, max_len + 1, (b,), generator=g).tolist()
     lens = torch.tensor(lengths, dtype=torch.int64)
-    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lens, 0)])
+    offsets = offsets_of(lens)
     t = int(offsets[-1])
     ids = torch.randint(0, FEATURES["event_vocab"], (t,), generator=g)
     types = torch.randint(0, FEATURES["num_event_types"], (t,), generator=g)
@@ -113,7 +62,7 @@ def make_batch(
     for name, vocab in SPARSE:
         n = torch.randint(1, 3, (b,), generator=g)
         feats[name] = (torch.randint(0, vocab, (int(n.sum()),), generator=g), n)
-    sparse = Sparse(feats)
+    sparse = Sparse({k: Jag(v, offsets_of(n)) for k, (v, n) in feats.items()})
     dense = torch.randn(b, FEATURES["num_dense"], generator=g)
     domain = torch.randint(0, FEATURES["num_domains"], (b,), generator=g)
 

@@ -276,7 +276,7 @@ def _on(batch: Any, device: str) -> Any:
     """The test batch with every tensor (the sparse features too) on `device`."""
     fields = ("event_ids", "event_types", "timestamps", "seq_offsets", "dense", "domain", "labels")
     out = dataclasses.replace(batch, **{f: getattr(batch, f).to(device) for f in fields})
-    out.sparse = type(batch.sparse)({k: (j.values().to(device), j.lengths().to(device)) for k, j in batch.sparse.to_dict().items()})
+    out.sparse = batch.sparse.to(device)
     return out
 
 

@@ -1,19 +1,28 @@
 """A GEM-like jagged batch built inside the bench (the bench does not import gem_data).
 
 Duck-types gem_data.Batch (INTERFACES.md): log-normal history lengths, uniform ids, a
-minimal sparse-feature object with keys()/values()/lengths()/offsets()/to_dict().
+minimal sparse-feature object with keys()/values()/lengths()/offsets()/to_dict(). The
+containers (`Jag`, `Sparse`, `Batch`) are also the model tests' batch (model/tests/_batch.py
+plants labels in them).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 
-class _Jag:
+def offsets_of(lengths: torch.Tensor) -> torch.Tensor:
+    """The exclusive prefix sum of `lengths` (one more entry, starting at 0)."""
+    return torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+
+
+class Jag:
+    """One sparse feature: `values` with per-sample `offsets`."""
+
     def __init__(self, values: torch.Tensor, offsets: torch.Tensor) -> None:
         self._v, self._o = values, offsets
 
@@ -28,7 +37,9 @@ class _Jag:
 
 
 class Sparse:
-    def __init__(self, feats: dict[str, _Jag]) -> None:
+    """Minimal SparseFeatures: keys() / values() / lengths() / offsets() / to_dict()."""
+
+    def __init__(self, feats: dict[str, Jag]) -> None:
         self._f = feats
 
     def keys(self) -> list[str]:
@@ -40,8 +51,14 @@ class Sparse:
     def lengths(self) -> torch.Tensor:
         return torch.cat([j.lengths() for j in self._f.values()])
 
-    def to_dict(self) -> dict[str, _Jag]:
+    def offsets(self) -> torch.Tensor:
+        return offsets_of(self.lengths())
+
+    def to_dict(self) -> dict[str, Jag]:
         return self._f
+
+    def to(self, device: torch.device | str) -> Sparse:
+        return Sparse({k: Jag(j.values().to(device), j.offsets().to(device)) for k, j in self._f.items()})
 
 
 @dataclass
@@ -55,6 +72,7 @@ class Batch:
     dense: torch.Tensor
     domain: torch.Tensor
     labels: torch.Tensor
+    probs: torch.Tensor | None = field(default=None)  # the tests' planted click/conversion probabilities
 
 
 def lognormal_lengths(b: int, mean: float, sigma: float, cap: int, seed: int) -> list[int]:
@@ -68,14 +86,12 @@ def make_batch(cfg: Any, lengths: list[int], device: torch.device, seed: int = 0
     """Random batch for GEMConfig `cfg` with the given sequence lengths."""
     g = torch.Generator().manual_seed(seed)
     b = len(lengths)
-    lens = torch.tensor(lengths, dtype=torch.int64)
-    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lens, 0)])
+    offsets = offsets_of(torch.tensor(lengths, dtype=torch.int64))
     t = int(offsets[-1])
     feats = {}
     for name, vocab in cfg.sparse_features:
-        n = torch.randint(1, 4, (b,), generator=g)
-        off = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(n, 0)])
-        feats[name] = _Jag(torch.randint(0, vocab, (int(off[-1]),), generator=g).to(device), off.to(device))
+        off = offsets_of(torch.randint(1, 4, (b,), generator=g))
+        feats[name] = Jag(torch.randint(0, vocab, (int(off[-1]),), generator=g).to(device), off.to(device))
     return Batch(
         event_ids=torch.randint(0, cfg.event_vocab, (t,), generator=g).to(device),
         event_types=torch.randint(0, cfg.num_event_types, (t,), generator=g).to(device),
