@@ -7,11 +7,14 @@
 #           2-step starts, alternating: as shipped, and with TORCHINDUCTOR_COMPILE_THREADS=1
 #           (no compile-worker pool: the blocks load from the store, nothing compiles; the
 #           setting is outside inductor's cache key, so both load the same files).
-#   PART=c  inductor's dynamic_scale_rblock off (TORCHINDUCTOR_DYNAMIC_SCALE_RBLOCK=0, read
+#   PART=c  the model's local-MFU bench (compiled, CUDA-graph replay, full batch); then
+#           inductor's dynamic_scale_rblock off (TORCHINDUCTOR_DYNAMIC_SCALE_RBLOCK=0, read
 #           when a kernel is compiled and baked into its metadata): a 60-step run compiling
 #           into its own store and caches, then warm 2-step starts alternating with the
-#           shipped store's; then the model's local-MFU bench (compiled, CUDA-graph replay,
-#           full batch) while time is left.
+#           shipped store's while time is left.
+# Ran as `WATCH=230 bash tools/gpu/gpu_s35.sh` (with .fa4a and .ab carried; it first copied
+# .fa4a/ir.so.xz to /tmp/fa4a), then `PART=b WATCH=570` and `PART=c WATCH=540`, one H200 box,
+# 2026-12-06 (trainer/BENCHMARKS.md, model/BENCHMARKS.md).
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 warm_line() { python3 -c "
@@ -38,11 +41,11 @@ if [ "${PART:-b}" = b ]; then
   done
 else
   RB="env GEM_CACHE_DIR=/tmp/rb0 TORCHINDUCTOR_CACHE_DIR=/tmp/rb0/ind TRITON_CACHE_DIR=/tmp/rb0/tri TORCHINDUCTOR_DYNAMIC_SCALE_RBLOCK=0"
-  st rb0 200 $RB python3 $TR --steps 60
-  for i in 1 2; do
-    st r$i 40 $RB python3 $TR --steps 2
-    st s$i 40 python3 $TR --steps 2
+  st mfu 230 python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph
+  st rb0 170 $RB python3 $TR --steps 60
+  for i in 1 2; do  # (25 s: 3 of the 4 were cut at exit, after printing their summary)
+    [ "$(gpu_left)" -gt 30 ] && st r$i 25 $RB python3 $TR --steps 2
+    [ "$(gpu_left)" -gt 30 ] && st s$i 25 python3 $TR --steps 2
   done
-  st mfu $(gpu_left) python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph
 fi
 gpu_end
