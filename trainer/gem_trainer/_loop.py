@@ -443,17 +443,36 @@ class _SyncDebug:
         return {"sync_debug_steps": self.steps} if self.after is not None else {}
 
 
-def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = None,
-          step_hook: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Runs one training job and returns the summary dict (also printed as one JSON line).
+@dataclasses.dataclass
+class _Run:
+    """What `train()` builds before its first step (`_build`), in torchtitan's order."""
 
-    `deterministic`: torch's deterministic algorithms; None = on for CPU, off for CUDA
-    (gem_trainer._preflight.determinism). The summary is strict JSON (no NaN/Infinity).
-    `step_hook(n)`: called after the n-th completed step is booked (e.g. a profiler's
-    `step()`, so a profile can skip the compile warm-up).
-    """
+    cfg: TrainConfig  # with compile_aot resolved
+    rank: int
+    world: int
+    device: torch.device
+    det: bool  # torch's deterministic algorithms are on
+    t_start: float  # perf_counter at train()'s start: the time to first step counts from here
+    before_train: float  # the process's age then (its start and imports)
+    marks: list[tuple[str, float]]  # the end of each start-up phase (summary `startup_s`)
+    dcfg: gem_data.DataConfig
+    model: Any
+    aot: Any  # the blocks' ahead-of-time store, or None
+    opt: Optimizers
+    ckpt: Checkpointer | None
+    ccache: dict[str, Any]  # the compile-cache file's summary keys
+    sparse_sync: Callable[[], None] | None  # 2-D sparse tables: the replicas' average
+    loader: Any
+    state: dict[str, Any]  # what a checkpoint saves and a resume restores
+    step: int  # the step the run starts from (a resume's)
+    resumed_from: int | None
+
+
+def _build(cfg: TrainConfig, deterministic: bool | None) -> _Run:
+    """Process group, start-up checks, checkpointer, model on its device, parallelisation
+    and optimizer, the compile-cache file, the loader, and a resume's load."""
     from gem_trainer import _preflight
-    from gem_trainer._metrics import ProgressLine, process_age_s, strict
+    from gem_trainer._metrics import process_age_s
 
     cfg.validate()
     t_start = time.perf_counter()
@@ -518,55 +537,74 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         if notice:
             _preflight.say(notice, rank)
     marks.append(("loader", time.perf_counter()))  # (+ the compile-cache file and a resume's load)
+    return _Run(cfg=cfg, rank=rank, world=world, device=device, det=det, t_start=t_start,
+                before_train=before_train, marks=marks, dcfg=dcfg, model=model, aot=aot, opt=opt,
+                ckpt=ckpt, ccache=ccache, sparse_sync=sparse_sync, loader=loader, state=state,
+                step=step, resumed_from=resumed_from)
 
-    log = MetricLog(cfg.log_dir, rank)
-    timers = Timers()
-    stop = _StopFlag()
-    stop.install()
-    bar = _progress(cfg, rank, step)
-    # No bar (stdout/stderr is a pipe or a file): a plain line every log_every steps instead.
-    line = ProgressLine(cfg.steps, step, cfg.log_every) if bar is None and cfg.progress and rank == 0 else None
-    amp = autocast_device(cfg, device)
-    books = _Books(step=step)
-    timers.start_step = step
-    it = iter(loader)
-    # Dense tables (late_check): no host sync in a steady-state step (issue #16 item 3). The
-    # skip-or-step decision of a non-finite loss is taken on the device (Optimizers.step(skip)),
-    # and the step's [mean loss, stop signal, checkpoint busy] reach the host one step late:
-    # copied into pinned memory behind the step, read during the next step after its
-    # forward/backward is queued and before its optimizer (so its lr is the exact schedule
-    # step). Steps whose outcome decides what happens next (warm-up, the last step, a save, a
-    # stop, a run of bad steps about to end the run) are read at their end, as before.
-    # Sharded tables update inside backward (fused optimizers): there the check comes first.
-    late_check = cfg.sparse_sharding == "none"  # (2-D replica sync implies sharded tables)
-    cuda = device.type == "cuda"
-    pinned = [torch.empty(3, pin_memory=cuda) for _ in range(2)]  # double-buffered readback
-    pending: _Pending | None = None
-    queued = 0  # steps queued by this loop (selects the readback buffer)
-    sync_debug = _SyncDebug.from_env(cuda)
-    gcw = GcWatch().start()
-    startup: dict[str, float] | None = None  # set when the first step completes
 
-    def save_compile_cache() -> None:
+class _Booking:
+    """The loop's host side: books each step once its values are read (`settle`), logs it,
+    saves checkpoints (or delays them while the last write runs: back-pressure), and keeps
+    the run's timers, signal flag, progress display, collector watch and sync-debug hook.
+    `close()` restores what it installed."""
+
+    def __init__(self, run: _Run, step_hook: Callable[[int], None] | None) -> None:
+        from gem_trainer._metrics import ProgressLine
+
+        cfg = run.cfg
+        self.run, self.cfg, self.step_hook = run, cfg, step_hook
+        self.log = MetricLog(cfg.log_dir, run.rank)
+        self.timers = Timers()
+        self.stop = _StopFlag()
+        self.stop.install()
+        self.bar = _progress(cfg, run.rank, run.step)
+        # No bar (stdout/stderr is a pipe or a file): a plain line every log_every steps instead.
+        self.line = (ProgressLine(cfg.steps, run.step, cfg.log_every)
+                     if self.bar is None and cfg.progress and run.rank == 0 else None)
+        self.books = _Books(step=run.step)
+        self.timers.start_step = run.step
+        self.startup: dict[str, float] | None = None  # set when the first step completes
+        self.sync_debug: _SyncDebug | None = None  # (set by the loop, with the collector watch)
+        self.gcw: GcWatch | None = None
+
+    def start_watches(self, cuda: bool) -> None:
+        self.sync_debug = _SyncDebug.from_env(cuda)
+        self.gcw = GcWatch().start()
+
+    def close(self) -> None:
+        if self.sync_debug is not None:
+            self.sync_debug.stop()
+        if self.gcw is not None:
+            self.gcw.stop()
+        self.stop.restore()
+        if self.bar is not None:
+            self.bar.close()
+
+    def save_compile_cache(self) -> None:
         """Rank 0 writes the compile artifacts once, after the warm-up (or at the end of a
         shorter run), unless they came from the file: a loaded file is not rewritten."""
-        if cfg.compile_cache and rank == 0 and ccache.get("compile_cache") != "loaded" \
+        cfg, ccache = self.cfg, self.run.ccache
+        if cfg.compile_cache and self.run.rank == 0 and ccache.get("compile_cache") != "loaded" \
                 and "compile_cache_saved_bytes" not in ccache:
             from gem_trainer import _compile_cache
 
             ccache.update(_compile_cache.save(cfg.compile_cache))
 
-    def settle(p: _Pending, *, final: bool) -> None:
+    def settle(self, p: _Pending, *, final: bool) -> None:
         """Books step `p` from its values; `final`: it is the last step queued (a save or a
         stop may follow). Not final, no save or stop can be due (see _settle_now)."""
-        nonlocal startup
+        cfg, run, books, timers = self.cfg, self.run, self.books, self.timers
+        gcw, sync_debug = self.gcw, self.sync_debug
+        assert gcw is not None and sync_debug is not None  # (start_watches ran)
+        ckpt = run.ckpt
         step_loss, stop_sum, busy_sum = p.values()
         # A step read at its end waited here for the GPU: that wait is the step's, so its
         # time ends now. (A step read during the next one waits inside the next one's window,
         # which then carries this step's tail: in steady state one GPU step per window.)
         t_end = max(p.t3, time.perf_counter()) if final else p.t3
         if stop_sum > 0:  # any rank's signal stops every rank (all read the reduced value)
-            books.stop_signum = books.stop_signum or stop.signum or int(stop_sum)
+            books.stop_signum = books.stop_signum or self.stop.signum or int(stop_sum)
         if not math.isfinite(step_loss):
             timers.bad_steps += 1
             books.bad_in_row += 1
@@ -586,19 +624,19 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         timers.samples += p.samples
         timers.tokens += p.tokens
         timers.steps_done += 1
-        if step_hook is not None:
-            step_hook(timers.steps_done)
+        if self.step_hook is not None:
+            self.step_hook(timers.steps_done)
         if timers.first_step is None:
-            timers.first_step = t_end - t_start
-            startup = _startup_phases(t_start, marks, p, t_end)
+            timers.first_step = t_end - run.t_start
+            self.startup = _startup_phases(run.t_start, run.marks, p, t_end)
         timers.model_flops += 3.0 * p.flops
         timers.step_s.append(t_end - p.t0)
         timers.opt_host_s.append(p.t3 - p.t2)
         timers.gc_s.append((gcw.pause_s if final else p.gc3) - p.gc0)  # collector pauses in the window
         timers.gpu_s.append(p.gpu_s())
         if cfg.compile and timers.steps_done == WARMUP_STEPS:
-            timers.extra["warm_graphs"] = _compile_counts(aot)["graphs"]
-            save_compile_cache()
+            timers.extra["warm_graphs"] = _compile_counts(run.aot)["graphs"]
+            self.save_compile_cache()
         if cfg.gc_freeze and timers.steps_done == WARMUP_STEPS:
             gcw.freeze()  # between step windows: booked as the run's, not a step's
         if timers.steps_done > WARMUP_STEPS:
@@ -606,19 +644,19 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             timers.steady_s += t_end - p.t0
         stopping = final and books.stop_signum
         if step % cfg.log_every == 0 or step == cfg.steps or stopping:
-            log.write(step, loss=step_loss, samples=timers.samples, tokens=timers.tokens)
-        if line is not None:
-            line.update(step, step_loss, p.tokens * world)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{step_loss:.4f}")
+            self.log.write(step, loss=step_loss, samples=timers.samples, tokens=timers.tokens)
+        if self.line is not None:
+            self.line.update(step, step_loss, p.tokens * run.world)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{step_loss:.4f}")
         if ckpt is not None and timers.steps_done == 1:
             # Allocate the (pinned) staging buffers now, in a warm-up step, not in the
             # first save: ~1 s per GB of state (3.4 s on the h200 preset). After the first
             # step, because the optimizer state exists only from then on.
             t4 = time.perf_counter()
             with sync_debug.paused():
-                ckpt_bytes = ckpt.prepare(state)
+                ckpt_bytes = ckpt.prepare(run.state)
             timers.extra["ckpt_prepare_s"] = time.perf_counter() - t4
             timers.extra["ckpt_state_bytes"] = ckpt_bytes
         if not final:
@@ -644,7 +682,7 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
             books.save_due = False
             t4 = time.perf_counter()
             with sync_debug.paused():
-                ckpt.save(step, state)
+                ckpt.save(step, run.state)
             books.saved_step = step
             stall = time.perf_counter() - t4
             timers.ckpt_stall += stall
@@ -654,114 +692,172 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         if stopping:
             books.reason = f"signal {books.stop_signum}"
 
-    try:
-        while books.reason is None and books.step + (pending is not None) < cfg.steps:
-            sync_debug.maybe_start(timers.steps_done)
-            t0 = time.perf_counter()
-            gc0 = gcw.pause_s
-            batch = next(it)
-            t1 = time.perf_counter()
-            start_event: torch.cuda.Event | None = None
-            if late_check and cuda:
-                start_event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-                start_event.record()
-            with autocast(amp):
-                logits = model(batch)
-            loss = loss_fn(logits, batch.labels)
-            if late_check:
-                loss.backward()  # type: ignore[no-untyped-call]
-            # The mean loss over ranks decides skip-or-step on every rank alike, and a stop
-            # signal seen by any rank stops every rank (rank-local decisions would
-            # desynchronise the collectives). The third entry: is a checkpoint still being
-            # written on this rank? Reduced with the rest, so every rank takes the same
-            # save-or-delay decision. torch.full, not torch.tensor: no blocking host copy.
-            busy = float(ckpt is not None and ckpt.pending is not None)
-            lt = torch.stack([loss.detach().float().reshape(()),
-                              torch.full((), float(stop.signum or 0), device=loss.device),
-                              torch.full((), busy, device=loss.device)])
-            if world > 1:
-                dist.all_reduce(lt)
-                lt[0] /= world
-            host: torch.Tensor | None = None
-            vals: list[float] | None = None
-            if not late_check:
-                # Sharded tables: the check comes before backward (one host sync per step).
-                vals = lt.tolist()
-                if not math.isfinite(vals[0]):
-                    opt.zero_grad(set_to_none=True)
-                    settle(_Pending(vals=vals), final=True)
-                    continue
-                loss.backward()  # type: ignore[no-untyped-call]
-                if cuda:
-                    torch.cuda.synchronize()
-                skip = None
-            else:
-                skip = ~torch.isfinite(lt[0])
-                host = pinned[queued % 2]  # (the other buffer holds the pending step's values)
-                queued += 1
-                host.copy_(lt, non_blocking=cuda)
-                if pending is not None:  # the previous step: done on the GPU by now, or nearly
-                    settle(pending, final=False)
-                    pending = None
-            t2 = time.perf_counter()
-            opt_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+
+def _steps(run: _Run, bk: _Booking) -> None:
+    """Runs the steps until `cfg.steps`, a stop signal or too many non-finite losses.
+
+    Dense tables (late_check): no host sync in a steady-state step (issue #16 item 3). The
+    skip-or-step decision of a non-finite loss is taken on the device (Optimizers.step(skip)),
+    and the step's [mean loss, stop signal, checkpoint busy] reach the host one step late:
+    copied into pinned memory behind the step, read during the next step after its
+    forward/backward is queued and before its optimizer (so its lr is the exact schedule
+    step). Steps whose outcome decides what happens next (warm-up, the last step, a save, a
+    stop, a run of bad steps about to end the run) are read at their end, as before.
+    Sharded tables update inside backward (fused optimizers): there the check comes first."""
+    cfg, model, opt, ckpt, world = run.cfg, run.model, run.opt, run.ckpt, run.world
+    books, timers, stop = bk.books, bk.timers, bk.stop
+    amp = autocast_device(cfg, run.device)
+    it = iter(run.loader)
+    late_check = cfg.sparse_sharding == "none"  # (2-D replica sync implies sharded tables)
+    cuda = run.device.type == "cuda"
+    pinned = [torch.empty(3, pin_memory=cuda) for _ in range(2)]  # double-buffered readback
+    pending: _Pending | None = None
+    queued = 0  # steps queued by this loop (selects the readback buffer)
+    bk.start_watches(cuda)
+    sync_debug, gcw = bk.sync_debug, bk.gcw
+    assert sync_debug is not None and gcw is not None
+    while books.reason is None and books.step + (pending is not None) < cfg.steps:
+        sync_debug.maybe_start(timers.steps_done)
+        t0 = time.perf_counter()
+        gc0 = gcw.pause_s
+        batch = next(it)
+        t1 = time.perf_counter()
+        start_event: torch.cuda.Event | None = None
+        if late_check and cuda:
+            start_event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start_event.record()
+        with autocast(amp):
+            logits = model(batch)
+        loss = loss_fn(logits, batch.labels)
+        if late_check:
+            loss.backward()  # type: ignore[no-untyped-call]
+        # The mean loss over ranks decides skip-or-step on every rank alike, and a stop
+        # signal seen by any rank stops every rank (rank-local decisions would
+        # desynchronise the collectives). The third entry: is a checkpoint still being
+        # written on this rank? Reduced with the rest, so every rank takes the same
+        # save-or-delay decision. torch.full, not torch.tensor: no blocking host copy.
+        busy = float(ckpt is not None and ckpt.pending is not None)
+        lt = torch.stack([loss.detach().float().reshape(()),
+                          torch.full((), float(stop.signum or 0), device=loss.device),
+                          torch.full((), busy, device=loss.device)])
+        if world > 1:
+            dist.all_reduce(lt)
+            lt[0] /= world
+        host: torch.Tensor | None = None
+        vals: list[float] | None = None
+        if not late_check:
+            # Sharded tables: the check comes before backward (one host sync per step).
+            vals = lt.tolist()
+            if not math.isfinite(vals[0]):
+                opt.zero_grad(set_to_none=True)
+                bk.settle(_Pending(vals=vals), final=True)
+                continue
+            loss.backward()  # type: ignore[no-untyped-call]
             if cuda:
-                opt_events = (torch.cuda.Event(enable_timing=True),  # type: ignore[no-untyped-call]
-                              torch.cuda.Event(enable_timing=True))  # type: ignore[no-untyped-call]
-                opt_events[0].record()
-            opt.set_step(books.step)
-            opt.step(skip=skip)
-            opt.zero_grad(set_to_none=True)
-            if sparse_sync is not None:
-                sparse_sync()  # average the 2-D replicas' tables (their fused step ran in backward)
-            if opt_events is not None:
-                opt_events[1].record()  # also marks the readback of `lt` done
-            t3 = time.perf_counter()
-            p = _Pending(host=host, opt_events=opt_events, start_event=start_event,
-                         t0=t0, t1=t1, t2=t2, t3=t3, gc0=gc0, gc3=gcw.pause_s, samples=batch.num_samples, tokens=batch.num_tokens,
-                         flops=_flops(model, batch), vals=vals)
-            sync_debug.count()
-            writing = world == 1 and ckpt is not None and ckpt.pending is not None
-            if not late_check or _settle_now(cfg, books, timers, ckpt is not None, writing):
-                settle(p, final=True)
-            else:
-                pending = p
-        if pending is not None:  # (not reached by the rules of _settle_now; kept for safety)
-            settle(pending, final=True)
-            pending = None
-        sync_debug.stop()
+                torch.cuda.synchronize()
+            skip = None
+        else:
+            skip = ~torch.isfinite(lt[0])
+            host = pinned[queued % 2]  # (the other buffer holds the pending step's values)
+            queued += 1
+            host.copy_(lt, non_blocking=cuda)
+            if pending is not None:  # the previous step: done on the GPU by now, or nearly
+                bk.settle(pending, final=False)
+                pending = None
+        t2 = time.perf_counter()
+        opt_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
         if cuda:
-            torch.cuda.synchronize()
-            books.read_opt_timing()
-        timers.compute -= books.opt_gpu_s
-        timers.optimizer += books.opt_gpu_s
-        step, last_loss, reason = books.step, books.last_loss, books.reason or "steps"
-        if ckpt is not None:
-            # End-of-run time, not a training stall: the last step's save when the loop did
-            # not make it (it was delayed by a write, or the run ends off the interval; it
-            # waits for that write), then the flush of the last background write.
-            # Not when the loop's own save was of this step: that write may still be running,
-            # so latest() does not show it yet, and saving again wrote the whole state twice
-            # at the end of every run whose last step was a save (the H200's resumed run
-            # waited 14.9 s). The loop's saves are the same on every rank; a write's progress
-            # is not, so it must not decide a collective save. (A failed write raises in close.)
-            t4 = time.perf_counter()
-            if step > 0 and step != books.saved_step and ckpt.latest() != step:
-                ckpt.save(step, state)
-            ckpt.close()  # waits for the write; stops a writer process
-            timers.extra["ckpt_final_wait_s"] = time.perf_counter() - t4
+            opt_events = (torch.cuda.Event(enable_timing=True),  # type: ignore[no-untyped-call]
+                          torch.cuda.Event(enable_timing=True))  # type: ignore[no-untyped-call]
+            opt_events[0].record()
+        opt.set_step(books.step)
+        opt.step(skip=skip)
+        opt.zero_grad(set_to_none=True)
+        if run.sparse_sync is not None:
+            run.sparse_sync()  # average the 2-D replicas' tables (their fused step ran in backward)
+        if opt_events is not None:
+            opt_events[1].record()  # also marks the readback of `lt` done
+        t3 = time.perf_counter()
+        p = _Pending(host=host, opt_events=opt_events, start_event=start_event,
+                     t0=t0, t1=t1, t2=t2, t3=t3, gc0=gc0, gc3=gcw.pause_s, samples=batch.num_samples, tokens=batch.num_tokens,
+                     flops=_flops(model, batch), vals=vals)
+        sync_debug.count()
+        writing = world == 1 and ckpt is not None and ckpt.pending is not None
+        if not late_check or _settle_now(cfg, books, timers, ckpt is not None, writing):
+            bk.settle(p, final=True)
+        else:
+            pending = p
+    if pending is not None:  # (not reached by the rules of _settle_now; kept for safety)
+        bk.settle(pending, final=True)
+        pending = None
+    sync_debug.stop()
+    if cuda:
+        torch.cuda.synchronize()
+        books.read_opt_timing()
+    timers.compute -= books.opt_gpu_s
+    timers.optimizer += books.opt_gpu_s
+
+
+def _finish_checkpoints(run: _Run, bk: _Booking) -> None:
+    """End-of-run time, not a training stall: the last step's save when the loop did not
+    make it (it was delayed by a write, or the run ends off the interval; it waits for that
+    write), then the flush of the last background write.
+
+    Not when the loop's own save was of this step: that write may still be running, so
+    latest() does not show it yet, and saving again wrote the whole state twice at the end of
+    every run whose last step was a save (the H200's resumed run waited 14.9 s). The loop's
+    saves are the same on every rank; a write's progress is not, so it must not decide a
+    collective save. (A failed write raises in close.)"""
+    ckpt, step = run.ckpt, bk.books.step
+    if ckpt is None:
+        return
+    t4 = time.perf_counter()
+    if step > 0 and step != bk.books.saved_step and ckpt.latest() != step:
+        ckpt.save(step, run.state)
+    ckpt.close()  # waits for the write; stops a writer process
+    bk.timers.extra["ckpt_final_wait_s"] = time.perf_counter() - t4
+
+
+def train(cfg: TrainConfig, *, deterministic: bool | None = None,
+          step_hook: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Runs one training job and returns the summary dict (also printed as one JSON line).
+
+    `deterministic`: torch's deterministic algorithms; None = on for CPU, off for CUDA
+    (gem_trainer._preflight.determinism). The summary is strict JSON (no NaN/Infinity).
+    `step_hook(n)`: called after the n-th completed step is booked (e.g. a profiler's
+    `step()`, so a profile can skip the compile warm-up).
+
+    The phases: `_build` (everything before the first step), `_steps` (the loop, booked by
+    `_Booking.settle`), `_finish_checkpoints`, `evaluate`, `_summary`.
+    """
+    run = _build(cfg, deterministic)
+    bk = _Booking(run, step_hook)
+    try:
+        _steps(run, bk)
+        _finish_checkpoints(run, bk)
     finally:
-        sync_debug.stop()
-        gcw.stop()
-        stop.restore()
-        if bar is not None:
-            bar.close()
-    timers.total = time.perf_counter() - t_start
-    if cfg.compile:  # before the evaluation, whose no_grad variants are not recompiles
-        timers.extra["train_graphs"] = _compile_counts(aot)["graphs"]
-    save_compile_cache()  # a run shorter than the warm-up
-    tasks = evaluate(model, cfg, dcfg, rank, world, device, amp)
-    ngpu = world if device.type == "cuda" else 0
+        bk.close()
+    timers = bk.timers
+    timers.total = time.perf_counter() - run.t_start
+    if run.cfg.compile:  # before the evaluation, whose no_grad variants are not recompiles
+        timers.extra["train_graphs"] = _compile_counts(run.aot)["graphs"]
+    bk.save_compile_cache()  # a run shorter than the warm-up
+    tasks = evaluate(run.model, run.cfg, run.dcfg, run.rank, run.world, run.device,
+                     autocast_device(run.cfg, run.device))
+    return _summary(run, bk, tasks)
+
+
+def _summary(run: _Run, bk: _Booking, tasks: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """The run's summary (strict JSON), logged with the evaluation as the run's last records;
+    with `export_teacher`, the trained model is saved as a teacher first."""
+    from gem_trainer import _preflight
+    from gem_trainer._metrics import strict
+
+    cfg, timers, books, world = run.cfg, bk.timers, bk.books, run.world
+    step, last_loss, reason = books.step, books.last_loss, books.reason or "steps"
+    gcw, sync_debug = bk.gcw, bk.sync_debug
+    assert gcw is not None and sync_debug is not None
+    ngpu = world if run.device.type == "cuda" else 0
     busy = timers.compute + timers.optimizer + timers.data_wait
     summary: dict[str, Any] = {
         "steps": step,
@@ -782,9 +878,9 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         "data_wait_frac": timers.data_wait / busy if busy > 0 else 0.0,
         "ckpt_stall_s": timers.ckpt_stall,
         "ckpt_final_wait_s": timers.extra.get("ckpt_final_wait_s", 0.0),
-        **_ckpt_summary(ckpt, timers, step),
-        **_compile_summary(cfg, timers, aot),
-        **ccache,
+        **_ckpt_summary(run.ckpt, timers, step),
+        **_compile_summary(cfg, timers, run.aot),
+        **run.ccache,
         **sync_debug.summary(),
         **gcw.summary(timers.gc_s, WARMUP_STEPS, timers.start_step, cfg.gc_freeze),
         # steps on which a due save waited for the previous write (back-pressure, not a stall)
@@ -793,23 +889,23 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
         "optimizer_s": timers.optimizer,
         "data_wait_s": timers.data_wait,
         "time_to_first_step_s": timers.first_step,
-        "startup_s": startup,
-        "before_train_s": before_train,
+        "startup_s": bk.startup,
+        "before_train_s": run.before_train,
         "world_size": world,
-        "sparse": _sparse_summary(cfg, world, sparse_sync is not None),
+        "sparse": _sparse_summary(cfg, world, run.sparse_sync is not None),
         "table_grads": cfg.table_grads,
-        "device": str(device),
-        **_preflight.run_info(cfg, device, det, resumed_from),
+        "device": str(run.device),
+        **_preflight.run_info(cfg, run.device, run.det, run.resumed_from),
     }
     if cfg.export_teacher:
         # After evaluation, from the trained single-device model (compile is in place, so its
         # state dict is the plain GEMModel's; check_export refused world > 1 at start-up).
         import gem_transfer
 
-        summary["teacher_export"] = str(gem_transfer.save_teacher(model, cfg.export_teacher))
+        summary["teacher_export"] = str(gem_transfer.save_teacher(run.model, cfg.export_teacher))
     # Strict JSON: a missing value is null and says why (json.dumps(allow_nan=False) works).
     summary = strict(summary, {
-        "loss": "no step completed" + (f" (resumed at step {step} = steps)" if resumed_from == cfg.steps
+        "loss": "no step completed" + (f" (resumed at step {step} = steps)" if run.resumed_from == cfg.steps
                                        else f" ({timers.bad_steps} non-finite)" if timers.bad_steps else ""),
         "before_train_s": "the process's start time is unreadable here (no /proc)",
         "auc_bayes": "no planted probabilities in this data (Bayes-optimal unknown)",
@@ -818,10 +914,10 @@ def train(cfg: TrainConfig, *, out: Any = None, deterministic: bool | None = Non
     # The loop already logged the last step's loss; the end-of-run records are the
     # evaluation (TensorBoard tags eval/<task>/<metric>) and the run's summary figures.
     if tasks:
-        log.write(step, eval=tasks)
-    log.write(step, summary={k: v for k, v in summary.items()
-                             if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "loss"})
-    log.close()
+        bk.log.write(step, eval=tasks)
+    bk.log.write(step, summary={k: v for k, v in summary.items()
+                                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "loss"})
+    bk.log.close()
     return summary
 
 
