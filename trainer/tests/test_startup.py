@@ -84,3 +84,31 @@ def test_no_completed_step_has_no_startup(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(_loop, "loss_fn", lambda logits, labels: (logits.float() * float("nan")).mean())
     s = train(presets_tiny(steps=3, batch_size=8, eval_batches=0, progress=False, max_bad_steps=2))
     assert s["steps"] == 0 and s["time_to_first_step_s"] is None and s["startup_s"] is None, s
+
+
+@pytest.mark.parametrize("where", ["__iter__", "__next__"])
+def test_a_loader_that_fails_to_start_leaves_no_handler_behind(monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """The loader's start (`iter`) or its first batch raises: train() raises that error, and
+    the SIGTERM/SIGINT handlers and gc callbacks it installed are gone again (a caller that
+    catches the error keeps its own handlers; before gem-trainer 0.2.20 a failing `iter`
+    left the run's handlers installed)."""
+    import gc
+    import signal
+
+    token = f"loader failed {random.randrange(10**9)}"
+
+    def fail(self: gem_data.JaggedLoader) -> None:
+        raise RuntimeError(token)
+
+    monkeypatch.setattr(gem_data.JaggedLoader, where, fail)
+    mine = {s: (lambda signum, frame: None) for s in (signal.SIGTERM, signal.SIGINT)}
+    old = {s: signal.signal(s, h) for s, h in mine.items()}
+    callbacks = list(gc.callbacks)
+    try:
+        with pytest.raises(RuntimeError, match=token):
+            train(presets_tiny(steps=2, batch_size=8, eval_batches=0, progress=False))
+        assert {s: signal.getsignal(s) for s in mine} == mine
+        assert gc.callbacks == callbacks
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
