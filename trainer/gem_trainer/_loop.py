@@ -553,7 +553,10 @@ class _Booking:
         from gem_trainer._metrics import ProgressLine
 
         cfg = run.cfg
-        self.run, self.cfg, self.step_hook = run, cfg, step_hook
+        self.run, self.step_hook = run, step_hook
+        # First: it refuses a malformed GEM_SYNC_DEBUG_AFTER before anything is installed.
+        self.sync_debug = _SyncDebug.from_env(run.device.type == "cuda")
+        self.gcw = GcWatch()  # (started by the loop, just before its first batch)
         self.log = MetricLog(cfg.log_dir, run.rank)
         self.timers = Timers()
         self.stop = _StopFlag()
@@ -565,18 +568,10 @@ class _Booking:
         self.books = _Books(step=run.step)
         self.timers.start_step = run.step
         self.startup: dict[str, float] | None = None  # set when the first step completes
-        self.sync_debug: _SyncDebug | None = None  # (set by the loop, with the collector watch)
-        self.gcw: GcWatch | None = None
-
-    def start_watches(self, cuda: bool) -> None:
-        self.sync_debug = _SyncDebug.from_env(cuda)
-        self.gcw = GcWatch().start()
 
     def close(self) -> None:
-        if self.sync_debug is not None:
-            self.sync_debug.stop()
-        if self.gcw is not None:
-            self.gcw.stop()
+        self.sync_debug.stop()
+        self.gcw.stop()
         self.stop.restore()
         if self.bar is not None:
             self.bar.close()
@@ -584,7 +579,7 @@ class _Booking:
     def save_compile_cache(self) -> None:
         """Rank 0 writes the compile artifacts once, after the warm-up (or at the end of a
         shorter run), unless they came from the file: a loaded file is not rewritten."""
-        cfg, ccache = self.cfg, self.run.ccache
+        cfg, ccache = self.run.cfg, self.run.ccache
         if cfg.compile_cache and self.run.rank == 0 and ccache.get("compile_cache") != "loaded" \
                 and "compile_cache_saved_bytes" not in ccache:
             from gem_trainer import _compile_cache
@@ -594,10 +589,8 @@ class _Booking:
     def settle(self, p: _Pending, *, final: bool) -> None:
         """Books step `p` from its values; `final`: it is the last step queued (a save or a
         stop may follow). Not final, no save or stop can be due (see _settle_now)."""
-        cfg, run, books, timers = self.cfg, self.run, self.books, self.timers
-        gcw, sync_debug = self.gcw, self.sync_debug
-        assert gcw is not None and sync_debug is not None  # (start_watches ran)
-        ckpt = run.ckpt
+        run, books, timers, gcw, sync_debug = self.run, self.books, self.timers, self.gcw, self.sync_debug
+        cfg, ckpt = run.cfg, run.ckpt
         step_loss, stop_sum, busy_sum = p.values()
         # A step read at its end waited here for the GPU: that wait is the step's, so its
         # time ends now. (A step read during the next one waits inside the next one's window,
@@ -713,9 +706,7 @@ def _steps(run: _Run, bk: _Booking) -> None:
     pinned = [torch.empty(3, pin_memory=cuda) for _ in range(2)]  # double-buffered readback
     pending: _Pending | None = None
     queued = 0  # steps queued by this loop (selects the readback buffer)
-    bk.start_watches(cuda)
-    sync_debug, gcw = bk.sync_debug, bk.gcw
-    assert sync_debug is not None and gcw is not None
+    sync_debug, gcw = bk.sync_debug, bk.gcw.start()
     while books.reason is None and books.step + (pending is not None) < cfg.steps:
         sync_debug.maybe_start(timers.steps_done)
         t0 = time.perf_counter()
@@ -856,7 +847,6 @@ def _summary(run: _Run, bk: _Booking, tasks: dict[str, dict[str, float]]) -> dic
     cfg, timers, books, world = run.cfg, bk.timers, bk.books, run.world
     step, last_loss, reason = books.step, books.last_loss, books.reason or "steps"
     gcw, sync_debug = bk.gcw, bk.sync_debug
-    assert gcw is not None and sync_debug is not None
     ngpu = world if run.device.type == "cuda" else 0
     busy = timers.compute + timers.optimizer + timers.data_wait
     summary: dict[str, Any] = {
