@@ -80,10 +80,10 @@ class GEMConfig:
             inductor can fuse both with their neighbours (the FFN's residual add and the
             attention's layer norm; autograd's sum of the stream's gradients): on the H200
             those were four separate 0.38 ms add passes per layer in the h200 step. The same
-            values bit for bit, the same gradients (tests/test_layout.py). Off by default
-            until it is measured in the trainer on the GPU (one run of the new form on one
-            box, without a same-box run of the old one, could not tell: trainer/BENCHMARKS.md);
-            `python3 tools/with_model.py select_stream_rows=true -- -m gem_trainer ...` runs it.
+            values bit for bit, the same gradients (tests/test_layout.py). Off by default:
+            in the trainer (H100, h200 preset, three same-box pairs) it made the step 1.2-1.9 %
+            slower (trainer/BENCHMARKS.md, 2026-12-06). `python3 tools/with_model.py
+            select_stream_rows=true -- -m gem_trainer ...` runs it.
         last_layer_rows_only: the last layer's stream is read only at its CLS rows and its
             `num_recent` newest events (the heads take the feature tokens and the summary),
             unless that layer pools. So its attention computes queries, `wo` and the
