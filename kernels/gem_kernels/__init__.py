@@ -8,13 +8,13 @@ registered with `torch.library`.
 """
 
 from gem_kernels._jagged import pad_jagged, unpad_jagged
-from gem_kernels._jfa import jagged_flash_attention, jfa_backward_rule
+from gem_kernels._jfa import jagged_flash_attention, jagged_flash_attention_kv, jfa_backward_rule
 from gem_kernels._gdpa import generalized_dot_product_attention
 from gem_kernels._block import block_attention
 from gem_kernels._rowwise_adagrad import rowwise_adagrad_, rowwise_adagrad_reference_
 from gem_kernels._rope import rope_qkv_grad
 
-__version__ = "0.3.5"
+__version__ = "0.3.6"
 
 # One import line and one entry per op, so op files merge without conflicts.
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "block_attention",
     "generalized_dot_product_attention",
     "jagged_flash_attention",
+    "jagged_flash_attention_kv",
     "jfa_backward_rule",
     "pad_jagged",
     "rope_qkv_grad",

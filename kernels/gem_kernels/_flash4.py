@@ -94,17 +94,37 @@ def flash4_backward(
     max_kv_len: int,
     causal: bool,
     scale: float,
+    *,
+    dk: torch.Tensor | None = None,
+    dv: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv of softmax attention (no window) from a forward's out and log2 lse."""
+    """dq, dk, dv of softmax attention (no window) from a forward's out and log2 lse.
+
+    `dk`, `dv`: optional outputs (k's shape and dtype, any row/head strides, unit stride on D;
+    `jfa_backward` passes the halves of a packed `[Tkv, 2, H, D]` dkv). The package's
+    `_flash_attn_bwd` writes into them (it checks only shape, dtype and device; its kernels take
+    the strides at run time); they are returned. Not given: the package allocates them."""
     dout, q, k, v, out = (_last_dim_contiguous(t) for t in (dout, q, k, v, out))
     lse = lse_from_ours(lse2)
     cu_q, cu_k = _cu(q_offsets, kv_offsets)
-    dq, dk, dv = _fa4_backward(
+    # Passed only when given: the call is then the one the unpacked path always made.
+    outs = {name: t for name, t in (("dk", dk), ("dv", dv)) if t is not None}
+    dq, dk_got, dv_got = _fa4_backward(
         q, k, v, out, dout, lse, softmax_scale=float(scale), causal=bool(causal),
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(max_q_len, 1),
-        max_seqlen_k=max(max_kv_len, 1), deterministic=torch.are_deterministic_algorithms_enabled(),
+        max_seqlen_k=max(max_kv_len, 1), deterministic=torch.are_deterministic_algorithms_enabled(), **outs,
     )[:3]
-    return dq, dk, dv
+    return dq, _written(dk, dk_got), _written(dv, dv_got)
+
+
+def _written(given: torch.Tensor | None, got: torch.Tensor) -> torch.Tensor:
+    """`given` holding `got`'s values (a package version that returned a fresh tensor instead of
+    writing into the one given is copied in), or `got` when none was given."""
+    if given is None:
+        return got
+    if got.data_ptr() != given.data_ptr() or got.stride() != given.stride():
+        given.copy_(got)
+    return given
 
 
 # The package's functions, looked up at call time (the CPU tests put plain-PyTorch stand-ins

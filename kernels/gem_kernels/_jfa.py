@@ -3,8 +3,10 @@
 The Triton path is two custom ops, `gem_kernels::jfa_fwd` (returns out and the per-row
 log-sum-exp) and `gem_kernels::jfa_bwd` (returns dq, dk, dv), tied by `register_autograd`
 and given fake implementations, so `torch.compile` traces through them without graph breaks
-and autograd needs no Python-level Function. The reference backend is plain PyTorch and is
-differentiated by torch autograd.
+(eager calls take an `autograd.Function` twin, skipping the dispatch). The reference backend
+is plain PyTorch and is differentiated by torch autograd. `jagged_flash_attention_kv` is the
+same attention for k and v packed in one `[Tkv, 2, H, D]` tensor, with its own pair of ops
+(`jfa_fwd_kv`, `jfa_bwd_kv`) whose backward returns kv's gradient as one packed tensor.
 """
 
 import math
@@ -54,6 +56,90 @@ def jagged_flash_attention(
     Returns:
         `[Tq, H, D]` in q's dtype. Queries that see no key output 0 (and get zero gradient).
     """
+    backend, scale, q_offsets, kv_offsets = _prepare(
+        q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, window, scale, backend
+    )
+    if backend == "reference":
+        return _reference(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, bool(causal), window, scale)
+    args = (q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, bool(causal), window, scale)
+    if torch.compiler.is_compiling():
+        out, _ = torch.ops.gem_kernels.jfa_fwd(*args)
+        return out  # type: ignore[no-any-return]
+    # Eager: the same kernels without the custom-op dispatch (tens of µs per call).
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _JfaFunction.apply(*args)  # type: ignore[no-untyped-call,no-any-return]
+    return _run_forward(*args)[0]
+
+
+def jagged_flash_attention_kv(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    *,
+    causal: bool = False,
+    window: int | None = None,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """`jagged_flash_attention(q, kv[:, 0], kv[:, 1], ...)` for keys and values packed in one
+    tensor (one fused projection, `kv = wkv(x).reshape(T, 2, H, D)`), with kv's gradient
+    returned as one packed `[Tkv, 2, H, D]` tensor.
+
+    Why: with separate k and v views of kv, autograd stacks dk and dv into kv's gradient
+    (`unbind`'s backward, ~0.75 ms per call at the trainer's size on the H200). Here the Triton
+    path's backward (`gem_kernels::jfa_bwd_kv`) writes dk and dv straight into the halves of
+    one buffer (ours and FlashAttention-4's backward; torch's FlashAttention-2 backward returns
+    fresh tensors, stacked into the buffer). Same values as `jagged_flash_attention` on the same kernels.
+
+    Args:
+        kv: `[Tkv, 2, H, D]`: keys `kv[:, 0]`, values `kv[:, 1]` (q's dtype, device, H and D).
+        Everything else as `jagged_flash_attention`.
+
+    Returns:
+        `[Tq, H, D]` in q's dtype.
+    """
+    k, v = _kv_halves(q, kv)
+    backend, scale, q_offsets, kv_offsets = _prepare(
+        q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, window, scale, backend
+    )
+    if backend == "reference":
+        k, v = kv.unbind(1)  # autograd differentiates the reference (stacking dk, dv)
+        return _reference(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, bool(causal), window, scale)
+    args = (q, kv, q_offsets, kv_offsets, max_q_len, max_kv_len, bool(causal), window, scale)
+    if torch.compiler.is_compiling():
+        out, _ = torch.ops.gem_kernels.jfa_fwd_kv(*args)
+        return out  # type: ignore[no-any-return]
+    if torch.is_grad_enabled() and (q.requires_grad or kv.requires_grad):
+        return _JfaKvFunction.apply(*args)  # type: ignore[no-untyped-call,no-any-return]
+    return _run_forward(q, k, v, *args[2:])[0]
+
+
+def _kv_halves(q: torch.Tensor, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """kv's keys and values `kv[:, 0]`, `kv[:, 1]` after the checks that name `kv` (the rest,
+    `check_attention`'s, run on the halves)."""
+    if not isinstance(kv, torch.Tensor):
+        raise TypeError(f"kv must be a torch.Tensor, got {type(kv).__name__}")
+    if kv.dim() != 4 or kv.shape[1] != 2:
+        raise ValueError(f"kv.shape={tuple(kv.shape)} must be [Tkv, 2, H, D] (keys kv[:, 0], values kv[:, 1])")
+    if isinstance(q, torch.Tensor) and q.dim() == 3:
+        if kv.shape[2:] != q.shape[1:]:
+            raise ValueError(f"kv.shape={tuple(kv.shape)} and q.shape={tuple(q.shape)} must share [H, D]")
+        if kv.device != q.device:
+            raise ValueError(f"kv.device={kv.device} must match q's {q.device}")
+        if kv.dtype != q.dtype:
+            raise TypeError(f"kv.dtype={kv.dtype} must match q's {q.dtype}")
+    return kv[:, 0], kv[:, 1]
+
+
+def _prepare(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
+    max_q_len: int, max_kv_len: int, window: int | None, scale: float | None, backend: str,
+) -> tuple[str, float, torch.Tensor, torch.Tensor]:
+    """The public functions' shared front: checks, the scale, the backend; for Triton its own
+    checks and unit-stride offsets. Returns (backend, scale, q_offsets, kv_offsets)."""
     if backend not in _BACKENDS:
         raise ValueError(f"backend={backend!r} must be one of {_BACKENDS}")
     device = check_attention(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, window)
@@ -63,25 +149,25 @@ def jagged_flash_attention(
         raise ValueError(f"scale={scale!r} must be a finite float")
     backend = resolve_backend(backend, device)
     if backend == "reference":
-        if torch.compiler.is_compiling():
-            # Traced: the padded batch (sync-free); the CPU buckets read the offsets on the host.
-            return jfa_padded(q, k, v, q_offsets, kv_offsets, max_q_len, max(max_kv_len, 1),
-                              causal=bool(causal), window=window, scale=float(scale))
-        return run_reference(jfa_padded, jfa_reference, q, k, v, q_offsets, kv_offsets, max_q_len,
-                             max_kv_len, causal=bool(causal), window=window, scale=float(scale))
+        return backend, float(scale), q_offsets, kv_offsets
     if q.shape[2] not in TRITON_HEAD_DIMS:
         raise ValueError(f"q.shape[2]={q.shape[2]} (head dim D) must be one of {TRITON_HEAD_DIMS} for backend='triton'")
     check_triton_device(device)
     # Every path below reads the offsets with a unit stride (a strided view gave wrong results).
-    q_offsets, kv_offsets = q_offsets.contiguous(), kv_offsets.contiguous()
-    args = (q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, bool(causal), window, float(scale))
+    return backend, float(scale), q_offsets.contiguous(), kv_offsets.contiguous()
+
+
+def _reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
+    max_q_len: int, max_kv_len: int, causal: bool, window: int | None, scale: float,
+) -> torch.Tensor:
+    """The plain-PyTorch path (differentiated by autograd)."""
     if torch.compiler.is_compiling():
-        out, _ = torch.ops.gem_kernels.jfa_fwd(*args)
-        return out  # type: ignore[no-any-return]
-    # Eager: the same kernels without the custom-op dispatch (tens of µs per call).
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _JfaFunction.apply(*args)  # type: ignore[no-untyped-call,no-any-return]
-    return _run_forward(*args)[0]
+        # Traced: the padded batch (sync-free); the CPU buckets read the offsets on the host.
+        return jfa_padded(q, k, v, q_offsets, kv_offsets, max_q_len, max(max_kv_len, 1),
+                          causal=causal, window=window, scale=scale)
+    return run_reference(jfa_padded, jfa_reference, q, k, v, q_offsets, kv_offsets, max_q_len,
+                         max_kv_len, causal=causal, window=window, scale=scale)
 
 
 def jfa_backward_rule() -> str:
@@ -207,6 +293,50 @@ class _JfaFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
+class _JfaKvFunction(torch.autograd.Function):
+    """Eager autograd for the packed-kv Triton path (`jfa_fwd_kv`'s `register_autograd` twin):
+    kv's gradient is one `[Tkv, 2, H, D]` buffer that the backward writes dk and dv into."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        q_offsets: torch.Tensor,
+        kv_offsets: torch.Tensor,
+        max_q_len: int,
+        max_kv_len: int,
+        causal: bool,
+        window: int | None,
+        scale: float,
+    ) -> torch.Tensor:
+        out, lse = _run_forward(q, kv[:, 0], kv[:, 1], q_offsets, kv_offsets, max_q_len, max_kv_len, causal,
+                                window, scale)
+        ctx.save_for_backward(q, kv, out, lse, q_offsets, kv_offsets)
+        ctx.meta = (max_q_len, max_kv_len, causal, window, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, kv, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
+        dq, dkv = _run_backward_kv(dout.contiguous(), q, kv, out, lse, q_offsets, kv_offsets, *ctx.meta)
+        return dq, dkv, None, None, None, None, None, None, None
+
+
+def _run_backward_kv(
+    dout: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q_len: int, max_kv_len: int, causal: bool,
+    window: int | None, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dq, dkv): dk and dv written into the halves of one contiguous `[Tkv, 2, H, D]` buffer."""
+    from gem_kernels._triton_jfa import jfa_backward
+
+    dkv = torch.empty(kv.shape, dtype=kv.dtype, device=kv.device)
+    dq, _, _ = jfa_backward(dout, q, kv[:, 0], kv[:, 1], out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len,
+                            causal, window, scale, dkv=dkv)
+    return dq, dkv
+
+
 # --- torch.library registration of the Triton path -------------------------------------------
 
 
@@ -315,3 +445,100 @@ def _jfa_backward(
 
 
 _jfa_fwd.register_autograd(_jfa_backward, setup_context=_jfa_setup_context)
+
+
+# The packed-kv twins (`jagged_flash_attention_kv`): kv `[Tkv, 2, H, D]` in, dkv out as one
+# contiguous buffer (the fake promises it), so no stack of dk and dv follows in the graph.
+@torch.library.custom_op("gem_kernels::jfa_fwd_kv", mutates_args=())
+def _jfa_fwd_kv(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    causal: bool,
+    window: int | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = _run_forward(q, kv[:, 0], kv[:, 1], q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window,
+                            scale)
+    return out.contiguous(), lse.contiguous()
+
+
+@_jfa_fwd_kv.register_fake
+def _jfa_fwd_kv_fake(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    causal: bool,
+    window: int | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("gem_kernels::jfa_bwd_kv", mutates_args=())
+def _jfa_bwd_kv(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    causal: bool,
+    window: int | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    dq, dkv = _run_backward_kv(dout, q, kv, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window,
+                               scale)
+    return dq.contiguous(), dkv
+
+
+@_jfa_bwd_kv.register_fake
+def _jfa_bwd_kv_fake(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    causal: bool,
+    window: int | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return q.new_empty(q.shape), kv.new_empty(kv.shape)
+
+
+def _jfa_kv_setup_context(
+    ctx: torch.autograd.function.FunctionCtx,
+    inputs: tuple[Any, ...],
+    output: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    q, kv, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, kv, out, lse, q_offsets, kv_offsets)
+    ctx.meta = (max_q_len, max_kv_len, causal, window, scale)  # type: ignore[attr-defined]
+
+
+def _jfa_kv_backward(
+    ctx: torch.autograd.function.FunctionCtx, dout: torch.Tensor, _dlse: torch.Tensor | None
+) -> tuple[torch.Tensor | None, ...]:
+    q, kv, out, lse, q_offsets, kv_offsets = ctx.saved_tensors  # type: ignore[attr-defined]
+    max_q_len, max_kv_len, causal, window, scale = ctx.meta  # type: ignore[attr-defined]
+    dq, dkv = torch.ops.gem_kernels.jfa_bwd_kv(
+        dout.contiguous(), q, kv, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale,
+    )
+    return dq, dkv, None, None, None, None, None, None, None
+
+
+_jfa_fwd_kv.register_autograd(_jfa_kv_backward, setup_context=_jfa_kv_setup_context)

@@ -909,6 +909,30 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(2) == 1 else t.contiguous()
 
 
+def _check_dkv(dkv: torch.Tensor, k: torch.Tensor) -> None:
+    """`jfa_backward`'s packed output must be `[Tkv, 2, H, D]` of k's dtype and device with a
+    unit stride on D (the kernels write rows of D elements)."""
+    want = (k.shape[0], 2, *k.shape[1:])
+    if tuple(dkv.shape) != want or dkv.dtype != k.dtype or dkv.device != k.device:
+        raise ValueError(f"dkv {tuple(dkv.shape)} {dkv.dtype} on {dkv.device} must be {want} {k.dtype} on {k.device}")
+    if dkv.stride(3) != 1:
+        raise ValueError(f"dkv.stride(3)={dkv.stride(3)} must be 1")
+
+
+def _into_halves(
+    dkv: torch.Tensor, dk: torch.Tensor | None, dv: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """dk, dv stacked into dkv (None: zeros); returns its halves `dkv[:, 0]`, `dkv[:, 1]`. For
+    the backwards that return fresh tensors (torch's FlashAttention-2) and the empty batch. One
+    stack kernel, as autograd's: two `copy_` into the strided halves measured ~0.5 ms slower at
+    the trainer's size on the H100 (CHANGELOG 0.3.6)."""
+    if dk is None or dv is None:
+        dkv.zero_()
+    else:
+        torch.stack((dk, dv), 1, out=dkv)
+    return dkv[:, 0], dkv[:, 1]
+
+
 def _upcast(t: torch.Tensor) -> bool:
     return t.dtype == torch.bfloat16 and (t.device.type != "cuda" or interpreting())
 
@@ -1027,8 +1051,16 @@ def jfa_backward(
     causal: bool,
     window: int | None,
     scale: float,
+    dkv: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward. Returns dq, dk, dv (zeros for rows of empty or invisible sequences).
+
+    `dkv`: an optional `[Tkv, 2, H, D]` buffer (k's dtype and device, unit stride on D) for
+    a caller whose k and v are the halves of one packed kv (`jfa_bwd_kv`): dk and dv are then
+    written into `dkv[:, 0]` and `dkv[:, 1]`, and those views are returned, so no stack copies
+    them together afterwards. Ours and FlashAttention-4's backward write into the views
+    directly (any row/head strides); torch's FlashAttention-2 backward returns fresh tensors,
+    stacked into dkv (the cost the stack had).
 
     Where `bwd_uses_flash4` says so, FlashAttention-4's backward (`_flash4.flash4_backward`, the
     optional flash-attn-4 package); else where `bwd_uses_flash` says so, torch's FlashAttention-2
@@ -1047,20 +1079,29 @@ def jfa_backward(
     dout, q, k, v = (_last_dim_contiguous(t) for t in (dout, q, k, v))
     tq, h, d = q.shape
     b = q_offsets.numel() - 1
+    if dkv is not None:
+        _check_dkv(dkv, k)
     if tq == 0 or k.shape[0] == 0 or b == 0 or h == 0 or max_q_len == 0 or max_kv_len == 0:
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        if dkv is None:
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        return torch.zeros_like(q), *_into_halves(dkv, None, None)
     if bwd_uses_flash4(q, k, window):
         from gem_kernels._flash4 import flash4_backward
 
-        return flash4_backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, scale)
+        halves = (None, None) if dkv is None else (dkv[:, 0], dkv[:, 1])
+        return flash4_backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, scale,
+                               dk=halves[0], dv=halves[1])
     if bwd_uses_flash(q, window):
         from gem_kernels._flash2 import flash_backward
 
-        return flash_backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, scale)
+        dq, dk, dv = flash_backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal,
+                                    scale)
+        return (dq, dk, dv) if dkv is None else (dq, *_into_halves(dkv, dk, dv))
     cfg = pick_config(max_q_len, max_kv_len, d, q.dtype)
-    # The kernels write every row of dk/dv (offsets contract): no memset.
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
+    # The kernels write every row of dk/dv (offsets contract): no memset. They take any row
+    # and head strides, so a packed dkv's halves are written in place.
+    dk = torch.empty_like(k) if dkv is None else dkv[:, 0]
+    dv = torch.empty_like(v) if dkv is None else dkv[:, 1]
     # One-pass: every dQ row is a sum over kv blocks; rows no kv block sees stay 0.
     dq_acc = torch.empty((tq, h, d), dtype=torch.float32, device=q.device) if cfg.one_pass else dk
     # FA2 preprocess: delta_i = sum_d dO_id · O_id (fp32).

@@ -431,6 +431,27 @@ def kernel_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
+def attention_kv(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_q: int,
+    max_kv: int,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Jagged softmax attention with k and v packed `[Tkv, 2, H, D]`, as one fused projection
+    gives them (`gem_kernels.jagged_flash_attention_kv`). The same values as `attention(q,
+    *kv.unbind(1), ...)`; the backward returns kv's gradient as one tensor, written by the
+    attention's backward itself where the kernel can (FlashAttention-4, ours), instead of
+    `unbind`'s backward stacking dk and dv into a new one (a copy of `[Tkv, 2, H, D]`)."""
+    dt = kernel_dtype(q)
+    return gem_kernels.jagged_flash_attention_kv(
+        q.to(dt), kv.to(dt), q_offsets, kv_offsets, max_q, max_kv, backend=backend
+    )
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -266,9 +266,9 @@ class SeqPooling(nn.Module):
         b, t = offsets.shape[0] - 1, seq.shape[0]
         q = self.wq(self.seeds).reshape(1, self.n_seeds, self.heads, self.dh)
         q = q.expand(b, -1, -1, -1).reshape(b * self.n_seeds, self.heads, self.dh)
-        k, v = self.wkv(self.norm(seq)).reshape(t, 2, self.heads, self.dh).unbind(1)
+        kv = self.wkv(self.norm(seq)).reshape(t, 2, self.heads, self.dh)
         q_off = _jagged.uniform_offsets(b, self.n_seeds, seq.device)
-        o = _jagged.attention(q, k, v, q_off, offsets, self.n_seeds, max_len, backend=self.backend)
+        o = _jagged.attention_kv(q, kv, q_off, offsets, self.n_seeds, max_len, backend=self.backend)
         p: torch.Tensor = self.wo(o.reshape(b * self.n_seeds, self.d)).reshape(b, self.n_seeds, self.d)
         p = p + self.seeds.to(p.dtype)
         if self.down is not None and self.up is not None:

@@ -20,7 +20,7 @@ from torch import nn
 from _batch import KUNLUN, make_batch, tiny_config
 from gem_model import GEMModel
 from gem_model import _jagged
-from gem_model._layers import InterFormerLayer, SeqAttention, recent_tokens
+from gem_model._layers import InterFormerLayer, SeqAttention, SeqPooling, recent_tokens
 
 
 def assert_grads_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
@@ -740,6 +740,72 @@ def test_last_rows_attention_triton_matches_reference() -> None:
         res.append([out.detach(), comb.grad, *(p.grad for p in m.parameters())])
     for a, b in zip(*res, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()) + 1e-6)
+
+
+def _pooling_unpacked(m: SeqPooling, seq: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
+    """gem-model <= 0.5.1's pooling: k and v split by `unbind` (whose backward stacks dk, dv)."""
+    b, t = offsets.shape[0] - 1, seq.shape[0]
+    q = m.wq(m.seeds).reshape(1, m.n_seeds, m.heads, m.dh).expand(b, -1, -1, -1).reshape(b * m.n_seeds, m.heads, m.dh)
+    k, v = m.wkv(m.norm(seq)).reshape(t, 2, m.heads, m.dh).unbind(1)
+    o = _jagged.attention(q, k, v, _jagged.uniform_offsets(b, m.n_seeds, seq.device), offsets, m.n_seeds, max_len,
+                          backend=m.backend)
+    p = m.wo(o.reshape(b * m.n_seeds, m.d)).reshape(b, m.n_seeds, m.d) + m.seeds.to(o.dtype)
+    assert m.down is not None and m.up is not None
+    return m.up(m.down(p.transpose(1, 2))).transpose(1, 2)
+
+
+def _pooling_pair(m: SeqPooling, seq0: torch.Tensor, offsets: torch.Tensor, max_len: int, up: torch.Tensor,
+                  autocast: bool = False) -> list[list[torch.Tensor]]:
+    """[outputs and gradients] of the packed pooling (the module) and the unpacked one."""
+    res = []
+    for fn in (m, lambda s, o, n: _pooling_unpacked(m, s, o, n)):
+        m.zero_grad(set_to_none=True)
+        seq = seq0.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            out = fn(seq, offsets, max_len)
+        (out.float() * up).sum().backward()
+        res.append([out.detach().float(), seq.grad, *(p.grad for p in m.parameters())])
+    return res
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="needs TRITON_INTERPRET=1 (Bazel sets it) or a GPU")
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_pooling_with_packed_kv_matches_unbind(backend: str) -> None:
+    """gem-model 0.5.2's pooling hands `[T, 2, H, D]` to the attention and gets kv's gradient back
+    as one tensor: the same outputs and gradients as k, v split by `unbind` (0.5.1), on both
+    backends (Triton's interpreter on CPU), with empty and one-event sequences."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = dataclasses.replace(tiny_config(), hierarchical_pooling=True, hier_seeds=4, hier_rank=2,
+                              attention_backend=backend)
+    g = torch.Generator().manual_seed(int(torch.randint(0, 10**6, ())))
+    lengths = [0, 1, 9] + torch.randint(0, 14, (2,), generator=g).tolist()
+    offsets = torch.tensor([0] + lengths).cumsum(0).to(dev)
+    m = SeqPooling(cfg).to(dev)
+    seq0 = torch.randn(sum(lengths), cfg.d_model, generator=g).to(dev)
+    up = torch.randn(len(lengths), cfg.num_pma_seeds, cfg.d_model, generator=g).to(dev)
+    got, want = _pooling_pair(m, seq0, offsets, max(lengths), up)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * float(b.abs().max()) + 1e-7)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_pooling_with_packed_kv_gpu_matches_unbind() -> None:
+    """The h200 pooling's size on CUDA, bf16 under autocast (32 seeds, 8 heads of 128, long and
+    empty histories): packed kv gives the unpacked pooling's outputs and gradients. The
+    backward is FlashAttention-4's where it imports (dk, dv written into kv's gradient
+    directly), else torch's FlashAttention-2's."""
+    cfg = dataclasses.replace(tiny_config(d_model=1024, num_heads=8), hierarchical_pooling=True, hier_seeds=32,
+                              hier_rank=8, num_pma_seeds=8)
+    torch.manual_seed(int(torch.randint(0, 10**6, ())))
+    m = SeqPooling(cfg).cuda()
+    lengths = [0, 3, 2_500, 700, 64, 1_300, 9, 4_000]
+    offsets = torch.tensor([0] + lengths).cumsum(0).cuda()
+    seq0 = torch.randn(sum(lengths), cfg.d_model, device="cuda").to(torch.bfloat16)
+    up = torch.randn(len(lengths), cfg.num_pma_seeds, cfg.d_model, device="cuda")
+    got, want = _pooling_pair(m, seq0, offsets, max(lengths), up, autocast=True)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-2 * float(b.abs().max()))
 
 
 def test_last_layer_rows_only_under_activation_checkpointing() -> None:
