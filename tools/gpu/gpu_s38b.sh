@@ -6,8 +6,8 @@
 # (git-ignored; carried with .fa4b).
 #   PART=a  (carries .fa4a; first copies .fa4a/ir.so.xz to /tmp/fa4a) the GPU tests without
 #           FlashAttention-4: kernels/tests/test_jfa_kv.py, the model's pooling tests.
-#   PART=b  (carries .fa4b and .ab; installs FlashAttention-4) the same tests with it and
-#           kernels/tests/test_jfa_flash4.py; then the trainer, 0.5.1 against 0.5.2, each from
+#   PART=b  (carries .fa4b and .ab; installs FlashAttention-4) the model's pooling GPU test
+#           with it (the kernels' FlashAttention-4 tests ran on another box); then the trainer, 0.5.1 against 0.5.2, each from
 #           its own empty caches, then warm, alternating (`--preset h200 --steps 100`).
 #   PART=c  (the same box after b) issue 16's command `--preset h200 --steps 300` under 0.5.2,
 #           over b's caches; then the model's local-MFU bench while time is left.
@@ -28,7 +28,7 @@ else
   st setup 60 bash tools/fa4_setup.sh
   export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
   if [ "$PART" = b ]; then
-    gputests tests4 kernels/tests/test_jfa_flash4.py
+    st tests4m 90 python3 -m pytest -q -p no:cacheprovider model/tests/test_layout.py -k "pooling and gpu"
     arm() { local pp=$PYTHONPATH; [ "$1" = old ] && pp=.ab/model051:$pp
       env PYTHONPATH=$pp GEM_CACHE_DIR=/tmp/c_$1 TORCHINDUCTOR_CACHE_DIR=/tmp/c_$1/ind TRITON_CACHE_DIR=/tmp/c_$1/tri \
         python3 $H200_TR --steps ${STEPS:-100}; }
