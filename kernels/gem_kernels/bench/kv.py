@@ -1,0 +1,94 @@
+"""Packed kv (`jagged_flash_attention_kv`) against k, v split by `unbind`: forward+backward.
+
+    cd kernels && python3 -m gem_kernels.bench.kv [--iters 15] [--rounds 2] [--small]
+
+What it times: `kv = x @ W` reshaped to `[T, 2, H, D]`, then attention and the backward to
+x and W, as the model's pooling does; once with `k, v = kv.unbind(1)` fed to
+`jagged_flash_attention` (autograd stacks dk and dv into kv's gradient) and once with `kv`
+fed to `jagged_flash_attention_kv` (the backward writes them into one gradient). Cases: the
+h200 trainer's self-attention batch (~262 k tokens, causal) and its pooling (32 seed queries
+per sample over every history). Eager calls, CUDA events, median per round; the rounds
+alternate the two paths. The backward is whatever this process picks (FlashAttention-4's
+where flash-attn-4 imports, else torch's FlashAttention-2's, which copies either way).
+`--small` runs a toy batch (on CPU under TRITON_INTERPRET=1: a check that it runs, no timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import torch
+
+from gem_kernels import jagged_flash_attention, jagged_flash_attention_kv, jfa_backward_rule
+from gem_kernels.bench._common import bench_ms, emit_json, env_info, offsets_from_lengths, print_table, trainer_lengths
+
+
+def _case(lengths: list[int], seeds: int | None, heads: int, dim: int, causal: bool, device: str,
+          dtype: torch.dtype) -> tuple[Callable[[bool], tuple[torch.Tensor, ...]], int]:
+    """fn(packed) -> (out, x.grad, w.grad) for one fwd+bwd; the tokens."""
+    t, b = sum(lengths), len(lengths)
+    d_model = heads * dim
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(t, d_model, generator=g) * 0.5).to(device, dtype).requires_grad_()
+    w = (torch.randn(d_model, 2 * d_model, generator=g) / d_model**0.5).to(device, dtype).requires_grad_()
+    kv_off = offsets_from_lengths(lengths, device)
+    if seeds is None:  # self-attention: q from x too
+        wq = (torch.randn(d_model, d_model, generator=g) / d_model**0.5).to(device, dtype)
+        q_off, max_q = kv_off, max(lengths)
+    else:
+        wq = None
+        q_off = torch.arange(0, (b + 1) * seeds, seeds, device=device)
+        max_q = seeds
+    qs = None if seeds is None else (torch.randn(b * seeds, heads, dim, generator=g) * 0.5).to(device, dtype)
+    up = None
+
+    def run(packed: bool) -> tuple[torch.Tensor, ...]:
+        nonlocal up
+        x.grad = w.grad = None
+        kv = (x @ w).reshape(t, 2, heads, dim)
+        q = (x @ wq).reshape(t, heads, dim) if wq is not None else qs
+        assert q is not None
+        if packed:
+            o = jagged_flash_attention_kv(q, kv, q_off, kv_off, max_q, max(lengths), causal=causal)
+        else:
+            k, v = kv.unbind(1)
+            o = jagged_flash_attention(q, k, v, q_off, kv_off, max_q, max(lengths), causal=causal)
+        if up is None:
+            up = torch.randn(o.shape, generator=g).to(device, dtype)
+        o.backward(up)
+        assert x.grad is not None and w.grad is not None
+        return o.detach(), x.grad, w.grad
+
+    return run, t
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, object]]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--small", action="store_true", help="toy batch (CPU interpreter check)")
+    a = ap.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    if a.small or not cuda:
+        cases = [("self causal", [5, 0, 17, 9], None, 2, 16, True), ("pooling", [5, 0, 17, 9], 4, 2, 16, False)]
+    else:
+        lengths = trainer_lengths()
+        cases = [("trainer self causal", lengths, None, 8, 128, True), ("trainer pooling (32 seeds)", lengths, 32, 8, 128, False)]
+    rows: list[dict[str, object]] = []
+    for name, lengths, seeds, heads, dim, causal in cases:
+        run, t = _case(lengths, seeds, heads, dim, causal, device, dtype)
+        want, got = run(False), run(True)
+        err = max(float((a_ - b_).abs().max()) / max(float(b_.abs().max()), 1e-12) for a_, b_ in zip(got, want))
+        for r in range(a.rounds):
+            ms = {packed: bench_ms(lambda p=packed: run(p), warmup=2, iters=a.iters) for packed in (r % 2 == 1, r % 2 == 0)}
+            rows.append({"case": name, "tokens": t, "round": r + 1, "unpacked ms": ms[False], "packed ms": ms[True],
+                         "saved ms": ms[False] - ms[True], "err": err})
+    print_table(rows, ["case", "tokens", "round", "unpacked ms", "packed ms", "saved ms", "err"])
+    emit_json({"bench": "kv", "env": env_info(), "backward": jfa_backward_rule(), "rows": rows})
+    return rows
+
+
+if __name__ == "__main__":
+    main()
