@@ -19,5 +19,5 @@ def train(cfg: TrainConfig, *, step_hook: Callable[[int], None] | None = None) -
     return _train(cfg, step_hook=step_hook)
 
 
-__version__ = "0.2.20"
+__version__ = "0.2.21"
 __all__ = ["PRESETS", "TrainConfig", "presets_h200", "presets_multi", "presets_tiny", "train", "__version__"]

@@ -824,18 +824,21 @@ def train(cfg: TrainConfig, *, deterministic: bool | None = None,
     run = _build(cfg, deterministic)
     bk = _Booking(run, step_hook)
     try:
-        _steps(run, bk)
-        _finish_checkpoints(run, bk)
+        try:
+            _steps(run, bk)
+            _finish_checkpoints(run, bk)
+        finally:
+            bk.close()
+        timers = bk.timers
+        timers.total = time.perf_counter() - run.t_start
+        if run.cfg.compile:  # before the evaluation, whose no_grad variants are not recompiles
+            timers.extra["train_graphs"] = _compile_counts(run.aot)["graphs"]
+        bk.save_compile_cache()  # a run shorter than the warm-up
+        tasks = evaluate(run.model, run.cfg, run.dcfg, run.rank, run.world, run.device,
+                         autocast_device(run.cfg, run.device))
+        return _summary(run, bk, tasks)
     finally:
-        bk.close()
-    timers = bk.timers
-    timers.total = time.perf_counter() - run.t_start
-    if run.cfg.compile:  # before the evaluation, whose no_grad variants are not recompiles
-        timers.extra["train_graphs"] = _compile_counts(run.aot)["graphs"]
-    bk.save_compile_cache()  # a run shorter than the warm-up
-    tasks = evaluate(run.model, run.cfg, run.dcfg, run.rank, run.world, run.device,
-                     autocast_device(run.cfg, run.device))
-    return _summary(run, bk, tasks)
+        bk.log.close()  # also when the loop, a checkpoint or the evaluation raised
 
 
 def _summary(run: _Run, bk: _Booking, tasks: dict[str, dict[str, float]]) -> dict[str, Any]:
@@ -907,7 +910,6 @@ def _summary(run: _Run, bk: _Booking, tasks: dict[str, dict[str, float]]) -> dic
         bk.log.write(step, eval=tasks)
     bk.log.write(step, summary={k: v for k, v in summary.items()
                                 if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "loss"})
-    bk.log.close()
     return summary
 
 

@@ -190,7 +190,13 @@ class MetricLog:
                 self._tb.add_scalar(tag, v, step)
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-        if self._tb is not None:
-            self._tb.close()
+        """Closes the JSONL file and flushes and closes TensorBoard's writer (whose events are
+        otherwise written every two minutes, so a run that ends in an error lost its last
+        scalars). Idempotent: train() closes the log whatever ends the run."""
+        f, tb, self._f, self._tb = self._f, self._tb, None, None
+        try:
+            if f is not None:
+                f.close()
+        finally:
+            if tb is not None:
+                tb.close()

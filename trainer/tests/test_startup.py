@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +113,46 @@ def test_a_loader_that_fails_to_start_leaves_no_handler_behind(monkeypatch: pyte
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+@pytest.mark.parametrize("where", ["loop", "evaluation"])
+def test_a_run_that_raises_closes_its_metric_log(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                 where: str) -> None:
+    """The loop (a step's loss) or the evaluation raises: train() raises that error, and its
+    metric log is closed: the JSONL lines written so far are there, and TensorBoard's writer
+    is flushed (before gem-trainer 0.2.21 the log was closed only by a run that finished, so
+    a failed run lost the scalars TensorBoard had not flushed yet, up to two minutes)."""
+    token = f"failed {random.randrange(10**9)}"
+    steps_before = random.randrange(2, 5)
+    real_loss = _loop.loss_fn
+    calls = {"n": 0}
+
+    def loss(*args: object) -> object:
+        calls["n"] += 1
+        if where == "loop" and calls["n"] > steps_before:
+            raise RuntimeError(token)
+        return real_loss(*args)
+
+    def evaluate(*args: object) -> object:
+        raise RuntimeError(token)
+
+    monkeypatch.setattr(_loop, "loss_fn", loss)
+    if where == "evaluation":
+        monkeypatch.setattr(_loop, "evaluate", evaluate)
+    closed: list[bool] = []
+    real_close = _metrics.MetricLog.close
+
+    def close(self: _metrics.MetricLog) -> None:
+        closed.append(self._f is not None)  # the file was still open
+        real_close(self)
+
+    monkeypatch.setattr(_metrics.MetricLog, "close", close)
+    log_dir = str(tmp_path)
+    steps = steps_before + 2
+    with pytest.raises(RuntimeError, match=token):
+        train(presets_tiny(steps=steps, batch_size=8, eval_batches=2, progress=False, log_dir=log_dir, log_every=1))
+    assert closed and closed[0], closed  # closed once with its file open; later closes are no-ops
+    with open(f"{log_dir}/metrics.jsonl") as f:
+        logged = [json.loads(line)["step"] for line in f]
+    want = steps_before if where == "loop" else steps
+    assert logged and max(logged) == want, logged
