@@ -89,7 +89,7 @@ def jagged_flash_attention_kv(
     returned as one packed `[Tkv, 2, H, D]` tensor.
 
     Why: with separate k and v views of kv, autograd stacks dk and dv into kv's gradient
-    (`unbind`'s backward, ~0.75 ms per call at the trainer's size on the H200). Here the Triton
+    (`unbind`'s backward, 0.5-0.7 ms per call at the trainer's size on an H100). Here the Triton
     path's backward (`gem_kernels::jfa_bwd_kv`) writes dk and dv straight into the halves of
     one buffer (ours and FlashAttention-4's backward; torch's FlashAttention-2 backward returns
     fresh tensors, stacked into the buffer). Same values as `jagged_flash_attention` on the same kernels.
