@@ -1,4 +1,5 @@
-"""Shared by the FlashAttention stand-in tests (test_jfa_flash2.py, test_jfa_flash4.py):
+"""Shared by the FlashAttention stand-in tests (test_jfa_flash2.py, test_jfa_flash4.py,
+test_jfa_kv.py):
 plain-PyTorch stand-ins written to FlashAttention's varlen contracts (int32 cu_seqlens,
 natural-log lse `[H, Tq]`, causal bottom-right aligned), jagged cases, and the checks against
 our kernels and the fp32 reference."""
@@ -17,6 +18,20 @@ DEVICE = "cuda" if CUDA else "cpu"
 
 def _offsets(lengths: list[int]) -> torch.Tensor:
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64, device=DEVICE)
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
+    """Wraps `module.<name>` so each call appends to the returned list (the dispatch looks it
+    up at call time), and still runs it."""
+    calls: list[int] = []
+    real = getattr(module, name)
+
+    def counted(*a: Any, **kw: Any) -> Any:
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:

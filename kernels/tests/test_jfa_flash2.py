@@ -15,7 +15,6 @@ the compiled path.
 """
 
 import os
-from typing import Any
 
 import pytest
 import torch
@@ -23,8 +22,8 @@ import torch
 from gem_kernels import _flash2, _jfa, _triton_jfa, jagged_flash_attention
 from gem_kernels._triton_jfa import BWD_ENV, JfaConfig, JfaTiles, force_config
 
-from _flash_ref import (CUDA, DEVICE, _assert_near_reference, _case, _check_vs_ours_and_reference, _fa2_fwd_stand_in,
-                        _fa2_stand_in, _grads, _lognormal, _offsets, _ours, _rel)
+from _flash_ref import (CUDA, DEVICE, _assert_near_reference, _case, _check_vs_ours_and_reference, _count_calls,
+                        _fa2_fwd_stand_in, _fa2_stand_in, _grads, _lognormal, _offsets, _ours, _rel)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 needs_triton = pytest.mark.skipif(
@@ -42,20 +41,6 @@ def _no_flash4_default(monkeypatch: pytest.MonkeyPatch) -> None:
 TWO = JfaConfig(fwd=_T16, dkdv=_T16, dq=_T16)
 
 
-def _count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
-    """Wraps `_flash2.<name>` so each call appends to the returned list (the dispatch looks it
-    up at call time), and still runs it."""
-    calls: list[int] = []
-    real = getattr(_flash2, name)
-
-    def counted(*a: Any, **kw: Any) -> Any:
-        calls.append(1)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(_flash2, name, counted)
-    return calls
-
-
 @needs_triton
 @pytest.mark.parametrize("causal", [False, True])
 def test_conversions_against_fa2_contract(monkeypatch: pytest.MonkeyPatch, causal: bool) -> None:
@@ -66,7 +51,7 @@ def test_conversions_against_fa2_contract(monkeypatch: pytest.MonkeyPatch, causa
     monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
     monkeypatch.delenv(BWD_ENV, raising=False)
     monkeypatch.setenv(_jfa.FWD_ENV, "pointer")  # our forward (the lengths are short)
-    calls = _count_calls(monkeypatch, "flash_backward")
+    calls = _count_calls(monkeypatch, _flash2, "flash_backward")
     lq, lk = [17, 0, 1, 16, 15, 33], [33, 15, 16, 0, 3, 17]
     q, k, v, dout, qo, ko = _case(lq, lk, seed=int(torch.randint(0, 10**6, ())))
     got = _grads(q, k, v, dout, qo, ko, causal)
@@ -107,7 +92,7 @@ def test_forward_conversions_against_fa2_contract(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
     monkeypatch.delenv(_jfa.FWD_ENV, raising=False)
     monkeypatch.setenv(BWD_ENV, "two_pass")
-    calls = _count_calls(monkeypatch, "flash_forward")
+    calls = _count_calls(monkeypatch, _flash2, "flash_forward")
     lq, lk = [17, 0, 1, 16, 15, 33], [33, 15, 16, 0, 3, 17]
     q, k, v, dout, qo, ko = _case(lq, lk, seed=int(torch.randint(0, 10**6, ())))
     got = _grads(q, k, v, dout, qo, ko, causal)
@@ -235,7 +220,7 @@ def test_gpu_strided_cross_and_empty(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_gpu_compiled_step_uses_flash(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.compile (the custom op path) takes the same backward, with the same gradients."""
     monkeypatch.delenv(BWD_ENV, raising=False)
-    calls = _count_calls(monkeypatch, "flash_backward")
+    calls = _count_calls(monkeypatch, _flash2, "flash_backward")
     lengths = _lognormal(8, 1024, seed=11)
     q, k, v, dout, off, _ = _case(lengths, lengths, h=8, d=128, dtype=torch.bfloat16, seed=2)
     mx = max(lengths)

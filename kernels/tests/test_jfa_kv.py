@@ -22,7 +22,7 @@ import torch
 from gem_kernels import _flash2, _flash4, _jfa, _triton_jfa, jagged_flash_attention, jagged_flash_attention_kv
 from gem_kernels._triton_jfa import BWD_ENV, JfaConfig, JfaTiles, force_config, jfa_backward
 
-from _flash_ref import CUDA, DEVICE, _fa2_stand_in, _lognormal, _offsets, _rel
+from _flash_ref import CUDA, DEVICE, _count_calls, _fa2_stand_in, _lognormal, _offsets, _rel
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 needs_triton = pytest.mark.skipif(
@@ -139,7 +139,7 @@ def test_flash2_backward_copied_into_dkv(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
     monkeypatch.delenv(BWD_ENV, raising=False)
     monkeypatch.setenv(_jfa.FWD_ENV, "pointer")  # our forward (the lengths are short)
-    calls = _count(monkeypatch, _flash2, "flash_backward")
+    calls = _count_calls(monkeypatch, _flash2, "flash_backward")
     q, kv, dout, qo, ko = _case(*CROSS)
     got = _packed(q, kv, dout, qo, ko, causal=True, backend="triton")
     assert calls == [1], "jfa_backward did not hand the packed call to flash_backward"
@@ -322,19 +322,6 @@ def test_bad_kv_is_refused_naming_it() -> None:
 # --- GPU: real sizes -------------------------------------------------------------------------------
 
 
-def _count(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
-    """Wraps `module.<name>` (looked up at call time) so each call appends to the returned list."""
-    calls: list[int] = []
-    real = getattr(module, name)
-
-    def counted(*a: Any, **kw: Any) -> Any:
-        calls.append(1)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(module, name, counted)
-    return calls
-
-
 def _gpu_case() -> tuple[torch.Tensor, ...]:
     lengths = _lognormal(32, 4096, seed=int(torch.randint(0, 10**6, ())))
     return _case(lengths, lengths, h=8, d=128, dtype=torch.bfloat16)
@@ -379,7 +366,7 @@ def test_gpu_flash4_writes_strided_dk_dv(monkeypatch: pytest.MonkeyPatch) -> Non
         pytest.skip(f"FlashAttention-4 cannot run here: {why}")
     monkeypatch.setattr(_triton_jfa, "FLASH4_DEFAULT", True)
     monkeypatch.delenv(BWD_ENV, raising=False)
-    calls = _count(monkeypatch, _flash4, "_fa4_backward")
+    calls = _count_calls(monkeypatch, _flash4, "_fa4_backward")
     q, kv, dout, off, _ = _gpu_case()
     mx, scale = _max_len(off), 128**-0.5
     out, lse = _jfa._run_forward(q, kv[:, 0], kv[:, 1], off, off, mx, mx, True, None, scale)
