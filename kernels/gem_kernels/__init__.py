@@ -9,12 +9,13 @@ registered with `torch.library`.
 
 from gem_kernels._jagged import pad_jagged, unpad_jagged
 from gem_kernels._jfa import jagged_flash_attention, jagged_flash_attention_kv, jfa_backward_rule
+from gem_kernels._jfa_qkv import jagged_flash_attention_qkv
 from gem_kernels._gdpa import generalized_dot_product_attention
 from gem_kernels._block import block_attention
 from gem_kernels._rowwise_adagrad import rowwise_adagrad_, rowwise_adagrad_reference_
 from gem_kernels._rope import rope_qkv_grad
 
-__version__ = "0.3.6"
+__version__ = "0.3.7"
 
 # One import line and one entry per op, so op files merge without conflicts.
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "generalized_dot_product_attention",
     "jagged_flash_attention",
     "jagged_flash_attention_kv",
+    "jagged_flash_attention_qkv",
     "jfa_backward_rule",
     "pad_jagged",
     "rope_qkv_grad",

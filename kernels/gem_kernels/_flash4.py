@@ -95,26 +95,28 @@ def flash4_backward(
     causal: bool,
     scale: float,
     *,
+    dq: torch.Tensor | None = None,
     dk: torch.Tensor | None = None,
     dv: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of softmax attention (no window) from a forward's out and log2 lse.
 
-    `dk`, `dv`: optional outputs (k's shape and dtype, any row/head strides, unit stride on D;
-    `jfa_backward` passes the halves of a packed `[Tkv, 2, H, D]` dkv). The package's
-    `_flash_attn_bwd` writes into them (it checks only shape, dtype and device; its kernels take
-    the strides at run time); they are returned. Not given: the package allocates them."""
+    `dq`, `dk`, `dv`: optional outputs (q's / k's shape and dtype, any row/head strides, unit
+    stride on D; `jfa_backward` passes the halves of a packed `[Tkv, 2, H, D]` dkv, or the
+    slots of a fused `[T, 3, H, D]` dqkv). The package's `_flash_attn_bwd` writes into them (it
+    checks only shape, dtype and device; its kernels take the strides at run time); they are
+    returned. Not given: the package allocates them."""
     dout, q, k, v, out = (_last_dim_contiguous(t) for t in (dout, q, k, v, out))
     lse = lse_from_ours(lse2)
     cu_q, cu_k = _cu(q_offsets, kv_offsets)
     # Passed only when given: the call is then the one the unpacked path always made.
-    outs = {name: t for name, t in (("dk", dk), ("dv", dv)) if t is not None}
-    dq, dk_got, dv_got = _fa4_backward(
+    outs = {name: t for name, t in (("dq", dq), ("dk", dk), ("dv", dv)) if t is not None}
+    dq_got, dk_got, dv_got = _fa4_backward(
         q, k, v, out, dout, lse, softmax_scale=float(scale), causal=bool(causal),
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(max_q_len, 1),
         max_seqlen_k=max(max_kv_len, 1), deterministic=torch.are_deterministic_algorithms_enabled(), **outs,
     )[:3]
-    return dq, _written(dk, dk_got), _written(dv, dv_got)
+    return _written(dq, dq_got), _written(dk, dk_got), _written(dv, dv_got)
 
 
 def _written(given: torch.Tensor | None, got: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,8 @@ before the products, which run in fp32 with one rounding at the store.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -42,35 +44,43 @@ def rope_qkv_grad_reference(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor
 
 
 @triton.jit
-def _one_head(DQ, DK, DV, OUT, h, r64, cols, ok, c, s, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_os, s_oh,
-              HALF: tl.constexpr):
-    dt = OUT.dtype.element_ty
-    o_row = OUT + r64 * s_ot + h * s_oh + cols[None, :]
-    # dq -> slot 0, dk -> slot 1: (g1, g2) -> (g1 c + g2 s, g2 c - g1 s)
-    q_row = DQ + r64 * s_qt + h * s_qh + cols[None, :]
-    g1 = tl.load(q_row, mask=ok, other=0.0).to(tl.float32)
-    g2 = tl.load(q_row + HALF, mask=ok, other=0.0).to(tl.float32)
+def _rot_slot(SRC, s_t, s_h, o_row, h, r64, cols, ok, c, s, HALF: tl.constexpr):
+    """One head of one slot: (g1, g2) -> (g1 c + g2 s, g2 c - g1 s) into o_row. Both halves are
+    loaded before either is stored, so SRC may be the output slot itself (in place)."""
+    dt = o_row.dtype.element_ty
+    row = SRC + r64 * s_t + h * s_h + cols[None, :]
+    g1 = tl.load(row, mask=ok, other=0.0).to(tl.float32)
+    g2 = tl.load(row + HALF, mask=ok, other=0.0).to(tl.float32)
     tl.store(o_row, (g1 * c + g2 * s).to(dt), mask=ok)
     tl.store(o_row + HALF, (g2 * c - g1 * s).to(dt), mask=ok)
-    k_row = DK + r64 * s_kt + h * s_kh + cols[None, :]
-    g1 = tl.load(k_row, mask=ok, other=0.0).to(tl.float32)
-    g2 = tl.load(k_row + HALF, mask=ok, other=0.0).to(tl.float32)
-    tl.store(o_row + s_os, (g1 * c + g2 * s).to(dt), mask=ok)
-    tl.store(o_row + s_os + HALF, (g2 * c - g1 * s).to(dt), mask=ok)
-    # dv -> slot 2, as is
-    v_row = DV + r64 * s_vt + h * s_vh + cols[None, :]
-    tl.store(o_row + 2 * s_os, tl.load(v_row, mask=ok, other=0.0).to(dt), mask=ok)
-    tl.store(o_row + 2 * s_os + HALF, tl.load(v_row + HALF, mask=ok, other=0.0).to(dt), mask=ok)
 
 
 @triton.jit
-def _rope_qkv_grad_kernel(
-    DQ, DK, DV, COS, SIN, OUT, T, H,
-    s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ct, s_ot, s_os, s_oh,
-    HALF: tl.constexpr, BLOCK_T: tl.constexpr, HEAD_LOOP: tl.constexpr,
+def _one_head(S0, S1, SV, OUT, h, r64, cols, ok, c, s, s0t, s0h, s1t, s1h, svt, svh, s_ot, s_os, s_oh,
+              HALF: tl.constexpr, N_ROT: tl.constexpr, COPY_V: tl.constexpr):
+    o_row = OUT + r64 * s_ot + h * s_oh + cols[None, :]
+    _rot_slot(S0, s0t, s0h, o_row, h, r64, cols, ok, c, s, HALF)  # slot 0
+    if N_ROT == 2:
+        _rot_slot(S1, s1t, s1h, o_row + s_os, h, r64, cols, ok, c, s, HALF)  # slot 1
+    if COPY_V:  # the next slot, as is
+        dt = OUT.dtype.element_ty
+        v_row = SV + r64 * svt + h * svh + cols[None, :]
+        tl.store(o_row + N_ROT * s_os, tl.load(v_row, mask=ok, other=0.0).to(dt), mask=ok)
+        tl.store(o_row + N_ROT * s_os + HALF, tl.load(v_row + HALF, mask=ok, other=0.0).to(dt), mask=ok)
+
+
+@triton.jit
+def _rope_slots_kernel(
+    S0, S1, SV, COS, SIN, OUT, T, H,
+    s0t, s0h, s1t, s1h, svt, svh, s_ct, s_ot, s_os, s_oh,
+    HALF: tl.constexpr, BLOCK_T: tl.constexpr, HEAD_LOOP: tl.constexpr, N_ROT: tl.constexpr,
+    COPY_V: tl.constexpr, FORWARD: tl.constexpr,
 ):
-    """HEAD_LOOP: one program per row block walks every head (the tables are read once per
-    row); else one program per (row block, head) (the tables are read once per head)."""
+    """OUT[:, i] = rot(S_i) for the N_ROT rotated slots, then OUT[:, N_ROT] = SV if COPY_V.
+    rot is the rotation by -θ (a gradient's, the default) or by +θ (FORWARD).
+    HEAD_LOOP: one program per row block walks every head (the tables are read once per
+    row); else one program per (row block, head) (the tables are read once per head). A
+    source may be its own output slot: every element is read and written by one program."""
     pid_t = tl.program_id(0)
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, HALF)
@@ -80,13 +90,15 @@ def _rope_qkv_grad_kernel(
     # Tables: cos[:, :HALF] == cos[:, HALF:], sin[:, HALF:] == -sin[:, :HALF] == +sin θ.
     c = tl.load(COS + r64 * s_ct + cols[None, :], mask=ok, other=0.0).to(dt).to(tl.float32)
     s = tl.load(SIN + r64 * s_ct + HALF + cols[None, :], mask=ok, other=0.0).to(dt).to(tl.float32)
+    if FORWARD:
+        s = -s
     if HEAD_LOOP:
         for h in range(0, H):
-            _one_head(DQ, DK, DV, OUT, h, r64, cols, ok, c, s, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh,
-                      s_ot, s_os, s_oh, HALF)
+            _one_head(S0, S1, SV, OUT, h, r64, cols, ok, c, s, s0t, s0h, s1t, s1h, svt, svh, s_ot, s_os, s_oh,
+                      HALF, N_ROT, COPY_V)
     else:
-        _one_head(DQ, DK, DV, OUT, tl.program_id(1), r64, cols, ok, c, s, s_qt, s_qh, s_kt, s_kh, s_vt,
-                  s_vh, s_ot, s_os, s_oh, HALF)
+        _one_head(S0, S1, SV, OUT, tl.program_id(1), r64, cols, ok, c, s, s0t, s0h, s1t, s1h, svt, svh, s_ot,
+                  s_os, s_oh, HALF, N_ROT, COPY_V)
 
 
 def _check(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -122,6 +134,7 @@ def _triton_rule_broken(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) ->
 BLOCK_T, NUM_WARPS, HEAD_LOOP = 64, 8, True
 
 
+
 def rope_qkv_grad_triton(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor,
                          sin: torch.Tensor, block_t: int = 0, num_warps: int = 0,
                          head_loop: bool | None = None) -> torch.Tensor:
@@ -129,21 +142,80 @@ def rope_qkv_grad_triton(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, c
     if reason:
         raise ValueError(reason)
     t, h, d = dq.shape
-    half = d // 2
-    check_triton_device(dq.device)
-    cos, sin = cos.contiguous(), sin.contiguous()
     out = dq.new_empty((t, 3, h, d))
-    if t == 0:
+    return rotate_slots_triton((dq, dk), dv, cos, sin, out, block_t=block_t, num_warps=num_warps,
+                               head_loop=head_loop)
+
+
+def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """a and b are the same elements in the same layout (an in-place source and its slot)."""
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+
+
+def rotate_slots_triton(rot: tuple[torch.Tensor, ...], copy: torch.Tensor | None, cos: torch.Tensor,
+                        sin: torch.Tensor, out: torch.Tensor, *, forward: bool = False, block_t: int = 0,
+                        num_warps: int = 0, head_loop: bool | None = None) -> torch.Tensor:
+    """`out[:, i] = rot⁻¹(rot[i])` (or rot by +θ with `forward`) for one or two `[T, H, D]`
+    sources, then `out[:, len(rot)] = copy`, in one pass; returns `out` `[T, S, H, D]`.
+
+    A source may be its own slot of `out` (the same view): it is rotated in place, and a
+    `copy` that already is its slot is not copied. That is how the attention ops finish their
+    backward: FlashAttention-4 writes dq, dk, dv into the slots of the projection's gradient,
+    and only q's and k's slots are rotated back, in place (`_jfa_qkv`). Any row/head strides;
+    a unit stride on D; D/2 a power of two (callers check `_triton_rule_broken`)."""
+    t, h, d = rot[0].shape
+    check_triton_device(rot[0].device)
+    if t == 0 or h == 0:
         return out
+    cos, sin = cos.contiguous(), sin.contiguous()
+    s0 = rot[0]
+    s1 = rot[1] if len(rot) > 1 else s0
+    copy_v = copy is not None and not same_view(copy, out[:, len(rot)])
+    sv = copy if copy is not None else s0
     block_t = block_t or BLOCK_T
     loop = HEAD_LOOP if head_loop is None else head_loop
-    _rope_qkv_grad_kernel[(triton.cdiv(t, block_t), 1 if loop else h)](
-        dq, dk, dv, cos, sin, out, t, h,
-        dq.stride(0), dq.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+    _rope_slots_kernel[(triton.cdiv(t, block_t), 1 if loop else h)](
+        s0, s1, sv, cos, sin, out, t, h,
+        s0.stride(0), s0.stride(1), s1.stride(0), s1.stride(1), sv.stride(0), sv.stride(1),
         cos.stride(0), out.stride(0), out.stride(1), out.stride(2),
-        HALF=half, BLOCK_T=block_t, HEAD_LOOP=loop, num_warps=num_warps or NUM_WARPS,
+        HALF=d // 2, BLOCK_T=block_t, HEAD_LOOP=loop, N_ROT=len(rot), COPY_V=copy_v, FORWARD=forward,
+        num_warps=num_warps or NUM_WARPS,
     )
     return out
+
+
+def rotate_slots_reference(rot: tuple[torch.Tensor, ...], copy: torch.Tensor | None, cos: torch.Tensor,
+                           sin: torch.Tensor, out: torch.Tensor, *, forward: bool = False) -> torch.Tensor:
+    """Plain PyTorch `rotate_slots_triton` (the same roundings: tables to the dtype, fp32
+    products, one rounding at the store); every value is computed before any is written."""
+    half = rot[0].shape[-1] // 2
+    c = cos[:, None, :].to(out.dtype).float()
+    s = sin[:, None, :].to(out.dtype).float() * (-1.0 if forward else 1.0)
+
+    def one(g: torch.Tensor) -> torch.Tensor:
+        gf = g.float()
+        swapped = torch.cat((gf[..., half:], gf[..., :half]), dim=-1)
+        return (gf * c - swapped * s).to(out.dtype)
+
+    vals = [one(g) for g in rot]
+    for i, val in enumerate(vals):
+        out[:, i].copy_(val)
+    if copy is not None and not same_view(copy, out[:, len(rot)]):
+        out[:, len(rot)].copy_(copy)
+    return out
+
+
+def rotate_slots(rot: tuple[torch.Tensor, ...], copy: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                 out: torch.Tensor, *, forward: bool = False) -> torch.Tensor:
+    """`rotate_slots_triton` where it runs (CUDA or the interpreter, its rules hold), else its
+    reference. Internal to the attention ops' custom-op bodies (not differentiable)."""
+    d = rot[0].shape[-1]
+    runs = rot[0].device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    ok = not (d // 2) & (d // 2 - 1) and all(
+        t.stride(-1) == 1 for t in (*rot, out, *((copy,) if copy is not None else ())))
+    if runs and ok:
+        return rotate_slots_triton(rot, copy, cos, sin, out, forward=forward)
+    return rotate_slots_reference(rot, copy, cos, sin, out, forward=forward)
 
 
 @torch.library.custom_op("gem_kernels::rope_qkv_grad", mutates_args=())

@@ -919,6 +919,17 @@ def _check_dkv(dkv: torch.Tensor, k: torch.Tensor) -> None:
         raise ValueError(f"dkv.stride(3)={dkv.stride(3)} must be 1")
 
 
+def _check_into(into: tuple[torch.Tensor, ...], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """`jfa_backward`'s `into` must be three views shaped like q, k, v, of q's dtype and device,
+    with a unit stride on D."""
+    if not isinstance(into, tuple) or len(into) != 3:
+        raise ValueError(f"into must be a tuple (dq, dk, dv) of three tensors, got {type(into).__name__}")
+    for name, t, like in zip(("dq", "dk", "dv"), into, (q, k, v)):
+        if t.shape != like.shape or t.dtype != q.dtype or t.device != q.device or t.stride(-1) != 1:
+            raise ValueError(f"into's {name} {tuple(t.shape)} {t.dtype} on {t.device} (strides {t.stride()}) must "
+                             f"be {tuple(like.shape)} {q.dtype} on {q.device} with a unit stride on D")
+
+
 def _into_halves(
     dkv: torch.Tensor, dk: torch.Tensor | None, dv: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1052,8 +1063,16 @@ def jfa_backward(
     window: int | None,
     scale: float,
     dkv: torch.Tensor | None = None,
+    into: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward. Returns dq, dk, dv (zeros for rows of empty or invisible sequences).
+
+    `into`: optional views (dq, dk, dv) (q's / k's / v's shape and dtype, unit stride on D;
+    `jfa_bwd_qkv` passes the slots of one `[T, 3, H, D]` buffer) that the backward writes
+    into where its kernel can: FlashAttention-4's writes all three, ours dk and dv (dq comes
+    from a workspace), torch's FlashAttention-2 none. Each returned tensor is then either the
+    view given (`_rope.same_view`) or a fresh one; the caller moves the fresh ones (one pass
+    that also rotates, in `_jfa_qkv`). Not with `dkv`.
 
     `dkv`: an optional `[Tkv, 2, H, D]` buffer (k's dtype and device, unit stride on D) for
     a caller whose k and v are the halves of one packed kv (`jfa_bwd_kv`): dk and dv are then
@@ -1079,29 +1098,38 @@ def jfa_backward(
     dout, q, k, v = (_last_dim_contiguous(t) for t in (dout, q, k, v))
     tq, h, d = q.shape
     b = q_offsets.numel() - 1
+    # The buffers the kernels write into where they can (None: allocate).
+    dst: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None] = (None, None, None)
     if dkv is not None:
         _check_dkv(dkv, k)
+        if into is not None:
+            raise ValueError("pass dkv or into, not both")
+        dst = (None, dkv[:, 0], dkv[:, 1])
+    elif into is not None:
+        _check_into(into, q, k, v)
+        dst = into
     if tq == 0 or k.shape[0] == 0 or b == 0 or h == 0 or max_q_len == 0 or max_kv_len == 0:
-        if dkv is None:
-            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        return torch.zeros_like(q), *_into_halves(dkv, None, None)
+        if dkv is not None:
+            return torch.zeros_like(q), *_into_halves(dkv, None, None)
+        if into is not None:
+            return into[0].zero_(), into[1].zero_(), into[2].zero_()
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if bwd_uses_flash4(q, k, window):
         from gem_kernels._flash4 import flash4_backward
 
-        halves = (None, None) if dkv is None else (dkv[:, 0], dkv[:, 1])
         return flash4_backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, scale,
-                               dk=halves[0], dv=halves[1])
+                               dq=dst[0], dk=dst[1], dv=dst[2])
     if bwd_uses_flash(q, window):
         from gem_kernels._flash2 import flash_backward
 
         dq, dk, dv = flash_backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal,
                                     scale)
-        return (dq, dk, dv) if dkv is None else (dq, *_into_halves(dkv, dk, dv))
+        return (dq, *_into_halves(dkv, dk, dv)) if dkv is not None else (dq, dk, dv)
     cfg = pick_config(max_q_len, max_kv_len, d, q.dtype)
     # The kernels write every row of dk/dv (offsets contract): no memset. They take any row
     # and head strides, so a packed dkv's halves are written in place.
-    dk = torch.empty_like(k) if dkv is None else dkv[:, 0]
-    dv = torch.empty_like(v) if dkv is None else dkv[:, 1]
+    dk = torch.empty_like(k) if dst[1] is None else dst[1]
+    dv = torch.empty_like(v) if dst[2] is None else dst[2]
     # One-pass: every dQ row is a sum over kv blocks; rows no kv block sees stay 0.
     dq_acc = torch.empty((tq, h, d), dtype=torch.float32, device=q.device) if cfg.one_pass else dk
     # FA2 preprocess: delta_i = sum_d dO_id · O_id (fp32).

@@ -152,8 +152,9 @@ class SeqAttention(nn.Module):
     """MHA over each jagged sequence with its CLS tokens prepended; RoPE; optional window.
 
     Works on the combined stream of a `_jagged.PrefixLayout` (its CLS rows already hold this
-    layer's CLS tokens): q/k/v are read strided from the one fused projection, q and k
-    rotated in one pass, and the kernels take them without a copy.
+    layer's CLS tokens): the fused projection `[Tc, 3, H, D]` goes to one op
+    (`_jagged.attention_qkv`) that rotates q and k, attends, and writes the projection's
+    gradient itself (the attention's backward into its slots, q and k rotated back in place).
     """
 
     def __init__(self, cfg: GEMConfig, query_slots: int | None = None) -> None:
@@ -182,12 +183,11 @@ class SeqAttention(nn.Module):
             raise ValueError(f"slots must be given exactly when query_slots={self.query_slots} is set")
         tc = comb.shape[0]
         if slots is None:
+            # One op from the fused projection: q and k rotated, the attention, and a backward
+            # that writes the projection's gradient in place (gem_kernels' packed qkv).
             qkv = self.wqkv(self.norm(comb)).reshape(tc, 3, self.heads, self.dh)
-            q, k, v = _jagged.rope_qkv(qkv, lay.cos, lay.sin)
-            o = _jagged.attention(
-                q, k, v, lay.offsets, lay.offsets, lay.max_len, lay.max_len,
-                window=self.window, backend=self.backend,
-            )
+            o = _jagged.attention_qkv(qkv, lay.cos, lay.sin, lay.offsets, lay.max_len, window=self.window,
+                                      backend=self.backend)
             out: torch.Tensor = comb + self.wo(o.reshape(tc, self.d))
             return out
         rows, valid = slots

@@ -1,47 +1,54 @@
 #!/usr/bin/env bash
-# The next session's H200 plan (written in the thirty-eighth session, not run yet): what
-# gem-model 0.5.2 / gem-kernels 0.3.6 / gem-trainer 0.2.21 owe an H200. FlashAttention-4 as in
-# gpu_s38b.sh: the first call carries .fa4a and copies .fa4a/ir.so.xz to /tmp/fa4a (PART=a),
-# the next ones carry .fa4b (and .ab for PART=b: 0.5.1's model/gem_model at .ab/model051, see
-# gpu_s38b.sh's header).
-#   PART=a  (no FlashAttention-4) the packed-kv bench `gem_kernels.bench.kv` (packed vs unbind
-#           at the trainer's self-attention and pooling shapes; FlashAttention-2's backward,
-#           where packing saves nothing) and the kernels' kv GPU tests.
-#   PART=b  (FlashAttention-4) bench.kv again (its backward writes the halves), then issue 16's
-#           command `--preset h200 --steps 300` under 0.5.2 from empty caches, then 0.5.1 and
-#           0.5.2 warm, alternating, 100 steps each, while time is left.
-#   PART=c  (FlashAttention-4, the same box) the model's local-MFU bench (full batch, compiled,
-#           replayed) under 0.5.2.
+# Thirty-ninth session: gem-kernels 0.3.7's rotary qkv attention (`jagged_flash_attention_qkv`:
+# the attention's backward writes the projection's gradient, q and k rotated back in place) and
+# gem-model 0.5.3's self-attention on it; plus what 0.3.6 / 0.5.2 still owed a GPU (bench.kv).
+# 0.5.2 for the A/B is the previous commit's model/gem_model, unpacked by
+#   mkdir -p .ab/model052 && git archive c9332d4 model/gem_model | tar x -C /tmp && cp -r /tmp/model/gem_model .ab/model052/
+# (git-ignored; carried with .fa4b). FlashAttention-4 as in gpu_s38b.sh.
+#   PART=a  (carries .fa4a; first copies .fa4a/ir.so.xz to /tmp/fa4a) GPU tests without
+#           FlashAttention-4 (kernels: test_jfa_qkv, test_rope, test_jfa_kv; model: test_layout),
+#           then `gem_kernels.bench.kv` (packed kv and rotary qkv vs composed; torch's
+#           FlashAttention-2 backward here, where the qkv op saves only the forward's nothing).
+#   PART=b  (carries .fa4b and .ab; installs FlashAttention-4) its tests, bench.kv with it, then
+#           the trainer, 0.5.2 against 0.5.3, each from its own empty caches, then warm,
+#           alternating (`--preset h200 --steps 100`), while time is left.
+#   PART=c  (the same box after b) the model's local-MFU bench under 0.5.3, then issue 16's
+#           command `--steps 300` over b's caches while time is left.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; nvidia-smi --query-gpu=name --format=csv,noheader
-  for f in kv kv4; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -v "^{" "$OUT/$f.log" | tail -n 8 | cut -c1-200; }; done
-  [ -f "$OUT/tests.log" ] && { echo "=== tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -n 1; }
-  for f in long old1 new1 old2 new2; do [ -f "$OUT/$f.log" ] && { printf '%s ' "$f"; last_summary "$OUT/$f.log" model_version steps loss step_s_median step_gpu_s_median mfu_steady time_to_first_step_s | cut -c1-400; }; done
-  [ -f "$OUT/mfu.log" ] && { echo "=== mfu"; grep -E "^(GEM local|seq_attention|pooling|interaction|weighted|model e2e|e2e, layers)" "$OUT/mfu.log" | cut -c1-160; }
+  for f in testsk testsm tests4; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -E "passed|failed|error|FAILED" "$OUT/$f.log" | tail -n 6 | cut -c1-300; }; done
+  for f in kv kv4; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -v "^{" "$OUT/$f.log" | tail -n 9 | cut -c1-200; }; done
+  for f in old1 new1 old2 new2 old3 new3 long; do [ -f "$OUT/$f.log" ] && { printf '%s ' "$f"; last_summary "$OUT/$f.log" model_version steps loss step_s_median step_gpu_s_median mfu_steady time_to_first_step_s recompiles_per_100_steps | cut -c1-420; }; done
+  [ -f "$OUT/mfu.log" ] && { echo "=== mfu"; grep -E "^(GEM local|seq_attention|pooling|interaction|weighted|model e2e|e2e, layers|whole)" "$OUT/mfu.log" | cut -c1-160; }
 }
-gpu_begin "${WATCH:-560}"
 KV="python3 -m gem_kernels.bench.kv --iters 15 --rounds 4"
+gpu_begin "${WATCH:-560}"
 if [ "${PART:-a}" = a ]; then
-  st tests 120 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa_kv.py -k gpu
+  mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/
+  st testsk 200 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa_qkv.py kernels/tests/test_rope.py kernels/tests/test_jfa_kv.py -k "gpu or rotate"
+  st testsm 150 python3 -m pytest -q -p no:cacheprovider model/tests/test_layout.py -k "gpu"
   st kv 150 $KV
 else
   st setup 60 bash tools/fa4_setup.sh
   export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
   if [ "$PART" = b ]; then
-    st kv4 120 $KV
-    arm() { local pp=$PYTHONPATH; [ "$1" = old ] && pp=.ab/model051:$pp
+    st tests4 120 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa_qkv.py kernels/tests/test_jfa_kv.py kernels/tests/test_rope.py -k "flash4 or rotate"
+    st kv4 100 $KV
+    arm() { local pp=$PYTHONPATH; [ "$1" = old ] && pp=.ab/model052:$pp
       env PYTHONPATH=$pp GEM_CACHE_DIR=/tmp/c_$1 TORCHINDUCTOR_CACHE_DIR=/tmp/c_$1/ind TRITON_CACHE_DIR=/tmp/c_$1/tri \
         python3 $H200_TR --steps $2; }
     export -f arm; export H200_TR
-    st long 230 bash -c "arm new 300"
-    [ "$(gpu_left)" -gt 150 ] && st old1 150 bash -c "arm old 100"
-    for i in 1 2; do
-      [ "$(gpu_left)" -gt 45 ] && st new$i 45 bash -c "arm new 100"
-      [ "$i" = 2 ] && [ "$(gpu_left)" -gt 45 ] && st old2 45 bash -c "arm old 100"
+    st new1 170 bash -c "arm new 100"
+    [ "$(gpu_left)" -gt 150 ] && st old1 170 bash -c "arm old 100"
+    for i in 2 3; do
+      [ "$(gpu_left)" -gt 45 ] && st new$i 50 bash -c "arm new 100"
+      [ "$(gpu_left)" -gt 45 ] && st old$i 50 bash -c "arm old 100"
     done
   else
-    st mfu $(gpu_left) python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph
+    st mfu 240 python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph
+    [ "$(gpu_left)" -gt 100 ] && st long $(gpu_left) env GEM_CACHE_DIR=/tmp/c_new TORCHINDUCTOR_CACHE_DIR=/tmp/c_new/ind \
+      TRITON_CACHE_DIR=/tmp/c_new/tri python3 $H200_TR --steps 300
   fi
 fi
 gpu_end

@@ -1,4 +1,5 @@
-"""Packed kv (`jagged_flash_attention_kv`) against k, v split by `unbind`: forward+backward.
+"""Packed kv (`jagged_flash_attention_kv`) against k, v split by `unbind`, and packed rotary
+qkv (`jagged_flash_attention_qkv`) against the rotation and the attention composed: forward+backward.
 
     cd kernels && python3 -m gem_kernels.bench.kv [--iters 15] [--rounds 2] [--small]
 
@@ -8,7 +9,11 @@ x and W, as the model's pooling does; once with `k, v = kv.unbind(1)` fed to
 fed to `jagged_flash_attention_kv` (the backward writes them into one gradient). Cases: the
 h200 trainer's self-attention batch (~262 k tokens, causal) and its pooling (32 seed queries
 per sample over every history). Eager calls, CUDA events, median per round; the rounds
-alternate the two paths. The backward is whatever this process picks (FlashAttention-4's
+alternate the two paths. The qkv case is the trainer's self-attention layer: `qkv = x @ W`
+`[T, 3, H, D]`, q and k rotated, attention; composed as gem-model 0.5.2 compiled it (the
+rotation in one Triton pass, its backward `rope_qkv_grad` moving dq, dk, dv into a new
+gradient) against the one op (the attention's backward writes the gradient's slots, q's and
+k's rotated back in place). The backward is whatever this process picks (FlashAttention-4's
 where flash-attn-4 imports, else torch's FlashAttention-2's, which copies either way).
 `--small` runs a toy batch (on CPU under TRITON_INTERPRET=1: a check that it runs, no timing).
 """
@@ -20,7 +25,9 @@ from collections.abc import Callable
 
 import torch
 
-from gem_kernels import jagged_flash_attention, jagged_flash_attention_kv, jfa_backward_rule
+from gem_kernels import (jagged_flash_attention, jagged_flash_attention_kv, jagged_flash_attention_qkv,
+                         jfa_backward_rule, rope_qkv_grad)
+from gem_kernels._rope import rotate_slots
 from gem_kernels.bench._common import bench_ms, emit_json, env_info, offsets_from_lengths, print_table, trainer_lengths
 
 
@@ -63,6 +70,55 @@ def _case(lengths: list[int], seeds: int | None, heads: int, dim: int, causal: b
     return run, t
 
 
+class _ComposedRope(torch.autograd.Function):
+    """rope(q), rope(k), v from `[T, 3, H, D]`: one rotation pass forward, `rope_qkv_grad`
+    backward (gem-model 0.5.2's `_jagged.rope_qkv`, as the trainer compiled it)."""
+
+    @staticmethod
+    def forward(ctx: object, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        t, _, h, d = qkv.shape
+        qk = rotate_slots((qkv[:, 0], qkv[:, 1]), None, cos, sin, qkv.new_empty((t, 2, h, d)), forward=True)
+        ctx.tables = (cos, sin)  # type: ignore[attr-defined]
+        return qk[:, 0], qk[:, 1], qkv[:, 2]
+
+    @staticmethod
+    def backward(ctx: object, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return rope_qkv_grad(dq, dk, dv, *ctx.tables), None, None  # type: ignore[attr-defined]
+
+
+def _qkv_case(lengths: list[int], heads: int, dim: int, device: str,
+              dtype: torch.dtype) -> tuple[Callable[[bool], tuple[torch.Tensor, ...]], int]:
+    """fn(packed) -> (out, x.grad, w.grad) for one causal rotary self-attention fwd+bwd; the tokens."""
+    t, d_model = sum(lengths), heads * dim
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(t, d_model, generator=g) * 0.5).to(device, dtype).requires_grad_()
+    w = (torch.randn(d_model, 3 * d_model, generator=g) / d_model**0.5).to(device, dtype).requires_grad_()
+    off = offsets_from_lengths(lengths, device)
+    pos = torch.cat([torch.arange(n) for n in lengths]).float()
+    half = dim // 2
+    ang = pos[:, None] * 10000.0 ** (-torch.arange(half, dtype=torch.float32) / half)[None, :]
+    cos = torch.cat((ang.cos(), ang.cos()), -1).to(device)
+    sin = torch.cat((-ang.sin(), ang.sin()), -1).to(device)
+    up = None
+
+    def run(packed: bool) -> tuple[torch.Tensor, ...]:
+        nonlocal up
+        x.grad = w.grad = None
+        qkv = (x @ w).reshape(t, 3, heads, dim)
+        if packed:
+            o = jagged_flash_attention_qkv(qkv, off, max(lengths), rope=(cos, sin), causal=True)
+        else:
+            q, k, v = _ComposedRope.apply(qkv, cos, sin)
+            o = jagged_flash_attention(q, k, v, off, off, max(lengths), max(lengths), causal=True)
+        if up is None:
+            up = torch.randn(o.shape, generator=g).to(device, dtype)
+        o.backward(up)
+        assert x.grad is not None and w.grad is not None
+        return o.detach(), x.grad, w.grad
+
+    return run, t
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=15)
@@ -72,13 +128,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     if a.small or not cuda:
-        cases = [("self causal", [5, 0, 17, 9], None, 2, 16, True), ("pooling", [5, 0, 17, 9], 4, 2, 16, False)]
+        cases = [("self causal", [5, 0, 17, 9], None, 2, 16, True), ("pooling", [5, 0, 17, 9], 4, 2, 16, False),
+                 ("rope qkv", [5, 0, 17, 9], -1, 2, 16, True)]
     else:
         lengths = trainer_lengths()
-        cases = [("trainer self causal", lengths, None, 8, 128, True), ("trainer pooling (32 seeds)", lengths, 32, 8, 128, False)]
+        cases = [("trainer self causal", lengths, None, 8, 128, True), ("trainer pooling (32 seeds)", lengths, 32, 8, 128, False),
+                 ("trainer rope qkv (self causal)", lengths, -1, 8, 128, True)]
     rows: list[dict[str, object]] = []
     for name, lengths, seeds, heads, dim, causal in cases:
-        run, t = _case(lengths, seeds, heads, dim, causal, device, dtype)
+        if seeds == -1:  # the rotary qkv case
+            run, t = _qkv_case(lengths, heads, dim, device, dtype)
+        else:
+            run, t = _case(lengths, seeds, heads, dim, causal, device, dtype)
         want, got = run(False), run(True)
         err = max(float((a_ - b_).abs().max()) / max(float(b_.abs().max()), 1e-12) for a_, b_ in zip(got, want))
         for r in range(a.rounds):
