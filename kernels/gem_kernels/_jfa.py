@@ -82,6 +82,7 @@ def jagged_flash_attention_kv(
     causal: bool = False,
     window: int | None = None,
     scale: float | None = None,
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """`jagged_flash_attention(q, kv[:, 0], kv[:, 1], ...)` for keys and values packed in one
@@ -94,27 +95,38 @@ def jagged_flash_attention_kv(
     one buffer (ours and FlashAttention-4's backward; torch's FlashAttention-2 backward returns
     fresh tensors, stacked into the buffer). Same values as `jagged_flash_attention` on the same kernels.
 
+    With `rope=(cos, sin)` (rotary tables `[Tkv, D]`, the rotate-half layout of
+    `jagged_flash_attention_qkv`) the keys are rotated first, in one pass; the backward then
+    rotates dk back in place in kv's gradient (the composed form's rotary backward moved dk and
+    dv into a new buffer).
+
     Args:
         kv: `[Tkv, 2, H, D]`: keys `kv[:, 0]`, values `kv[:, 1]` (q's dtype, device, H and D).
+        rope: optional `(cos, sin)` rotary tables for the keys, `[Tkv, D]`.
         Everything else as `jagged_flash_attention`.
 
     Returns:
         `[Tq, H, D]` in q's dtype.
     """
+    from gem_kernels._rope import rope_reference, rope_tables_checked
+
     k, v = _kv_halves(q, kv)
+    cos, sin = rope_tables_checked(rope, kv.shape[0], kv.shape[3], kv.device)
     backend, scale, q_offsets, kv_offsets = _prepare(
         q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, window, scale, backend
     )
     if backend == "reference":
         k, v = kv.unbind(1)  # autograd differentiates the reference (stacking dk, dv)
+        if cos is not None and sin is not None:
+            k = rope_reference(k, cos, sin)
         return _reference(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, bool(causal), window, scale)
-    args = (q, kv, q_offsets, kv_offsets, max_q_len, max_kv_len, bool(causal), window, scale)
+    args = (q, kv, cos, sin, q_offsets, kv_offsets, max_q_len, max_kv_len, bool(causal), window, scale)
     if torch.compiler.is_compiling():
-        out, _ = torch.ops.gem_kernels.jfa_fwd_kv(*args)
+        out, _, _ = torch.ops.gem_kernels.jfa_fwd_kv(*args)
         return out  # type: ignore[no-any-return]
     if torch.is_grad_enabled() and (q.requires_grad or kv.requires_grad):
         return _JfaKvFunction.apply(*args)  # type: ignore[no-untyped-call,no-any-return]
-    return _run_forward(q, k, v, *args[2:])[0]
+    return _run_forward_kv(*args)[0]
 
 
 def _kv_halves(q: torch.Tensor, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -302,6 +314,8 @@ class _JfaKvFunction(torch.autograd.Function):
         ctx: Any,
         q: torch.Tensor,
         kv: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
         q_offsets: torch.Tensor,
         kv_offsets: torch.Tensor,
         max_q_len: int,
@@ -310,30 +324,57 @@ class _JfaKvFunction(torch.autograd.Function):
         window: int | None,
         scale: float,
     ) -> torch.Tensor:
-        out, lse = _run_forward(q, kv[:, 0], kv[:, 1], q_offsets, kv_offsets, max_q_len, max_kv_len, causal,
-                                window, scale)
-        ctx.save_for_backward(q, kv, out, lse, q_offsets, kv_offsets)
+        out, lse, k = _run_forward_kv(q, kv, cos, sin, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window,
+                                      scale)
+        ctx.save_for_backward(q, kv, k, out, lse, cos, sin, q_offsets, kv_offsets)
         ctx.meta = (max_q_len, max_kv_len, causal, window, scale)
         return out
 
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, kv, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
-        dq, dkv = _run_backward_kv(dout.contiguous(), q, kv, out, lse, q_offsets, kv_offsets, *ctx.meta)
-        return dq, dkv, None, None, None, None, None, None, None
+        q, kv, k, out, lse, cos, sin, q_offsets, kv_offsets = ctx.saved_tensors
+        dq, dkv = _run_backward_kv(dout.contiguous(), q, kv, k, out, lse, cos, sin, q_offsets, kv_offsets,
+                                   *ctx.meta)
+        return dq, dkv, None, None, None, None, None, None, None, None, None
+
+
+def _run_forward_kv(
+    q: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor, max_q_len: int, max_kv_len: int, causal: bool, window: int | None, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, log2 lse, k): k the rotated keys `[Tkv, H, D]` with rope (one pass), else empty
+    (the backward reads kv[:, 0])."""
+    from gem_kernels._rope import rotate_slots
+
+    if cos is None or sin is None:
+        k = kv.new_empty((0,))
+        keys = kv[:, 0]
+    else:
+        t, _, h, d = kv.shape
+        k = rotate_slots((kv[:, 0],), None, cos, sin, kv.new_empty((t, 1, h, d)), forward=True)[:, 0]
+        keys = k
+    out, lse = _run_forward(q, keys, kv[:, 1], q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
+    return out.contiguous(), lse.contiguous(), k
 
 
 def _run_backward_kv(
-    dout: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q_len: int, max_kv_len: int, causal: bool,
-    window: int | None, scale: float,
+    dout: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, k: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    cos: torch.Tensor | None, sin: torch.Tensor | None, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
+    max_q_len: int, max_kv_len: int, causal: bool, window: int | None, scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dq, dkv): dk and dv written into the halves of one contiguous `[Tkv, 2, H, D]` buffer."""
+    """(dq, dkv): dk and dv written into the halves of one contiguous `[Tkv, 2, H, D]` buffer;
+    with rope, dk rotated back in place there (a fresh dk, dv: rotated and moved in one pass)."""
+    from gem_kernels._rope import rotate_slots
     from gem_kernels._triton_jfa import jfa_backward
 
     dkv = torch.empty(kv.shape, dtype=kv.dtype, device=kv.device)
-    dq, _, _ = jfa_backward(dout, q, kv[:, 0], kv[:, 1], out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len,
-                            causal, window, scale, dkv=dkv)
+    if cos is None or sin is None:
+        dq, _, _ = jfa_backward(dout, q, kv[:, 0], kv[:, 1], out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len,
+                                causal, window, scale, dkv=dkv)
+        return dq, dkv
+    dq, dk, dv = jfa_backward(dout, q, k, kv[:, 1], out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal,
+                              window, scale, into=(torch.empty_like(q), dkv[:, 0], dkv[:, 1]))
+    rotate_slots((dk,), dv, cos, sin, dkv)
     return dq, dkv
 
 
@@ -453,6 +494,8 @@ _jfa_fwd.register_autograd(_jfa_backward, setup_context=_jfa_setup_context)
 def _jfa_fwd_kv(
     q: torch.Tensor,
     kv: torch.Tensor,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
     q_offsets: torch.Tensor,
     kv_offsets: torch.Tensor,
     max_q_len: int,
@@ -460,16 +503,16 @@ def _jfa_fwd_kv(
     causal: bool,
     window: int | None,
     scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _run_forward(q, kv[:, 0], kv[:, 1], q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window,
-                            scale)
-    return out.contiguous(), lse.contiguous()
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _run_forward_kv(q, kv, cos, sin, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
 
 
 @_jfa_fwd_kv.register_fake
 def _jfa_fwd_kv_fake(
     q: torch.Tensor,
     kv: torch.Tensor,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
     q_offsets: torch.Tensor,
     kv_offsets: torch.Tensor,
     max_q_len: int,
@@ -477,8 +520,9 @@ def _jfa_fwd_kv_fake(
     causal: bool,
     window: int | None,
     scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    k = kv.new_empty((0,)) if cos is None or sin is None else kv.new_empty((kv.shape[0], *kv.shape[2:]))
+    return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32), k
 
 
 @torch.library.custom_op("gem_kernels::jfa_bwd_kv", mutates_args=())
@@ -486,8 +530,11 @@ def _jfa_bwd_kv(
     dout: torch.Tensor,
     q: torch.Tensor,
     kv: torch.Tensor,
+    k: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
     q_offsets: torch.Tensor,
     kv_offsets: torch.Tensor,
     max_q_len: int,
@@ -496,8 +543,8 @@ def _jfa_bwd_kv(
     window: int | None,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    dq, dkv = _run_backward_kv(dout, q, kv, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window,
-                               scale)
+    dq, dkv = _run_backward_kv(dout, q, kv, k, out, lse, cos, sin, q_offsets, kv_offsets, max_q_len, max_kv_len,
+                               causal, window, scale)
     return dq.contiguous(), dkv
 
 
@@ -506,8 +553,11 @@ def _jfa_bwd_kv_fake(
     dout: torch.Tensor,
     q: torch.Tensor,
     kv: torch.Tensor,
+    k: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
     q_offsets: torch.Tensor,
     kv_offsets: torch.Tensor,
     max_q_len: int,
@@ -522,23 +572,25 @@ def _jfa_bwd_kv_fake(
 def _jfa_kv_setup_context(
     ctx: torch.autograd.function.FunctionCtx,
     inputs: tuple[Any, ...],
-    output: tuple[torch.Tensor, torch.Tensor],
+    output: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
 ) -> None:
-    q, kv, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale = inputs
-    out, lse = output
-    ctx.save_for_backward(q, kv, out, lse, q_offsets, kv_offsets)
+    q, kv, cos, sin, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale = inputs
+    out, lse, k = output
+    ctx.save_for_backward(q, kv, k, out, lse, cos, sin, q_offsets, kv_offsets)
     ctx.meta = (max_q_len, max_kv_len, causal, window, scale)  # type: ignore[attr-defined]
 
 
 def _jfa_kv_backward(
-    ctx: torch.autograd.function.FunctionCtx, dout: torch.Tensor, _dlse: torch.Tensor | None
+    ctx: torch.autograd.function.FunctionCtx, dout: torch.Tensor, _dlse: torch.Tensor | None,
+    _dk: torch.Tensor | None,
 ) -> tuple[torch.Tensor | None, ...]:
-    q, kv, out, lse, q_offsets, kv_offsets = ctx.saved_tensors  # type: ignore[attr-defined]
+    q, kv, k, out, lse, cos, sin, q_offsets, kv_offsets = ctx.saved_tensors  # type: ignore[attr-defined]
     max_q_len, max_kv_len, causal, window, scale = ctx.meta  # type: ignore[attr-defined]
     dq, dkv = torch.ops.gem_kernels.jfa_bwd_kv(
-        dout.contiguous(), q, kv, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale,
+        dout.contiguous(), q, kv, k, out, lse, cos, sin, q_offsets, kv_offsets, max_q_len, max_kv_len, causal,
+        window, scale,
     )
-    return dq, dkv, None, None, None, None, None, None, None
+    return dq, dkv, None, None, None, None, None, None, None, None, None
 
 
 _jfa_fwd_kv.register_autograd(_jfa_kv_backward, setup_context=_jfa_kv_setup_context)

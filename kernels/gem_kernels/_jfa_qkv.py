@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from gem_kernels._jfa import _prepare, _reference, _run_forward
-from gem_kernels._rope import rotate_slots, same_view
+from gem_kernels._rope import rope_reference, rope_tables_checked, rotate_slots, same_view
 
 
 def jagged_flash_attention_qkv(
@@ -61,7 +61,7 @@ def jagged_flash_attention_qkv(
         `[T, H, D]` in qkv's dtype.
     """
     q, k, v = _qkv_slots(qkv)
-    cos, sin = _rope_tables(rope, qkv)
+    cos, sin = rope_tables_checked(rope, qkv.shape[0], qkv.shape[3], qkv.device)
     backend, scale, offsets, _ = _prepare(q, k, v, offsets, offsets, max_len, max_len, window, scale, backend)
     if backend == "reference":
         if cos is not None and sin is not None:
@@ -76,15 +76,6 @@ def jagged_flash_attention_qkv(
     return _run_forward_qkv(*args)[0]
 
 
-def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Plain PyTorch rotate-half rotation of `x [T, ..., D]` by the tables (the middle axes
-    broadcast): `(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)`."""
-    half = x.shape[-1] // 2
-    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
-    c, s = cos.reshape(shape).to(x.dtype), sin.reshape(shape).to(x.dtype)
-    return torch.addcmul(x * c, torch.cat((x[..., half:], x[..., :half]), dim=-1), s)
-
-
 def _qkv_slots(qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v = qkv's slots, after the checks that name `qkv` (the rest, `check_attention`'s,
     run on the slots)."""
@@ -93,22 +84,6 @@ def _qkv_slots(qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     if qkv.dim() != 4 or qkv.shape[1] != 3:
         raise ValueError(f"qkv.shape={tuple(qkv.shape)} must be [T, 3, H, D] (q, k, v = qkv[:, 0], [:, 1], [:, 2])")
     return qkv[:, 0], qkv[:, 1], qkv[:, 2]
-
-
-def _rope_tables(rope: Any, qkv: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    if rope is None:
-        return None, None
-    if not isinstance(rope, tuple) or len(rope) != 2 or not all(isinstance(t, torch.Tensor) for t in rope):
-        raise TypeError(f"rope must be None or a (cos, sin) tuple of two tensors, got {type(rope).__name__}")
-    t, d = qkv.shape[0], qkv.shape[3]
-    for name, tab in zip(("cos", "sin"), rope):
-        if tuple(tab.shape) != (t, d):
-            raise ValueError(f"rope's {name}.shape={tuple(tab.shape)} must be [T, D] = {(t, d)} (one row per qkv row)")
-        if not tab.dtype.is_floating_point or tab.device != qkv.device:
-            raise ValueError(f"rope's {name} must be a floating tensor on {qkv.device}, got {tab.dtype} on {tab.device}")
-    if d % 2:
-        raise ValueError(f"rope needs an even head dim, got D={d}")
-    return rope[0], rope[1]
 
 
 def _run_forward_qkv(

@@ -20,12 +20,40 @@ before the products, which run in fp32 with one rounding at the store.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
 from gem_kernels._jagged import check_triton_device, resolve_backend
+
+
+def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Plain PyTorch rotate-half rotation of `x [T, ..., D]` by the tables (the middle axes
+    broadcast): `(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)`."""
+    half = x.shape[-1] // 2
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+    c, s = cos.reshape(shape).to(x.dtype), sin.reshape(shape).to(x.dtype)
+    return torch.addcmul(x * c, torch.cat((x[..., half:], x[..., :half]), dim=-1), s)
+
+
+def rope_tables_checked(rope: Any, t: int, d: int, device: torch.device) -> tuple[torch.Tensor | None,
+                                                                                 torch.Tensor | None]:
+    """(cos, sin) from `rope` after its checks (`[T, D]` floating tables on the values'
+    device, an even D), or (None, None)."""
+    if rope is None:
+        return None, None
+    if not isinstance(rope, tuple) or len(rope) != 2 or not all(isinstance(x, torch.Tensor) for x in rope):
+        raise TypeError(f"rope must be None or a (cos, sin) tuple of two tensors, got {type(rope).__name__}")
+    for name, tab in zip(("cos", "sin"), rope):
+        if tuple(tab.shape) != (t, d):
+            raise ValueError(f"rope's {name}.shape={tuple(tab.shape)} must be [T, D] = {(t, d)} (one row per token)")
+        if not tab.dtype.is_floating_point or tab.device != device:
+            raise ValueError(f"rope's {name} must be a floating tensor on {device}, got {tab.dtype} on {tab.device}")
+    if d % 2:
+        raise ValueError(f"rope needs an even head dim, got D={d}")
+    return rope[0], rope[1]
 
 
 def rope_qkv_grad_reference(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor,

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from gem_kernels import _flash2, _flash4, _jfa, _triton_jfa, jagged_flash_attention, jagged_flash_attention_kv
+from gem_kernels._rope import rope_reference
 from gem_kernels._triton_jfa import BWD_ENV, JfaConfig, JfaTiles, force_config, jfa_backward
 
 from _flash_ref import CUDA, DEVICE, _count_calls, _fa2_stand_in, _lognormal, _offsets, _rel
@@ -290,7 +291,13 @@ def test_opcheck_kv_op() -> None:
     q, kv, _, qo, ko = _case([3, 0, 5], [4, 2, 5], h=1)
     torch.library.opcheck(
         torch.ops.gem_kernels.jfa_fwd_kv.default,
-        (q.requires_grad_(), kv.requires_grad_(), qo, ko, 5, 5, True, None, 0.25),
+        (q.requires_grad_(), kv.requires_grad_(), None, None, qo, ko, 5, 5, True, None, 0.25),
+        test_utils=("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"),
+    )
+    cos, sin = _tables(kv.shape[0], kv.shape[3])
+    torch.library.opcheck(
+        torch.ops.gem_kernels.jfa_fwd_kv.default,
+        (q, kv, cos, sin, qo, ko, 5, 5, True, None, 0.25),
         test_utils=("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"),
     )
 
@@ -312,11 +319,113 @@ def test_bad_kv_is_refused_naming_it() -> None:
         jagged_flash_attention_kv(q, kv.double(), qo, ko, 3, 4)
     with pytest.raises(TypeError, match=r"^kv must be a torch\.Tensor"):
         jagged_flash_attention_kv(q, [kv], qo, ko, 3, 4)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^rope's cos\.shape=\(3, 16\) must be \[T, D\]"):
+        jagged_flash_attention_kv(q, kv, qo, ko, 3, 4, rope=(torch.ones(3, 16), torch.ones(5, 16)))
+    with pytest.raises(TypeError, match=r"^rope must be None or a \(cos, sin\) tuple"):
+        jagged_flash_attention_kv(q, kv, qo, ko, 3, 4, rope=torch.ones(5, 16))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="kv_offsets"):  # the rest: jagged_flash_attention's checks
         jagged_flash_attention_kv(q, kv, qo, _offsets([4, 2]), 3, 4)
     with pytest.raises(ValueError, match="dkv"):  # jfa_backward's packed output
         lse = torch.zeros(5, 2, device=DEVICE)
         jfa_backward(q, q, kv[:, 0], kv[:, 1], q, lse, qo, ko, 3, 4, False, None, 0.25, dkv=kv[:, :, :1])
+
+
+def _tables(t: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary tables at random positions (cos = [c, c], sin = [-s, s])."""
+    pos = torch.randint(0, 5000, (t,), device=DEVICE).float()
+    half = d // 2
+    ang = pos[:, None] * 10000.0 ** (-torch.arange(half, device=DEVICE, dtype=torch.float32) / half)[None, :]
+    return torch.cat((ang.cos(), ang.cos()), -1), torch.cat((-ang.sin(), ang.sin()), -1)
+
+
+def _composed_rope(q: torch.Tensor, kv: torch.Tensor, dout: torch.Tensor, qo: torch.Tensor, ko: torch.Tensor,
+                   tables: tuple[torch.Tensor, torch.Tensor], **kw: Any) -> list[torch.Tensor]:
+    """out, dq, dkv of the parts: the plain rotation of kv[:, 0], then `jagged_flash_attention`."""
+    xq, xkv = q.detach().requires_grad_(), kv.detach().requires_grad_()
+    k = rope_reference(xkv[:, 0], *tables)
+    out = jagged_flash_attention(xq, k, xkv[:, 1], qo, ko, _max_len(qo), _max_len(ko), **kw)
+    return [out.detach(), *torch.autograd.grad(out, (xq, xkv), dout)]
+
+
+@needs_triton
+@pytest.mark.parametrize("cfg", ["two_pass", "one_pass"])
+def test_rope_keys_match_composed(cfg: str) -> None:
+    """`rope=(cos, sin)`: keys rotated before the attention, dk rotated back in place in dkv;
+    out, dq, dkv match the composed call (the plain rotation, autograd) on the same kernels
+    and the reference backend, self and cross attention."""
+    for lq, lk in (SELF, CROSS):
+        q, kv, dout, qo, ko = _case(lq, lk)
+        tables = _tables(kv.shape[0], kv.shape[3])
+        with force_config(CONFIGS[cfg]):
+            got = _packed(q, kv, dout, qo, ko, causal=True, rope=tables, backend="triton")
+            want = _composed_rope(q, kv, dout, qo, ko, tables, causal=True, backend="triton")
+        _packed_is_contiguous(got[2], kv)
+        _assert_near(got, want, 2e-6, f"{cfg} lq={lq} vs composed")
+        ref = _packed(q, kv, dout, qo, ko, causal=True, rope=tables, backend="reference")
+        _assert_equal(ref, _composed_rope(q, kv, dout, qo, ko, tables, causal=True, backend="reference"), "reference")
+        _assert_near(got, ref, 5e-5, f"{cfg} lq={lq} vs reference")
+
+
+@needs_triton
+@pytest.mark.parametrize("flash", ["flash2", "flash4"])
+def test_rope_keys_through_the_flash_backwards(monkeypatch: pytest.MonkeyPatch, flash: str) -> None:
+    """With rope, torch's FlashAttention-2 backward (fresh dk, dv: rotated and moved in one
+    pass) and FlashAttention-4's (handed the halves of dkv, which it writes; dk then rotated in
+    place), through their contracts' stand-ins: near the reference."""
+    monkeypatch.setenv(_jfa.FWD_ENV, "pointer")
+    seen: list[Any] = []
+    if flash == "flash2":
+        monkeypatch.setattr(_flash2, "_fa2_backward", _fa2_stand_in)
+        monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
+        monkeypatch.delenv(BWD_ENV, raising=False)
+        seen = _count_calls(monkeypatch, _flash2, "flash_backward")
+    else:
+        def bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, dout: torch.Tensor,
+                lse: torch.Tensor, *, softmax_scale: float, causal: bool, cu_seqlens_q: torch.Tensor,
+                cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, deterministic: bool,
+                **outs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            seen.append(outs)
+            seed = torch.empty(2, dtype=torch.uint64, device=q.device)
+            offset = torch.empty((), dtype=torch.uint64, device=q.device)
+            fresh = _fa2_stand_in(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  0.0, causal, seed, offset, scale=softmax_scale)
+            for name, f in zip(("dq", "dk", "dv"), fresh):
+                outs[name].copy_(f)
+            return outs["dq"], outs["dk"], outs["dv"]
+
+        monkeypatch.setattr(_flash4, "_fa4_backward", bwd)
+        monkeypatch.setattr(_flash4, "unavailable_reason", lambda *a, **kw: None)
+        monkeypatch.setenv(BWD_ENV, "flash4")
+    q, kv, dout, qo, ko = _case(*CROSS)
+    tables = _tables(kv.shape[0], kv.shape[3])
+    got = _packed(q, kv, dout, qo, ko, causal=True, rope=tables, backend="triton")
+    assert len(seen) == 1
+    if flash == "flash4":
+        assert seen[0]["dk"].data_ptr() == got[2].data_ptr() and seen[0]["dv"].data_ptr() == got[2][:, 1].data_ptr()
+    _assert_near(got, _packed(q, kv, dout, qo, ko, causal=True, rope=tables, backend="reference"), 5e-5, flash)
+
+
+@needs_triton
+def test_compiled_rope_keys_backward_has_no_stack() -> None:
+    """Compiled with rope: the backward graph is `jfa_bwd_kv` handing dkv to the projection,
+    no stack or cat (the rotation back is inside the op)."""
+    t, h, d, e = 9, 2, 16, 8
+    off = _offsets([4, 0, 5])
+    q, _, _, _, _ = _case([4, 0, 5], [])
+    tables = _tables(t, d)
+    wkv = torch.nn.Linear(e, 2 * h * d, device=DEVICE)
+    x = torch.randn(t, e, device=DEVICE)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return jagged_flash_attention_kv(q, wkv(x).reshape(t, 2, h, d), off, off, 5, 5, causal=True, rope=tables,
+                                         backend="triton")
+
+    ops, grad = _backward_graph(f, x)
+    assert "gem_kernels.jfa_bwd_kv.default" in ops, ops
+    assert not [op for op in ops if op.startswith(("aten.stack", "aten.cat", "aten.select_backward"))], ops
+    xg = x.detach().requires_grad_()
+    (eager,) = torch.autograd.grad(f(xg).sum(), (xg,))
+    torch.testing.assert_close(grad, eager)
 
 
 # --- GPU: real sizes -------------------------------------------------------------------------------

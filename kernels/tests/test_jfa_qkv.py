@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from gem_kernels import _flash2, _flash4, _jfa, _triton_jfa, jagged_flash_attention, jagged_flash_attention_qkv
-from gem_kernels._jfa_qkv import rope_reference
+from gem_kernels._rope import rope_reference
 from gem_kernels._triton_jfa import BWD_ENV, JfaConfig, JfaTiles, force_config, jfa_backward
 
 from _flash_ref import CUDA, DEVICE, _count_calls, _fa2_stand_in, _lognormal, _offsets, _rel
@@ -294,8 +294,8 @@ def test_bad_qkv_and_rope_are_refused_naming_them() -> None:
         jagged_flash_attention_qkv(qkv, off, 3, rope=(cos, sin.long()))
     with pytest.raises(TypeError, match=r"^rope must be None or a \(cos, sin\) tuple"):
         jagged_flash_attention_qkv(qkv, off, 3, rope=[cos, sin])  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="offsets"):  # the rest: jagged_flash_attention's checks
-        jagged_flash_attention_qkv(qkv, _offsets([4, 2]), 3)
+    with pytest.raises(ValueError, match=r"offsets\.shape=\(1, 3\) must be \[B\+1\]"):  # the shared checks
+        jagged_flash_attention_qkv(qkv, off[None], 3)
     x = qkv[:, 0]
     lse = torch.zeros(5, 2, device=DEVICE)
     with pytest.raises(ValueError, match=r"^into's dk \(5, 2, 8\)"):

@@ -379,36 +379,6 @@ class _RopeQKV(torch.autograd.Function):
         return gem_kernels.rope_qkv_grad(dq.to(dt), dk.to(dt), dv.to(dt), cos, sin), None, None
 
 
-class _RopeKV(torch.autograd.Function):
-    """k rotated and v passed through, from a projection `[T, 2, H, D]`; the backward writes
-    the projection's gradient as one stack (the rotation's transpose in fp32, as
-    `rope_qkv_grad`), not autograd's two selects added into a zeroed buffer."""
-
-    @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, kv: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        ctx.save_for_backward(cos, sin)
-        ctx.dtype = kv.dtype  # type: ignore[attr-defined]
-        return rope(kv[:, 0], cos, sin), kv[:, 1]
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, dk: torch.Tensor,
-                 dv: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        cos, sin = ctx.saved_tensors  # type: ignore[attr-defined]
-        dt = ctx.dtype  # type: ignore[attr-defined]
-        g = dk.to(torch.promote_types(dk.dtype, torch.float32))
-        return torch.stack((rope(g, cos, -sin).to(dt), dv.to(dt)), dim=1), None, None
-
-
-def rope_kv(kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rope(k), v) from a projection `[T, 2, H, D]` (a layer that projects q apart), as
-    views; its gradient is written in one pass (`_RopeKV`)."""
-    if kv.dim() != 4 or kv.shape[1] != 2:
-        raise ValueError(f"kv must be [T, 2, H, D], got {tuple(kv.shape)}")
-    k, v = _RopeKV.apply(kv, cos, sin)  # type: ignore[no-untyped-call]
-    return k, v
-
-
 def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(rope(q), rope(k), v) from a fused projection `[T, 3, H, D]`, as views.
 
@@ -462,16 +432,18 @@ def attention_kv(
     max_q: int,
     max_kv: int,
     *,
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """Jagged softmax attention with k and v packed `[Tkv, 2, H, D]`, as one fused projection
     gives them (`gem_kernels.jagged_flash_attention_kv`). The same values as `attention(q,
     *kv.unbind(1), ...)`; the backward returns kv's gradient as one tensor, written by the
     attention's backward itself where the kernel can (FlashAttention-4, ours), instead of
-    `unbind`'s backward stacking dk and dv into a new one (a copy of `[Tkv, 2, H, D]`)."""
+    `unbind`'s backward stacking dk and dv into a new one (a copy of `[Tkv, 2, H, D]`).
+    `rope`: `rope_tables` `[Tkv, D]` for the keys, rotated by the op (dk rotated back in place)."""
     dt = kernel_dtype(q)
     return gem_kernels.jagged_flash_attention_kv(
-        q.to(dt), kv.to(dt), q_offsets, kv_offsets, max_q, max_kv, backend=backend
+        q.to(dt), kv.to(dt), q_offsets, kv_offsets, max_q, max_kv, rope=rope, backend=backend
     )
 
 

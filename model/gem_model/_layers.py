@@ -202,18 +202,21 @@ class SeqAttention(nn.Module):
             # norm(read), and the one gather serves the residual and q. (An invalid slot's q
             # is the LayerNorm's bias projected; its output is zeroed below, so it passes no
             # gradient.) A linear that cannot be sliced keeps the fused call.
-            kv = proj(self.norm(comb), self.d, 3 * self.d)
-            k, v = _jagged.rope_kv(kv.reshape(tc, 2, self.heads, self.dh), lay.cos, lay.sin)
+            # k and v stay packed `[Tc, 2, H, D]`: the attention rotates k itself and writes
+            # their gradient into one buffer (dk rotated back in place).
+            kv = proj(self.norm(comb), self.d, 3 * self.d).reshape(tc, 2, self.heads, self.dh)
             q = proj(self.norm(read), 0, self.d)
             q = _jagged.rope(q.reshape(b * n, self.heads, self.dh), lay.cos[rows], lay.sin[rows])
+            o = _jagged.attention_kv(q, kv, _jagged.uniform_offsets(b, n, comb.device), lay.offsets, n, lay.max_len,
+                                     rope=(lay.cos, lay.sin), backend=self.backend)
         else:
             qkv = self.wqkv(self.norm(comb)).reshape(tc, 3, self.heads, self.dh)
             q, k, v = _jagged.rope_qkv(qkv, lay.cos, lay.sin)
             q = _jagged.slot_rows(q, rows, valid)
-        o = _jagged.attention(
-            q, k, v, _jagged.uniform_offsets(b, n, comb.device),
-            lay.offsets, n, lay.max_len, backend=self.backend,
-        )
+            o = _jagged.attention(
+                q, k, v, _jagged.uniform_offsets(b, n, comb.device),
+                lay.offsets, n, lay.max_len, backend=self.backend,
+            )
         out = (read + self.wo(o.reshape(b * n, self.d))) * valid[:, None]
         return out.reshape(b, n, self.d)
 

@@ -636,33 +636,6 @@ def test_last_layer_rows_only_with_gem_precision_linears(recipe: str, d_model: i
     assert float(F.cosine_similarity(flat(got_g), flat(want_g), dim=0)) > 0.97
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
-def test_rope_kv_matches_autograd(dtype: torch.dtype) -> None:
-    """`rope_kv`: rope(k) and v as autograd computes them from `[T, 2, H, D]`, and the same
-    gradient (one stack in the backward, the rotation's transpose in fp32 for bf16)."""
-    g = torch.Generator().manual_seed(17)
-    t, h, d = 11, 3, 8
-    cos, sin = _jagged.rope_tables(torch.randint(-4, 30, (t,), generator=g), d, 100.0)
-    kv0 = torch.randn(t, 2, h, d, generator=g).to(dtype)
-    up_k, up_v = torch.randn(t, h, d, generator=g).to(dtype), torch.randn(t, h, d, generator=g).to(dtype)
-
-    def run(fn: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        kv = kv0.clone().requires_grad_()
-        k, v = fn(kv)
-        ((k * up_k).sum() + (v * up_v).sum()).backward()
-        assert kv.grad is not None
-        return k.detach(), v.detach(), kv.grad
-
-    got = run(lambda kv: _jagged.rope_kv(kv, cos, sin))
-    want = run(lambda kv: (_jagged.rope(kv[:, 0], cos, sin), kv[:, 1]))
-    tol = dict(rtol=0, atol=0) if dtype == torch.float64 else dict(rtol=1e-2, atol=1e-2)
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, **tol)  # type: ignore[arg-type]
-    assert got[2].dtype == dtype
-    with pytest.raises(ValueError, match=r"kv must be \[T, 2, H, D\]"):
-        _jagged.rope_kv(kv0[:, :1], cos, sin)
-
-
 @pytest.mark.parametrize("extra,last_rows", [
     (dict(computation_skip=True, num_layers=2), True),
     (dict(computation_skip=True, num_layers=3), False),  # the last layer pools: it reads every event
