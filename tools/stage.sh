@@ -38,3 +38,19 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{') and 'mfu_s
 print({k: rows[-1].get(k) for k in sys.argv[2:]} if rows else 'no summary line')
 PY
 }
+
+# Two-model A/B of the h200 trainer on one box (gpu_s39.sh, gpu_s39b.sh): `ab_arm NAME STEPS`
+# runs one arm in its own caches (/tmp/c_NAME); arm "old" puts $AB_OLD (the folder holding an
+# older model/gem_model, unpacked under .ab/) first on PYTHONPATH. `ab_runs` runs new, then
+# old, each from empty caches (100 steps), then warm pairs alternating while time is left.
+ab_arm() { local pp=$PYTHONPATH; [ "$1" = old ] && pp=$AB_OLD:$pp
+  env PYTHONPATH=$pp GEM_CACHE_DIR=/tmp/c_$1 TORCHINDUCTOR_CACHE_DIR=/tmp/c_$1/ind TRITON_CACHE_DIR=/tmp/c_$1/tri \
+    python3 $H200_TR --steps $2; }
+export -f ab_arm
+ab_runs() { export AB_OLD H200_TR
+  st new1 170 bash -c "ab_arm new 100"
+  [ "$(gpu_left)" -gt 150 ] && st old1 170 bash -c "ab_arm old 100"
+  for i in 2 3; do
+    [ "$(gpu_left)" -gt 45 ] && st new$i 50 bash -c "ab_arm new 100"
+    [ "$(gpu_left)" -gt 45 ] && st old$i 50 bash -c "ab_arm old 100"
+  done; }

@@ -1,19 +1,35 @@
 """Shared by the FlashAttention stand-in tests (test_jfa_flash2.py, test_jfa_flash4.py,
-test_jfa_kv.py):
+test_jfa_kv.py, test_jfa_qkv.py):
 plain-PyTorch stand-ins written to FlashAttention's varlen contracts (int32 cu_seqlens,
 natural-log lse `[H, Tq]`, causal bottom-right aligned), jagged cases, and the checks against
 our kernels and the fp32 reference."""
 
+import os
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
 from gem_kernels import jagged_flash_attention
-from gem_kernels._triton_jfa import BWD_ENV
+from gem_kernels._triton_jfa import BWD_ENV, JfaConfig, JfaTiles
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
+# The packed-kv and rotary-qkv tests' marks, and the small tiles that put lengths 0, 1 and the
+# tile edges on every path of our backwards under the interpreter.
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+needs_triton = pytest.mark.skipif(
+    not (CUDA or INTERPRET), reason="Triton needs CUDA or TRITON_INTERPRET=1 (set by Bazel)"
+)
+needs_gpu = pytest.mark.skipif(not CUDA, reason="GPU test")
+_T16 = JfaTiles(block_m=16, block_n=16)
+CONFIGS = {
+    "two_pass": JfaConfig(fwd=_T16, dkdv=_T16, dq=_T16),
+    "one_pass": JfaConfig(fwd=_T16, dkdv=_T16, dq=_T16, one_pass=True),
+    "split_kv": JfaConfig(fwd=_T16, dkdv=_T16, dq=_T16, kv_split=32),
+}
+VARIANTS = {"full": (False, None), "causal": (True, None), "causal_window": (True, 5)}
 
 
 def _offsets(lengths: list[int]) -> torch.Tensor:
@@ -150,3 +166,29 @@ def _check_vs_ours_and_reference(got: list[torch.Tensor], base: list[torch.Tenso
     ref8 = _grads(q8.float(), k8.float(), v8.float(), do8.float(), sub, sub, causal, "reference")
     for name, a, r in zip(("out", "dq", "dk", "dv"), got8, ref8):
         assert _rel(a, r) <= 2e-2, f"{name}: flash vs fp32 reference {_rel(a, r):.3g}"
+
+
+def _aten_ops(gm: torch.fx.GraphModule) -> list[str]:
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def _backward_graph(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> tuple[list[str], torch.Tensor]:
+    """The ops of fn's AOT backward graph (compiled with fullgraph, run eagerly) and x's gradient."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def fw(gm: torch.fx.GraphModule, _: Any) -> Any:
+        return make_boxed_func(gm.forward)
+
+    def bw(gm: torch.fx.GraphModule, _: Any) -> Any:
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    xg = x.detach().requires_grad_()
+    (grad,) = torch.autograd.grad(torch.compile(fn, backend=aot_autograd(fw_compiler=fw, bw_compiler=bw),
+                                                fullgraph=True)(xg).sum(), (xg,))
+    assert len(graphs) == 1
+    return _aten_ops(graphs[0]), grad

@@ -13,7 +13,6 @@ dk/dv where it runs.
 """
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,22 +20,11 @@ import torch
 
 from gem_kernels import _flash2, _flash4, _jfa, _triton_jfa, jagged_flash_attention, jagged_flash_attention_kv
 from gem_kernels._rope import rope_reference
-from gem_kernels._triton_jfa import BWD_ENV, JfaConfig, JfaTiles, force_config, jfa_backward
+from gem_kernels._triton_jfa import BWD_ENV, force_config, jfa_backward
 
-from _flash_ref import CUDA, DEVICE, _count_calls, _fa2_stand_in, _lognormal, _offsets, _rel
+from _flash_ref import (CONFIGS, DEVICE, VARIANTS, _backward_graph, _count_calls, _fa2_stand_in, _lognormal,
+                        _offsets, _rel, needs_gpu, needs_triton)
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-needs_triton = pytest.mark.skipif(
-    not (CUDA or INTERPRET), reason="Triton needs CUDA or TRITON_INTERPRET=1 (set by Bazel)"
-)
-needs_gpu = pytest.mark.skipif(not CUDA, reason="GPU test")
-_T16 = JfaTiles(block_m=16, block_n=16)
-CONFIGS = {
-    "two_pass": JfaConfig(fwd=_T16, dkdv=_T16, dq=_T16),
-    "one_pass": JfaConfig(fwd=_T16, dkdv=_T16, dq=_T16, one_pass=True),
-    "split_kv": JfaConfig(fwd=_T16, dkdv=_T16, dq=_T16, kv_split=32),
-}
-VARIANTS = {"full": (False, None), "causal": (True, None), "causal_window": (True, 5)}
 SELF = ([17, 0, 1, 16, 5], [17, 0, 1, 16, 5])
 CROSS = ([17, 0, 1, 16, 3], [5, 3, 0, 16, 40])
 
@@ -225,32 +213,6 @@ def test_eager_leaf_grad_and_no_grad() -> None:
     assert xkv.grad is not None and xkv.grad.shape == kv.shape and torch.equal(again, out.detach())
     ref = _packed(q, kv, dout, qo, ko, causal=True, backend="reference")
     assert _rel(xkv.grad, ref[2]) <= 5e-5
-
-
-def _aten_ops(gm: torch.fx.GraphModule) -> list[str]:
-    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
-
-
-def _backward_graph(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> tuple[list[str], torch.Tensor]:
-    """The ops of fn's AOT backward graph (compiled with fullgraph, run eagerly) and x's gradient."""
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
-    graphs: list[torch.fx.GraphModule] = []
-
-    def fw(gm: torch.fx.GraphModule, _: Any) -> Any:
-        return make_boxed_func(gm.forward)
-
-    def bw(gm: torch.fx.GraphModule, _: Any) -> Any:
-        graphs.append(gm)
-        return make_boxed_func(gm.forward)
-
-    torch._dynamo.reset()
-    xg = x.detach().requires_grad_()
-    (grad,) = torch.autograd.grad(torch.compile(fn, backend=aot_autograd(fw_compiler=fw, bw_compiler=bw),
-                                                fullgraph=True)(xg).sum(), (xg,))
-    assert len(graphs) == 1
-    return _aten_ops(graphs[0]), grad
 
 
 @needs_triton

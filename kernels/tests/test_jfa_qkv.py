@@ -12,8 +12,6 @@ rotary gradient; opcheck; bad qkv and rope refused naming them. GPU (skipped wit
 real sizes against the composed form for each backward, FlashAttention-4 where it runs, compiled.
 """
 
-import os
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,22 +19,11 @@ import torch
 
 from gem_kernels import _flash2, _flash4, _jfa, _triton_jfa, jagged_flash_attention, jagged_flash_attention_qkv
 from gem_kernels._rope import rope_reference
-from gem_kernels._triton_jfa import BWD_ENV, JfaConfig, JfaTiles, force_config, jfa_backward
+from gem_kernels._triton_jfa import BWD_ENV, force_config, jfa_backward
 
-from _flash_ref import CUDA, DEVICE, _count_calls, _fa2_stand_in, _lognormal, _offsets, _rel
+from _flash_ref import (CONFIGS, DEVICE, VARIANTS, _backward_graph, _count_calls, _fa2_stand_in, _lognormal,
+                        _offsets, _rel, needs_gpu, needs_triton)
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-needs_triton = pytest.mark.skipif(
-    not (CUDA or INTERPRET), reason="Triton needs CUDA or TRITON_INTERPRET=1 (set by Bazel)"
-)
-needs_gpu = pytest.mark.skipif(not CUDA, reason="GPU test")
-_T16 = JfaTiles(block_m=16, block_n=16)
-CONFIGS = {
-    "two_pass": JfaConfig(fwd=_T16, dkdv=_T16, dq=_T16),
-    "one_pass": JfaConfig(fwd=_T16, dkdv=_T16, dq=_T16, one_pass=True),
-    "split_kv": JfaConfig(fwd=_T16, dkdv=_T16, dq=_T16, kv_split=32),
-}
-VARIANTS = {"full": (False, None), "causal": (True, None), "causal_window": (True, 5)}
 LENGTHS = [17, 0, 1, 16, 5]
 
 
@@ -220,28 +207,6 @@ def test_eager_no_grad_and_leaf_grad() -> None:
     assert _rel(x.grad, ref[1]) <= 5e-5
 
 
-def _backward_ops(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> tuple[list[str], torch.Tensor]:
-    """The ops of fn's AOT backward graph (compiled with fullgraph, run eagerly) and x's gradient."""
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
-    graphs: list[torch.fx.GraphModule] = []
-
-    def fw(gm: torch.fx.GraphModule, _: Any) -> Any:
-        return make_boxed_func(gm.forward)
-
-    def bw(gm: torch.fx.GraphModule, _: Any) -> Any:
-        graphs.append(gm)
-        return make_boxed_func(gm.forward)
-
-    torch._dynamo.reset()
-    xg = x.detach().requires_grad_()
-    (grad,) = torch.autograd.grad(torch.compile(fn, backend=aot_autograd(fw_compiler=fw, bw_compiler=bw),
-                                                fullgraph=True)(xg).sum(), (xg,))
-    assert len(graphs) == 1
-    return [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"], grad
-
-
 @needs_triton
 def test_compiled_backward_is_the_op_alone() -> None:
     """`torch.compile(fullgraph=True)` of a fused projection feeding the op: the backward graph
@@ -260,7 +225,7 @@ def test_compiled_backward_is_the_op_alone() -> None:
 
     copies = ("aten.stack", "aten.cat", "aten.select_backward", "aten.select_scatter", "aten.slice_scatter",
               "aten.copy", "gem_kernels.rope_qkv_grad")
-    ops, grad = _backward_ops(f, x)
+    ops, grad = _backward_graph(f, x)
     assert "gem_kernels.jfa_bwd_qkv.default" in ops, ops
     assert not [op for op in ops if op.startswith(copies)], ops
     xg = x.detach().requires_grad_()

@@ -35,16 +35,7 @@ else
   if [ "$PART" = b ]; then
     st tests4 120 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa_qkv.py kernels/tests/test_jfa_kv.py kernels/tests/test_rope.py -k "flash4 or rotate"
     st kv4 100 $KV
-    arm() { local pp=$PYTHONPATH; [ "$1" = old ] && pp=.ab/model052:$pp
-      env PYTHONPATH=$pp GEM_CACHE_DIR=/tmp/c_$1 TORCHINDUCTOR_CACHE_DIR=/tmp/c_$1/ind TRITON_CACHE_DIR=/tmp/c_$1/tri \
-        python3 $H200_TR --steps $2; }
-    export -f arm; export H200_TR
-    st new1 170 bash -c "arm new 100"
-    [ "$(gpu_left)" -gt 150 ] && st old1 170 bash -c "arm old 100"
-    for i in 2 3; do
-      [ "$(gpu_left)" -gt 45 ] && st new$i 50 bash -c "arm new 100"
-      [ "$(gpu_left)" -gt 45 ] && st old$i 50 bash -c "arm old 100"
-    done
+    AB_OLD=.ab/model052 ab_runs
   else
     st mfu 240 python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph
     [ "$(gpu_left)" -gt 100 ] && st long $(gpu_left) env GEM_CACHE_DIR=/tmp/c_new TORCHINDUCTOR_CACHE_DIR=/tmp/c_new/ind \

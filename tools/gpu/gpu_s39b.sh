@@ -24,15 +24,6 @@ else
   st setup 60 bash tools/fa4_setup.sh
   export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
   st tests4 150 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa_kv.py kernels/tests/test_jfa_qkv.py model/tests/test_layout.py -k "flash4 or gpu"
-  arm() { local pp=$PYTHONPATH; [ "$1" = old ] && pp=.ab/model053:$pp
-    env PYTHONPATH=$pp GEM_CACHE_DIR=/tmp/c_$1 TORCHINDUCTOR_CACHE_DIR=/tmp/c_$1/ind TRITON_CACHE_DIR=/tmp/c_$1/tri \
-      python3 $H200_TR --steps $2; }
-  export -f arm; export H200_TR
-  st new1 170 bash -c "arm new 100"
-  [ "$(gpu_left)" -gt 150 ] && st old1 170 bash -c "arm old 100"
-  for i in 2 3; do
-    [ "$(gpu_left)" -gt 45 ] && st new$i 50 bash -c "arm new 100"
-    [ "$(gpu_left)" -gt 45 ] && st old$i 50 bash -c "arm old 100"
-  done
+  AB_OLD=.ab/model053 ab_runs
 fi
 gpu_end

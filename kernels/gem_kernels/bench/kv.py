@@ -48,26 +48,35 @@ def _case(lengths: list[int], seeds: int | None, heads: int, dim: int, causal: b
         q_off = torch.arange(0, (b + 1) * seeds, seeds, device=device)
         max_q = seeds
     qs = None if seeds is None else (torch.randn(b * seeds, heads, dim, generator=g) * 0.5).to(device, dtype)
-    up = None
 
-    def run(packed: bool) -> tuple[torch.Tensor, ...]:
-        nonlocal up
-        x.grad = w.grad = None
-        kv = (x @ w).reshape(t, 2, heads, dim)
+    def attend(y: torch.Tensor, packed: bool) -> torch.Tensor:
+        kv = y.reshape(t, 2, heads, dim)
         q = (x @ wq).reshape(t, heads, dim) if wq is not None else qs
         assert q is not None
         if packed:
-            o = jagged_flash_attention_kv(q, kv, q_off, kv_off, max_q, max(lengths), causal=causal)
-        else:
-            k, v = kv.unbind(1)
-            o = jagged_flash_attention(q, k, v, q_off, kv_off, max_q, max(lengths), causal=causal)
-        if up is None:
-            up = torch.randn(o.shape, generator=g).to(device, dtype)
-        o.backward(up)
+            return jagged_flash_attention_kv(q, kv, q_off, kv_off, max_q, max(lengths), causal=causal)
+        k, v = kv.unbind(1)
+        return jagged_flash_attention(q, k, v, q_off, kv_off, max_q, max(lengths), causal=causal)
+
+    return _step(x, w, attend, g), t
+
+
+def _step(x: torch.Tensor, w: torch.Tensor, attend: Callable[[torch.Tensor, bool], torch.Tensor],
+          g: torch.Generator) -> Callable[[bool], tuple[torch.Tensor, ...]]:
+    """fn(packed) -> (out, x.grad, w.grad): `attend(x @ w, packed)` forward and backward from
+    one fixed random upstream gradient (drawn at the first call)."""
+    up: list[torch.Tensor] = []
+
+    def run(packed: bool) -> tuple[torch.Tensor, ...]:
+        x.grad = w.grad = None
+        o = attend(x @ w, packed)
+        if not up:
+            up.append(torch.randn(o.shape, generator=g).to(o.device, o.dtype))
+        o.backward(up[0])
         assert x.grad is not None and w.grad is not None
         return o.detach(), x.grad, w.grad
 
-    return run, t
+    return run
 
 
 class _ComposedRope(torch.autograd.Function):
@@ -99,24 +108,15 @@ def _qkv_case(lengths: list[int], heads: int, dim: int, device: str,
     ang = pos[:, None] * 10000.0 ** (-torch.arange(half, dtype=torch.float32) / half)[None, :]
     cos = torch.cat((ang.cos(), ang.cos()), -1).to(device)
     sin = torch.cat((-ang.sin(), ang.sin()), -1).to(device)
-    up = None
 
-    def run(packed: bool) -> tuple[torch.Tensor, ...]:
-        nonlocal up
-        x.grad = w.grad = None
-        qkv = (x @ w).reshape(t, 3, heads, dim)
+    def attend(y: torch.Tensor, packed: bool) -> torch.Tensor:
+        qkv = y.reshape(t, 3, heads, dim)
         if packed:
-            o = jagged_flash_attention_qkv(qkv, off, max(lengths), rope=(cos, sin), causal=True)
-        else:
-            q, k, v = _ComposedRope.apply(qkv, cos, sin)
-            o = jagged_flash_attention(q, k, v, off, off, max(lengths), max(lengths), causal=True)
-        if up is None:
-            up = torch.randn(o.shape, generator=g).to(device, dtype)
-        o.backward(up)
-        assert x.grad is not None and w.grad is not None
-        return o.detach(), x.grad, w.grad
+            return jagged_flash_attention_qkv(qkv, off, max(lengths), rope=(cos, sin), causal=True)
+        q, k, v = _ComposedRope.apply(qkv, cos, sin)
+        return jagged_flash_attention(q, k, v, off, off, max(lengths), max(lengths), causal=True)
 
-    return run, t
+    return _step(x, w, attend, g), t
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, object]]:
@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
                  ("rope qkv", [5, 0, 17, 9], -1, 2, 16, True)]
     else:
         lengths = trainer_lengths()
-        cases = [("trainer self causal", lengths, None, 8, 128, True), ("trainer pooling (32 seeds)", lengths, 32, 8, 128, False),
+        cases = [("trainer self causal", lengths, None, 8, 128, True),
+                 ("trainer pooling (32 seeds)", lengths, 32, 8, 128, False),
                  ("trainer rope qkv (self causal)", lengths, -1, 8, 128, True)]
     rows: list[dict[str, object]] = []
     for name, lengths, seeds, heads, dim, causal in cases:
