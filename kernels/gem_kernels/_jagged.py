@@ -248,3 +248,8 @@ def check_attention(
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"window={window!r} must be None or an int >= 1")
     return device
+
+
+def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """a and b are the same elements in the same layout (an in-place source and its slot)."""
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()

@@ -362,19 +362,21 @@ def _run_backward_kv(
     cos: torch.Tensor | None, sin: torch.Tensor | None, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
     max_q_len: int, max_kv_len: int, causal: bool, window: int | None, scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dq, dkv): dk and dv written into the halves of one contiguous `[Tkv, 2, H, D]` buffer;
-    with rope, dk rotated back in place there (a fresh dk, dv: rotated and moved in one pass)."""
+    """(dq, dkv): dk and dv written into the halves of one contiguous `[Tkv, 2, H, D]` buffer
+    (`jfa_backward(into=)`); with rope, dk rotated back in place there, and fresh ones (torch's
+    FlashAttention-2 backward) rotated and moved in by the same pass; without, `settle`."""
     from gem_kernels._rope import rotate_slots
-    from gem_kernels._triton_jfa import jfa_backward
+    from gem_kernels._triton_jfa import jfa_backward, settle
 
+    rot = cos is not None and sin is not None
     dkv = torch.empty(kv.shape, dtype=kv.dtype, device=kv.device)
-    if cos is None or sin is None:
-        dq, _, _ = jfa_backward(dout, q, kv[:, 0], kv[:, 1], out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len,
-                                causal, window, scale, dkv=dkv)
-        return dq, dkv
-    dq, dk, dv = jfa_backward(dout, q, k, kv[:, 1], out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal,
-                              window, scale, into=(torch.empty_like(q), dkv[:, 0], dkv[:, 1]))
-    rotate_slots((dk,), dv, cos, sin, dkv)
+    dq, dk, dv = jfa_backward(dout, q, k if rot else kv[:, 0], kv[:, 1], out, lse, q_offsets, kv_offsets, max_q_len,
+                              max_kv_len, causal, window, scale, into=(None, dkv[:, 0], dkv[:, 1]))
+    if rot:
+        assert cos is not None and sin is not None
+        rotate_slots((dk,), dv, cos, sin, dkv)
+    else:
+        settle((dk, dv), dkv)
     return dq, dkv
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from gem_kernels._jfa import _prepare, _reference, _run_forward
-from gem_kernels._rope import rope_reference, rope_tables_checked, rotate_slots, same_view
+from gem_kernels._rope import rope_reference, rope_tables_checked, rotate_slots
 
 
 def jagged_flash_attention_qkv(
@@ -110,8 +110,8 @@ def _run_backward_qkv(
 ) -> torch.Tensor:
     """dqkv `[T, 3, H, D]`: the attention's backward writes into its slots where its kernel can
     (`jfa_backward(into=)`), then q's and k's slots are rotated back in place; a slot the
-    kernel returned fresh is moved in by the same pass."""
-    from gem_kernels._triton_jfa import jfa_backward
+    kernel returned fresh is moved in by the same pass (without rope: `settle`)."""
+    from gem_kernels._triton_jfa import jfa_backward, settle
 
     rot = cos is not None and sin is not None
     q, k = (qk[:, 0], qk[:, 1]) if rot else (qkv[:, 0], qkv[:, 1])
@@ -123,13 +123,7 @@ def _run_backward_qkv(
         assert cos is not None and sin is not None
         rotate_slots((dq, dk), dv, cos, sin, dqkv)
         return dqkv
-    fresh = [(g, s) for g, s in zip((dq, dk, dv), slots) if not same_view(g, s)]
-    if len(fresh) == 3:
-        torch.stack((dq, dk, dv), 1, out=dqkv)  # one pass (torch's FlashAttention-2 backward)
-    else:
-        for g, s in fresh:
-            s.copy_(g)
-    return dqkv
+    return settle((dq, dk, dv), dqkv)
 
 
 class _JfaQkvFunction(torch.autograd.Function):

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gem_kernels._jagged import check_triton_device, resolve_backend
+from gem_kernels._jagged import check_triton_device, resolve_backend, same_view
 
 
 def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -173,11 +173,6 @@ def rope_qkv_grad_triton(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, c
     out = dq.new_empty((t, 3, h, d))
     return rotate_slots_triton((dq, dk), dv, cos, sin, out, block_t=block_t, num_warps=num_warps,
                                head_loop=head_loop)
-
-
-def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """a and b are the same elements in the same layout (an in-place source and its slot)."""
-    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
 
 
 def rotate_slots_triton(rot: tuple[torch.Tensor, ...], copy: torch.Tensor | None, cos: torch.Tensor,

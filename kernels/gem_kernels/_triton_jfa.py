@@ -44,6 +44,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from gem_kernels._jagged import same_view
+
 _LOG2E = 1.4426950408889634
 _NO_SPLIT = 1 << 30  # one split covering any kv length
 
@@ -909,39 +911,31 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(2) == 1 else t.contiguous()
 
 
-def _check_dkv(dkv: torch.Tensor, k: torch.Tensor) -> None:
-    """`jfa_backward`'s packed output must be `[Tkv, 2, H, D]` of k's dtype and device with a
-    unit stride on D (the kernels write rows of D elements)."""
-    want = (k.shape[0], 2, *k.shape[1:])
-    if tuple(dkv.shape) != want or dkv.dtype != k.dtype or dkv.device != k.device:
-        raise ValueError(f"dkv {tuple(dkv.shape)} {dkv.dtype} on {dkv.device} must be {want} {k.dtype} on {k.device}")
-    if dkv.stride(3) != 1:
-        raise ValueError(f"dkv.stride(3)={dkv.stride(3)} must be 1")
-
-
-def _check_into(into: tuple[torch.Tensor, ...], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """`jfa_backward`'s `into` must be three views shaped like q, k, v, of q's dtype and device,
-    with a unit stride on D."""
+def _check_into(into: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """`jfa_backward`'s `into` must be a tuple (dq, dk, dv) of views shaped like q, k, v (or
+    None), of q's dtype and device, with a unit stride on D (the kernels write rows of D)."""
     if not isinstance(into, tuple) or len(into) != 3:
-        raise ValueError(f"into must be a tuple (dq, dk, dv) of three tensors, got {type(into).__name__}")
+        raise ValueError(f"into must be a tuple (dq, dk, dv) of tensors or None, got {type(into).__name__}")
     for name, t, like in zip(("dq", "dk", "dv"), into, (q, k, v)):
-        if t.shape != like.shape or t.dtype != q.dtype or t.device != q.device or t.stride(-1) != 1:
+        if t is not None and (t.shape != like.shape or t.dtype != q.dtype or t.device != q.device
+                              or t.stride(-1) != 1):
             raise ValueError(f"into's {name} {tuple(t.shape)} {t.dtype} on {t.device} (strides {t.stride()}) must "
                              f"be {tuple(like.shape)} {q.dtype} on {q.device} with a unit stride on D")
 
 
-def _into_halves(
-    dkv: torch.Tensor, dk: torch.Tensor | None, dv: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """dk, dv stacked into dkv (None: zeros); returns its halves `dkv[:, 0]`, `dkv[:, 1]`. For
-    the backwards that return fresh tensors (torch's FlashAttention-2) and the empty batch. One
-    stack kernel, as autograd's: two `copy_` into the strided halves measured ~0.5 ms slower at
-    the trainer's size on the H100 (CHANGELOG 0.3.6)."""
-    if dk is None or dv is None:
-        dkv.zero_()
+def settle(grads: tuple[torch.Tensor, ...], buf: torch.Tensor) -> torch.Tensor:
+    """`buf[:, i] = grads[i]` for a packed gradient `[T, len(grads), H, D]` whose slots were
+    handed to `jfa_backward(into=)`: a gradient already written into its slot stays; if none
+    is (torch's FlashAttention-2 backward returns fresh tensors), one `torch.stack(out=)` (two
+    `copy_` into the strided halves measured ~0.5 ms slower than the stack at the trainer's
+    size on an H100, CHANGELOG 0.3.6); else each fresh one is copied in. Returns `buf`."""
+    fresh = [i for i, g in enumerate(grads) if not same_view(g, buf[:, i])]
+    if len(fresh) == len(grads):
+        torch.stack(grads, 1, out=buf)
     else:
-        torch.stack((dk, dv), 1, out=dkv)
-    return dkv[:, 0], dkv[:, 1]
+        for i in fresh:
+            buf[:, i].copy_(grads[i])
+    return buf
 
 
 def _upcast(t: torch.Tensor) -> bool:
@@ -1062,24 +1056,18 @@ def jfa_backward(
     causal: bool,
     window: int | None,
     scale: float,
-    dkv: torch.Tensor | None = None,
-    into: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    into: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward. Returns dq, dk, dv (zeros for rows of empty or invisible sequences).
 
-    `into`: optional views (dq, dk, dv) (q's / k's / v's shape and dtype, unit stride on D;
-    `jfa_bwd_qkv` passes the slots of one `[T, 3, H, D]` buffer) that the backward writes
-    into where its kernel can: FlashAttention-4's writes all three, ours dk and dv (dq comes
-    from a workspace), torch's FlashAttention-2 none. Each returned tensor is then either the
-    view given (`_rope.same_view`) or a fresh one; the caller moves the fresh ones (one pass
-    that also rotates, in `_jfa_qkv`). Not with `dkv`.
-
-    `dkv`: an optional `[Tkv, 2, H, D]` buffer (k's dtype and device, unit stride on D) for
-    a caller whose k and v are the halves of one packed kv (`jfa_bwd_kv`): dk and dv are then
-    written into `dkv[:, 0]` and `dkv[:, 1]`, and those views are returned, so no stack copies
-    them together afterwards. Ours and FlashAttention-4's backward write into the views
-    directly (any row/head strides); torch's FlashAttention-2 backward returns fresh tensors,
-    stacked into dkv (the cost the stack had).
+    `into`: optional views (dq, dk, dv), each None or shaped like q / k / v (q's dtype, unit
+    stride on D), that the backward writes into where its kernel can: FlashAttention-4's
+    writes every one given, ours dk and dv (any row/head strides; dq comes from a workspace),
+    torch's FlashAttention-2 none. Each returned tensor is then either the view given
+    (`_jagged.same_view`) or a fresh one, which the caller moves in: `settle` (one stack where
+    all are fresh), or the rotary ops' one rotation pass. The packed ops pass the slots of one
+    gradient: the halves of kv's `[Tkv, 2, H, D]` (`jfa_bwd_kv`), the slots of `[T, 3, H, D]`
+    (`jfa_bwd_qkv`), so no copy assembles it afterwards.
 
     Where `bwd_uses_flash4` says so, FlashAttention-4's backward (`_flash4.flash4_backward`, the
     optional flash-attn-4 package); else where `bwd_uses_flash` says so, torch's FlashAttention-2
@@ -1100,20 +1088,12 @@ def jfa_backward(
     b = q_offsets.numel() - 1
     # The buffers the kernels write into where they can (None: allocate).
     dst: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None] = (None, None, None)
-    if dkv is not None:
-        _check_dkv(dkv, k)
-        if into is not None:
-            raise ValueError("pass dkv or into, not both")
-        dst = (None, dkv[:, 0], dkv[:, 1])
-    elif into is not None:
+    if into is not None:
         _check_into(into, q, k, v)
         dst = into
     if tq == 0 or k.shape[0] == 0 or b == 0 or h == 0 or max_q_len == 0 or max_kv_len == 0:
-        if dkv is not None:
-            return torch.zeros_like(q), *_into_halves(dkv, None, None)
-        if into is not None:
-            return into[0].zero_(), into[1].zero_(), into[2].zero_()
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dq0, dk0, dv0 = (torch.zeros_like(x) if t is None else t.zero_() for t, x in zip(dst, (q, k, v)))
+        return dq0, dk0, dv0
     if bwd_uses_flash4(q, k, window):
         from gem_kernels._flash4 import flash4_backward
 
@@ -1122,12 +1102,11 @@ def jfa_backward(
     if bwd_uses_flash(q, window):
         from gem_kernels._flash2 import flash_backward
 
-        dq, dk, dv = flash_backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal,
-                                    scale)
-        return (dq, *_into_halves(dkv, dk, dv)) if dkv is not None else (dq, dk, dv)
+        return flash_backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_q_len, max_kv_len, causal,
+                              scale)
     cfg = pick_config(max_q_len, max_kv_len, d, q.dtype)
     # The kernels write every row of dk/dv (offsets contract): no memset. They take any row
-    # and head strides, so a packed dkv's halves are written in place.
+    # and head strides, so the slots of a packed gradient are written in place.
     dk = torch.empty_like(k) if dst[1] is None else dst[1]
     dv = torch.empty_like(v) if dst[2] is None else dst[2]
     # One-pass: every dQ row is a sum over kv blocks; rows no kv block sees stay 0.

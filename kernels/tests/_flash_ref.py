@@ -87,6 +87,38 @@ def _fa2_stand_in(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
+def _fa4_bwd_stand_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, dout: torch.Tensor,
+                      lse: torch.Tensor, *, softmax_scale: float, causal: bool, cu_seqlens_q: torch.Tensor,
+                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, deterministic: bool,
+                      dq: torch.Tensor | None = None, dk: torch.Tensor | None = None,
+                      dv: torch.Tensor | None = None, _write: bool = True) -> tuple[torch.Tensor, ...]:
+    """`_flash_attn_bwd`'s varlen contract (note: q, k, v, out, dout, lse in this order).
+    Outputs given as dq / dk / dv are checked as the package checks them (shape, dtype, device
+    only: its kernels take the strides at run time), written into and returned; `_write=False`
+    stands for a package version that returns fresh tensors instead."""
+    assert deterministic == torch.are_deterministic_algorithms_enabled()
+    for t, like in ((dq, q), (dk, k), (dv, v)):
+        assert t is None or (t.shape == like.shape and t.dtype == like.dtype and t.device == like.device)
+    seed = torch.empty(2, dtype=torch.uint64, device=q.device)
+    offset = torch.empty((), dtype=torch.uint64, device=q.device)
+    fresh = _fa2_stand_in(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0,
+                          causal, seed, offset, scale=softmax_scale)
+    if not _write:
+        return fresh
+    return tuple(f if t is None else t.copy_(f) for t, f in zip((dq, dk, dv), fresh))
+
+
+def _recording_fa4_bwd(seen: list[dict[str, Any]], *, write: bool = True) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """`_fa4_bwd_stand_in`, appending the outputs each call was handed ({"dq", "dk", "dv"}:
+    a tensor or None) to `seen`; `write=False`: the package that returns fresh tensors."""
+    def bwd(*a: Any, dq: torch.Tensor | None = None, dk: torch.Tensor | None = None,
+            dv: torch.Tensor | None = None, **kw: Any) -> tuple[torch.Tensor, ...]:
+        seen.append({"dq": dq, "dk": dk, "dv": dv})
+        return _fa4_bwd_stand_in(*a, dq=dq, dk=dk, dv=dv, _write=write, **kw)
+
+    return bwd
+
+
 def _case(lq: list[int], lk: list[int], *, h: int = 2, d: int = 16, dtype: torch.dtype = torch.float32,
           seed: int = 0) -> tuple[torch.Tensor, ...]:
     g = torch.Generator(device=DEVICE).manual_seed(seed)

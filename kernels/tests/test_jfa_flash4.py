@@ -21,7 +21,7 @@ from gem_kernels import _flash4, _jfa, _triton_jfa, jagged_flash_attention
 from gem_kernels._triton_jfa import BWD_ENV
 
 from _flash_ref import (CUDA, DEVICE, _assert_near_reference, _case, _check_vs_ours_and_reference, _fa2_fwd_stand_in,
-                        _fa2_stand_in, _grads, _lognormal, _offsets, _ours, _rel)
+                        _fa4_bwd_stand_in, _grads, _lognormal, _offsets, _ours, _rel)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 needs_triton = pytest.mark.skipif(not (CUDA or INTERPRET), reason="Triton needs CUDA or TRITON_INTERPRET=1")
@@ -36,18 +36,6 @@ def _fa4_fwd_stand_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_s
     out, lse = _fa2_fwd_stand_in(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, causal,
                                  False, scale=softmax_scale)[:2]
     return out, lse, None, None, None
-
-
-def _fa4_bwd_stand_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, dout: torch.Tensor,
-                      lse: torch.Tensor, *, softmax_scale: float, causal: bool, cu_seqlens_q: torch.Tensor,
-                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                      deterministic: bool) -> tuple[torch.Tensor, ...]:
-    """`_flash_attn_bwd`'s varlen contract (note: q, k, v, out, dout, lse in this order)."""
-    assert deterministic == torch.are_deterministic_algorithms_enabled()
-    seed = torch.empty(2, dtype=torch.uint64, device=q.device)
-    offset = torch.empty((), dtype=torch.uint64, device=q.device)
-    return _fa2_stand_in(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0,
-                         causal, seed, offset, scale=softmax_scale)
 
 
 def _stand_ins(monkeypatch: pytest.MonkeyPatch) -> list[str]:

@@ -23,7 +23,7 @@ from gem_kernels._rope import rope_reference
 from gem_kernels._triton_jfa import BWD_ENV, force_config, jfa_backward
 
 from _flash_ref import (CONFIGS, DEVICE, VARIANTS, _backward_graph, _count_calls, _fa2_stand_in, _lognormal,
-                        _offsets, _rel, needs_gpu, needs_triton)
+                        _offsets, _recording_fa4_bwd, _rel, needs_gpu, needs_triton)
 
 SELF = ([17, 0, 1, 16, 5], [17, 0, 1, 16, 5])
 CROSS = ([17, 0, 1, 16, 3], [5, 3, 0, 16, 40])
@@ -146,24 +146,7 @@ def test_flash4_backward_writes_strided_halves(monkeypatch: pytest.MonkeyPatch, 
     in (`returns_fresh`). Equal to the unpacked call and near the reference."""
     seen: list[dict[str, Any]] = []
 
-    def bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, dout: torch.Tensor,
-            lse: torch.Tensor, *, softmax_scale: float, causal: bool, cu_seqlens_q: torch.Tensor,
-            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, deterministic: bool,
-            dk: torch.Tensor | None = None, dv: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        seen.append({"dk": dk, "dv": dv})
-        for t, like in ((dk, k), (dv, v)):  # `_flash_attn_bwd`'s own checks of given outputs
-            assert t is None or (t.shape == like.shape and t.dtype == like.dtype and t.device == like.device)
-        seed = torch.empty(2, dtype=torch.uint64, device=q.device)
-        offset = torch.empty((), dtype=torch.uint64, device=q.device)
-        dq, dk_new, dv_new = _fa2_stand_in(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                           max_seqlen_k, 0.0, causal, seed, offset, scale=softmax_scale)
-        if package == "returns_fresh" or dk is None or dv is None:
-            return dq, dk_new, dv_new
-        dk.copy_(dk_new)
-        dv.copy_(dv_new)
-        return dq, dk, dv
-
-    monkeypatch.setattr(_flash4, "_fa4_backward", bwd)
+    monkeypatch.setattr(_flash4, "_fa4_backward", _recording_fa4_bwd(seen, write=package == "writes_into"))
     monkeypatch.setattr(_flash4, "unavailable_reason", lambda *a, **kw: None)
     monkeypatch.setenv(BWD_ENV, "flash4")
     monkeypatch.setenv(_jfa.FWD_ENV, "pointer")
@@ -173,6 +156,7 @@ def test_flash4_backward_writes_strided_halves(monkeypatch: pytest.MonkeyPatch, 
     assert len(seen) == 1
     dk, dv = seen[0]["dk"], seen[0]["dv"]
     assert dk is not None and dv is not None, "the packed call must hand FlashAttention-4 its output halves"
+    assert seen[0]["dq"] is None  # dq is its own tensor
     assert dk.stride() == (2 * h * d, d, 1) and dv.stride() == dk.stride()
     assert dv.data_ptr() == dk.data_ptr() + h * d * dk.element_size()
     assert dk.data_ptr() == got[2].data_ptr()  # the buffer autograd hands back as kv's gradient
@@ -192,7 +176,8 @@ def test_empty_kv_and_empty_batch() -> None:
     k = v = torch.randn(5, 2, 16, device=DEVICE)
     dkv = torch.full((5, 2, 2, 16), float("nan"), device=DEVICE)
     lse = torch.full((5, 2), float("inf"), device=DEVICE)
-    _, dk, dv = jfa_backward(dout, q, k, v, out, lse, qo, _offsets([5, 0]), 3, 0, False, None, 0.25, dkv=dkv)
+    _, dk, dv = jfa_backward(dout, q, k, v, out, lse, qo, _offsets([5, 0]), 3, 0, False, None, 0.25,
+                             into=(None, dkv[:, 0], dkv[:, 1]))
     assert torch.count_nonzero(dkv) == 0 and dk.data_ptr() == dkv.data_ptr()
     q, kv, dout, off, _ = _case([], [])
     out, dq, dkv = _packed(q, kv, dout, off, off, causal=True, backend="triton")
@@ -289,9 +274,10 @@ def test_bad_kv_is_refused_naming_it() -> None:
     # which a CUDA call skips to stay free of host syncs)
     with pytest.raises(ValueError, match=r"kv_offsets\.shape=\(1, 3\) must be \[B\+1\]"):
         jagged_flash_attention_kv(q, kv, qo, ko[None], 3, 4)
-    with pytest.raises(ValueError, match="dkv"):  # jfa_backward's packed output
+    with pytest.raises(ValueError, match=r"^into's dk \(5, 1, 16\)"):  # jfa_backward's packed output
         lse = torch.zeros(5, 2, device=DEVICE)
-        jfa_backward(q, q, kv[:, 0], kv[:, 1], q, lse, qo, ko, 3, 4, False, None, 0.25, dkv=kv[:, :, :1])
+        jfa_backward(q, q, kv[:, 0], kv[:, 1], q, lse, qo, ko, 3, 4, False, None, 0.25,
+                     into=(None, kv[:, 0, :1], kv[:, 1, :1]))
 
 
 def _tables(t: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -344,20 +330,7 @@ def test_rope_keys_through_the_flash_backwards(monkeypatch: pytest.MonkeyPatch, 
         monkeypatch.delenv(BWD_ENV, raising=False)
         seen = _count_calls(monkeypatch, _flash2, "flash_backward")
     else:
-        def bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, dout: torch.Tensor,
-                lse: torch.Tensor, *, softmax_scale: float, causal: bool, cu_seqlens_q: torch.Tensor,
-                cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, deterministic: bool,
-                **outs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            seen.append(outs)
-            seed = torch.empty(2, dtype=torch.uint64, device=q.device)
-            offset = torch.empty((), dtype=torch.uint64, device=q.device)
-            fresh = _fa2_stand_in(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                  0.0, causal, seed, offset, scale=softmax_scale)
-            for name, f in zip(("dq", "dk", "dv"), fresh):
-                outs[name].copy_(f)
-            return outs["dq"], outs["dk"], outs["dv"]
-
-        monkeypatch.setattr(_flash4, "_fa4_backward", bwd)
+        monkeypatch.setattr(_flash4, "_fa4_backward", _recording_fa4_bwd(seen))
         monkeypatch.setattr(_flash4, "unavailable_reason", lambda *a, **kw: None)
         monkeypatch.setenv(BWD_ENV, "flash4")
     q, kv, dout, qo, ko = _case(*CROSS)

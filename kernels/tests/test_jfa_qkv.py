@@ -22,7 +22,7 @@ from gem_kernels._rope import rope_reference
 from gem_kernels._triton_jfa import BWD_ENV, force_config, jfa_backward
 
 from _flash_ref import (CONFIGS, DEVICE, VARIANTS, _backward_graph, _count_calls, _fa2_stand_in, _lognormal,
-                        _offsets, _rel, needs_gpu, needs_triton)
+                        _offsets, _recording_fa4_bwd, _rel, needs_gpu, needs_triton)
 
 LENGTHS = [17, 0, 1, 16, 5]
 
@@ -142,25 +142,7 @@ def test_flash4_backward_writes_the_three_slots(monkeypatch: pytest.MonkeyPatch,
     (`returns_fresh`). Near the reference either way."""
     seen: list[dict[str, Any]] = []
 
-    def bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, dout: torch.Tensor,
-            lse: torch.Tensor, *, softmax_scale: float, causal: bool, cu_seqlens_q: torch.Tensor,
-            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, deterministic: bool,
-            dq: torch.Tensor | None = None, dk: torch.Tensor | None = None,
-            dv: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        seen.append({"dq": dq, "dk": dk, "dv": dv})
-        for t, like in ((dq, q), (dk, k), (dv, v)):  # `_flash_attn_bwd`'s own checks of given outputs
-            assert t is None or (t.shape == like.shape and t.dtype == like.dtype and t.device == like.device)
-        seed = torch.empty(2, dtype=torch.uint64, device=q.device)
-        offset = torch.empty((), dtype=torch.uint64, device=q.device)
-        fresh = _fa2_stand_in(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              0.0, causal, seed, offset, scale=softmax_scale)
-        if package == "returns_fresh" or dq is None or dk is None or dv is None:
-            return fresh
-        for t, f in zip((dq, dk, dv), fresh):
-            t.copy_(f)
-        return dq, dk, dv
-
-    monkeypatch.setattr(_flash4, "_fa4_backward", bwd)
+    monkeypatch.setattr(_flash4, "_fa4_backward", _recording_fa4_bwd(seen, write=package == "writes_into"))
     monkeypatch.setattr(_flash4, "unavailable_reason", lambda *a, **kw: None)
     monkeypatch.setenv(BWD_ENV, "flash4")
     monkeypatch.setenv(_jfa.FWD_ENV, "pointer")
@@ -265,8 +247,8 @@ def test_bad_qkv_and_rope_are_refused_naming_them() -> None:
     lse = torch.zeros(5, 2, device=DEVICE)
     with pytest.raises(ValueError, match=r"^into's dk \(5, 2, 8\)"):
         jfa_backward(x, x, x, x, x, lse, off, off, 3, 3, False, None, 0.25, into=(x, x[..., :8], x))
-    with pytest.raises(ValueError, match="dkv or into"):
-        jfa_backward(x, x, x, x, x, lse, off, off, 3, 3, False, None, 0.25, dkv=qkv[:, :2], into=(x, x, x))
+    with pytest.raises(ValueError, match=r"^into must be a tuple \(dq, dk, dv\)"):
+        jfa_backward(x, x, x, x, x, lse, off, off, 3, 3, False, None, 0.25, into=(x, x))  # type: ignore[arg-type]
 
 
 # --- GPU: real sizes -------------------------------------------------------------------------------
