@@ -13,7 +13,7 @@ from gem_kernels._jfa_qkv import jagged_flash_attention_qkv
 from gem_kernels._gdpa import generalized_dot_product_attention
 from gem_kernels._block import block_attention
 from gem_kernels._rowwise_adagrad import rowwise_adagrad_, rowwise_adagrad_reference_
-from gem_kernels._rope import rope_qkv_grad
+from gem_kernels._rope import rope, rope_qkv_grad
 
 __version__ = "0.3.7"
 
@@ -27,6 +27,7 @@ __all__ = [
     "jagged_flash_attention_qkv",
     "jfa_backward_rule",
     "pad_jagged",
+    "rope",
     "rope_qkv_grad",
     "rowwise_adagrad_",
     "rowwise_adagrad_reference_",

@@ -108,7 +108,7 @@ def jagged_flash_attention_kv(
     Returns:
         `[Tq, H, D]` in q's dtype.
     """
-    from gem_kernels._rope import rope_reference, rope_tables_checked
+    from gem_kernels._rope import rope as rotary, rope_tables_checked
 
     k, v = _kv_halves(q, kv)
     cos, sin = rope_tables_checked(rope, kv.shape[0], kv.shape[3], kv.device)
@@ -118,7 +118,7 @@ def jagged_flash_attention_kv(
     if backend == "reference":
         k, v = kv.unbind(1)  # autograd differentiates the reference (stacking dk, dv)
         if cos is not None and sin is not None:
-            k = rope_reference(k, cos, sin)
+            k = rotary(k, cos, sin)
         return _reference(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, bool(causal), window, scale)
     args = (q, kv, cos, sin, q_offsets, kv_offsets, max_q_len, max_kv_len, bool(causal), window, scale)
     if torch.compiler.is_compiling():

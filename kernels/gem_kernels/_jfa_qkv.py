@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from gem_kernels._jfa import _prepare, _reference, _run_forward
-from gem_kernels._rope import rope_reference, rope_tables_checked, rotate_slots
+from gem_kernels._rope import rope as rotary, rope_tables_checked, rotate_slots
 
 
 def jagged_flash_attention_qkv(
@@ -65,7 +65,7 @@ def jagged_flash_attention_qkv(
     backend, scale, offsets, _ = _prepare(q, k, v, offsets, offsets, max_len, max_len, window, scale, backend)
     if backend == "reference":
         if cos is not None and sin is not None:
-            q, k = rope_reference(qkv[:, :2], cos, sin).unbind(1)  # autograd differentiates it
+            q, k = rotary(qkv[:, :2], cos, sin).unbind(1)  # autograd differentiates it
         return _reference(q, k, v, offsets, offsets, max_len, max_len, bool(causal), window, scale)
     args = (qkv, cos, sin, offsets, max_len, bool(causal), window, scale)
     if torch.compiler.is_compiling():

@@ -29,9 +29,12 @@ import triton.language as tl
 from gem_kernels._jagged import check_triton_device, resolve_backend, same_view
 
 
-def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Plain PyTorch rotate-half rotation of `x [T, ..., D]` by the tables (the middle axes
-    broadcast): `(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)`."""
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (rotate-half form) of `x [T, ..., D]` with tables `[T, D]` (cos = [cos θ,
+    cos θ], sin = [-sin θ, sin θ]), in plain PyTorch (differentiable):
+    `(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)`. The middle axes broadcast, so q and k
+    rotate in one pass as `[T, 2, H, D]` (three kernels in eager, one compiled). The rotary
+    ops' reference paths and gem-model's layers use it."""
     half = x.shape[-1] // 2
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
     c, s = cos.reshape(shape).to(x.dtype), sin.reshape(shape).to(x.dtype)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from gem_kernels import _flash2, _flash4, _jfa, _triton_jfa, jagged_flash_attention, jagged_flash_attention_kv
-from gem_kernels._rope import rope_reference
+from gem_kernels import rope
 from gem_kernels._triton_jfa import BWD_ENV, force_config, jfa_backward
 
 from _flash_ref import (CONFIGS, DEVICE, VARIANTS, _backward_graph, _count_calls, _fa2_stand_in, _lognormal,
@@ -292,7 +292,7 @@ def _composed_rope(q: torch.Tensor, kv: torch.Tensor, dout: torch.Tensor, qo: to
                    tables: tuple[torch.Tensor, torch.Tensor], **kw: Any) -> list[torch.Tensor]:
     """out, dq, dkv of the parts: the plain rotation of kv[:, 0], then `jagged_flash_attention`."""
     xq, xkv = q.detach().requires_grad_(), kv.detach().requires_grad_()
-    k = rope_reference(xkv[:, 0], *tables)
+    k = rope(xkv[:, 0], *tables)
     out = jagged_flash_attention(xq, k, xkv[:, 1], qo, ko, _max_len(qo), _max_len(ko), **kw)
     return [out.detach(), *torch.autograd.grad(out, (xq, xkv), dout)]
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from gem_kernels import _flash2, _flash4, _jfa, _triton_jfa, jagged_flash_attention, jagged_flash_attention_qkv
-from gem_kernels._rope import rope_reference
+from gem_kernels import rope as rope_fn
 from gem_kernels._triton_jfa import BWD_ENV, force_config, jfa_backward
 
 from _flash_ref import (CONFIGS, DEVICE, VARIANTS, _backward_graph, _count_calls, _fa2_stand_in, _lognormal,
@@ -67,7 +67,7 @@ def _composed(qkv: torch.Tensor, dout: torch.Tensor, off: torch.Tensor, rope: An
     """out, dqkv of the parts: the plain rotation, then `jagged_flash_attention` over the
     slots, autograd between (the model's form before this op)."""
     x = qkv.detach().requires_grad_()
-    q, k = rope_reference(x[:, :2], *rope).unbind(1) if rope is not None else (x[:, 0], x[:, 1])
+    q, k = rope_fn(x[:, :2], *rope).unbind(1) if rope is not None else (x[:, 0], x[:, 1])
     out = jagged_flash_attention(q, k, x[:, 2], off, off, _max_len(off), _max_len(off), **kw)
     return [out.detach(), *torch.autograd.grad(out, (x,), dout)]
 

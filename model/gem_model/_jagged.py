@@ -343,17 +343,9 @@ def rope_tables(pos: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Te
     return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (rotate-half form) of `[T, ..., D]` with `rope_tables` `[T, D]`.
-
-    `(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)`; the middle axes broadcast, so q and k
-    rotate in one pass when given as `[T, 2, H, D]` (three kernels in eager, one compiled).
-    """
-    half = x.shape[-1] // 2
-    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
-    c, s = cos.reshape(shape).to(x.dtype), sin.reshape(shape).to(x.dtype)
-    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
-    return torch.addcmul(x * c, swapped, s)
+# Rotary embedding (rotate-half form) of `[T, ..., D]` with `rope_tables` `[T, D]`: the
+# kernels' plain-PyTorch rotation, the one their rotary ops' reference paths differentiate.
+rope = gem_kernels.rope
 
 
 class _RopeQKV(torch.autograd.Function):
