@@ -127,20 +127,25 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     a = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    # (name, fn(packed) -> (out, x.grad, w.grad) and the tokens), built when the case runs.
+    Case = tuple[str, Callable[[], tuple[Callable[[bool], tuple[torch.Tensor, ...]], int]]]
     if a.small or not cuda:
-        cases = [("self causal", [5, 0, 17, 9], None, 2, 16, True), ("pooling", [5, 0, 17, 9], 4, 2, 16, False),
-                 ("rope qkv", [5, 0, 17, 9], -1, 2, 16, True)]
+        toy = [5, 0, 17, 9]
+        cases: list[Case] = [
+            ("self causal", lambda: _case(toy, None, 2, 16, True, device, dtype)),
+            ("pooling", lambda: _case(toy, 4, 2, 16, False, device, dtype)),
+            ("rope qkv", lambda: _qkv_case(toy, 2, 16, device, dtype)),
+        ]
     else:
         lengths = trainer_lengths()
-        cases = [("trainer self causal", lengths, None, 8, 128, True),
-                 ("trainer pooling (32 seeds)", lengths, 32, 8, 128, False),
-                 ("trainer rope qkv (self causal)", lengths, -1, 8, 128, True)]
+        cases = [
+            ("trainer self causal", lambda: _case(lengths, None, 8, 128, True, device, dtype)),
+            ("trainer pooling (32 seeds)", lambda: _case(lengths, 32, 8, 128, False, device, dtype)),
+            ("trainer rope qkv (self causal)", lambda: _qkv_case(lengths, 8, 128, device, dtype)),
+        ]
     rows: list[dict[str, object]] = []
-    for name, lengths, seeds, heads, dim, causal in cases:
-        if seeds == -1:  # the rotary qkv case
-            run, t = _qkv_case(lengths, heads, dim, device, dtype)
-        else:
-            run, t = _case(lengths, seeds, heads, dim, causal, device, dtype)
+    for name, build in cases:
+        run, t = build()
         want, got = run(False), run(True)
         err = max(float((a_ - b_).abs().max()) / max(float(b_.abs().max()), 1e-12) for a_, b_ in zip(got, want))
         for r in range(a.rounds):
