@@ -40,6 +40,14 @@ class GEMConfig:
             to its token: ranks below 16 exact, then log2-bucketed; 0 switches it off.
         head_hidden: width of the shared bottom and of each task tower.
         rope_base: rotary embedding base.
+        stream_bias: biases on the linears that run over every row of the token stream (the
+            sequence FFN's / GDPA's projections, the sequence attention's `wqkv` and `wo`,
+            the pooling's `wkv`). False drops them (as most large transformers do): each
+            then costs no column sum over the token rows in the backward (a read of its whole
+            output gradient; ~6 ms of an h200 step), and the residual projections (`wo`, the
+            FFN's `w2`) add the residual inside their GEMM (`addmm(res, x, Wᵀ)`) instead of a
+            separate add pass. Per-sample linears keep theirs. True by default (the layout of
+            every earlier checkpoint); the h200 preset sets False (gem-model 0.6.0).
 
         sequence_attention: False switches attention over the event sequence off (an
             ablation baseline): no self-attention (the CLS outputs are the non-sequence
@@ -117,6 +125,7 @@ class GEMConfig:
     rank_buckets: int = 24
     head_hidden: int = 64
     rope_base: float = 10000.0
+    stream_bias: bool = True
     sequence_attention: bool = True
 
     gdpa_ffn: bool = False
@@ -150,7 +159,7 @@ class GEMConfig:
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, int) or val < 0:
                 raise ValueError(f"GEMConfig.{name}={val!r} must be an int >= 0")
-        for name in ("merged_stream_reads", "select_stream_rows", "last_layer_rows_only"):
+        for name in ("stream_bias", "merged_stream_reads", "select_stream_rows", "last_layer_rows_only"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"GEMConfig.{name}={getattr(self, name)!r} must be a bool")
         if not self.tasks:

@@ -38,6 +38,23 @@ def _drop_bias(module: nn.Module, state_dict: dict[str, Any], prefix: str, *_: A
     state_dict.pop(prefix + "bias", None)
 
 
+def _add_linear(res: torch.Tensor, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`res + lin(x)`, with the residual added by the GEMM itself (`addmm(res, x, Wᵀ)`: no
+    separate add pass over the stream, and one rounding instead of two) where `lin` is a plain
+    bias-free `nn.Linear`, both operands are 2-D, and `res` already has the product's dtype
+    (the autocast dtype under autocast, else the weight's), so the sum's dtype is the plain
+    form's. Anything else (a bias, a precision recipe's linear, a float32 stream under bf16
+    autocast) takes the plain form."""
+    if (isinstance(lin, nn.Linear) and type(lin).forward is nn.Linear.forward and lin.bias is None
+            and res.dim() == 2 and x.dim() == 2):
+        dev = x.device.type
+        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else lin.weight.dtype
+        if res.dtype == dt:
+            return torch.addmm(res, x, lin.weight.t())
+    out: torch.Tensor = res + lin(x)
+    return out
+
+
 def _token_mix(n_in: int, n_out: int) -> nn.Linear:
     """A linear over the token axis whose output a LayerNorm over d normalizes: without a
     bias, which would add one constant per token that the LayerNorm's mean removes (a
@@ -75,8 +92,8 @@ class PersonalizedFFN(nn.Module):
         self.d, self.h = cfg.d_model, cfg.ffn_mult * cfg.d_model
         self.norm = nn.LayerNorm(self.d)
         self.film = nn.Linear(self.d, 2 * self.d)
-        self.w1 = nn.Linear(self.d, self.h)
-        self.w2 = nn.Linear(self.h, self.d)
+        self.w1 = nn.Linear(self.d, self.h, bias=cfg.stream_bias)
+        self.w2 = nn.Linear(self.h, self.d, bias=cfg.stream_bias)
 
     def forward(
         self, seq: torch.Tensor, x_sum: torch.Tensor, offsets: torch.Tensor, max_len: int,
@@ -84,8 +101,7 @@ class PersonalizedFFN(nn.Module):
     ) -> torch.Tensor:
         gamma, beta = self.film(x_sum.mean(dim=1)).chunk(2, dim=-1)  # [B, d] each
         h = self.norm(seq) * (1.0 + gamma[sample]) + beta[sample]
-        out: torch.Tensor = seq + self.w2(F.gelu(self.w1(h)))
-        return out
+        return _add_linear(seq, self.w2, F.gelu(self.w1(h)))
 
     def flops(self, s: _flops.Shapes) -> float:
         t = s.tokens
@@ -107,9 +123,9 @@ class GDPAFFN(nn.Module):
         self.norm = nn.LayerNorm(self.d)
         self.kv_mix = _token_mix(self.n_cls, self.n_kv)  # then kv_norm
         self.kv_norm = nn.LayerNorm(self.d)
-        self.wq = nn.Linear(self.d, self.d)
+        self.wq = nn.Linear(self.d, self.d, bias=cfg.stream_bias)
         self.wkv = nn.Linear(self.d, 2 * self.d)
-        self.wo = nn.Linear(self.d, self.d)
+        self.wo = nn.Linear(self.d, self.d, bias=cfg.stream_bias)
 
     def forward(
         self, seq: torch.Tensor, x_sum: torch.Tensor, offsets: torch.Tensor, max_len: int,
@@ -123,8 +139,7 @@ class GDPAFFN(nn.Module):
         o = _jagged.attention(
             q, k, v, offsets, kv_off, max_len, self.n_kv, activation=self.act, backend=self.backend
         )
-        out: torch.Tensor = seq + self.wo(o.reshape(t, self.d))
-        return out
+        return _add_linear(seq, self.wo, o.reshape(t, self.d))
 
     def flops(self, s: _flops.Shapes) -> float:
         b, t = s.batch, s.tokens
@@ -167,8 +182,8 @@ class SeqAttention(nn.Module):
         self.backend = cfg.attention_backend
         self.query_slots = query_slots
         self.norm = nn.LayerNorm(self.d)
-        self.wqkv = nn.Linear(self.d, 3 * self.d)
-        self.wo = nn.Linear(self.d, self.d)
+        self.wqkv = nn.Linear(self.d, 3 * self.d, bias=cfg.stream_bias)
+        self.wo = nn.Linear(self.d, self.d, bias=cfg.stream_bias)
 
     def forward(self, comb: torch.Tensor, lay: _jagged.PrefixLayout,
                 slots: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -188,8 +203,7 @@ class SeqAttention(nn.Module):
             qkv = self.wqkv(self.norm(comb)).reshape(tc, 3, self.heads, self.dh)
             o = _jagged.attention_qkv(qkv, lay.cos, lay.sin, lay.offsets, lay.max_len, window=self.window,
                                       backend=self.backend)
-            out: torch.Tensor = comb + self.wo(o.reshape(tc, self.d))
-            return out
+            return _add_linear(comb, self.wo, o.reshape(tc, self.d))
         rows, valid = slots
         b, n = rows.shape
         if n != self.query_slots:
@@ -257,7 +271,7 @@ class SeqPooling(nn.Module):
         self.seeds = nn.Parameter(torch.randn(self.n_seeds, self.d) * 0.02)
         self.wq = nn.Linear(self.d, self.d)
         self.norm = nn.LayerNorm(self.d)
-        self.wkv = nn.Linear(self.d, 2 * self.d)
+        self.wkv = nn.Linear(self.d, 2 * self.d, bias=cfg.stream_bias)
         self.wo = nn.Linear(self.d, self.d)
         self.down: nn.Linear | None = None
         self.up: nn.Linear | None = None

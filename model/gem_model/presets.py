@@ -66,6 +66,6 @@ def h200(**kwargs: Any) -> GEMConfig:
         d_model=1024, num_heads=8, num_layers=4, emb_dim=128, event_emb_dim=256, ffn_mult=4,
         num_cls=4, num_pma_seeds=8, num_recent=8, head_hidden=512,
         gdpa_ffn=True, gdpa_kv_len=32, hierarchical_pooling=True, hier_seeds=32, hier_rank=8,
-        computation_skip=True,
+        computation_skip=True, stream_bias=False,
     )
     return _make(defaults, kwargs)
