@@ -231,7 +231,7 @@ class SeqAttention(nn.Module):
                 q, k, v, _jagged.uniform_offsets(b, n, comb.device),
                 lay.offsets, n, lay.max_len, backend=self.backend,
             )
-        out = (read + self.wo(o.reshape(b * n, self.d))) * valid[:, None]
+        out: torch.Tensor = (read + self.wo(o.reshape(b * n, self.d))) * valid[:, None]
         return out.reshape(b, n, self.d)
 
     def flops(self, s: _flops.Shapes) -> float:
