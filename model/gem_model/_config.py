@@ -46,8 +46,10 @@ class GEMConfig:
             then costs no column sum over the token rows in the backward (a read of its whole
             output gradient; ~6 ms of an h200 step), and the residual projections (`wo`, the
             FFN's `w2`) add the residual inside their GEMM (`addmm(res, x, Wᵀ)`) instead of a
-            separate add pass. Per-sample linears keep theirs. True by default (the layout of
-            every earlier checkpoint); the h200 preset sets False (gem-model 0.6.0).
+            separate add pass. Per-sample linears keep theirs. Of the dropped biases, those of
+            `wqkv`, `wq`, `wkv` and `w1` follow a LayerNorm whose own bias β still shifts their
+            output (by Wβ). True by default (the layout of every earlier checkpoint); the h200
+            preset sets False (gem-model 0.6.0).
 
         sequence_attention: False switches attention over the event sequence off (an
             ablation baseline): no self-attention (the CLS outputs are the non-sequence
