@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from gem_kernels import jagged_flash_attention
+from gem_kernels import _flash4, jagged_flash_attention
 from gem_kernels._triton_jfa import BWD_ENV, JfaConfig, JfaTiles
 
 CUDA = torch.cuda.is_available()
@@ -117,6 +117,16 @@ def _recording_fa4_bwd(seen: list[dict[str, Any]], *, write: bool = True) -> Cal
         return _fa4_bwd_stand_in(*a, dq=dq, dk=dk, dv=dv, _write=write, **kw)
 
     return bwd
+
+
+def _use_recording_fa4_bwd(monkeypatch: pytest.MonkeyPatch, *, write: bool = True) -> list[dict[str, Any]]:
+    """Routes the JFA backward to FlashAttention-4 as if the package were installed, through
+    `_recording_fa4_bwd`; returns the list its calls are recorded in."""
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(_flash4, "_fa4_backward", _recording_fa4_bwd(seen, write=write))
+    monkeypatch.setattr(_flash4, "unavailable_reason", lambda *a, **kw: None)
+    monkeypatch.setenv(BWD_ENV, "flash4")
+    return seen
 
 
 def _case(lq: list[int], lk: list[int], *, h: int = 2, d: int = 16, dtype: torch.dtype = torch.float32,

@@ -23,7 +23,7 @@ from gem_kernels import rope
 from gem_kernels._triton_jfa import BWD_ENV, force_config, jfa_backward
 
 from _flash_ref import (CONFIGS, DEVICE, VARIANTS, _backward_graph, _count_calls, _fa2_stand_in, _lognormal,
-                        _offsets, _recording_fa4_bwd, _rel, needs_gpu, needs_triton)
+                        _offsets, _rel, _use_recording_fa4_bwd, needs_gpu, needs_triton)
 
 SELF = ([17, 0, 1, 16, 5], [17, 0, 1, 16, 5])
 CROSS = ([17, 0, 1, 16, 3], [5, 3, 0, 16, 40])
@@ -144,11 +144,7 @@ def test_flash4_backward_writes_strided_halves(monkeypatch: pytest.MonkeyPatch, 
     `dv=dkv[:, 1]` (row stride 2·H·D, v's half H·D elements on) and writes into them; the
     unpacked call passes neither. A package that returned fresh tensors instead would be copied
     in (`returns_fresh`). Equal to the unpacked call and near the reference."""
-    seen: list[dict[str, Any]] = []
-
-    monkeypatch.setattr(_flash4, "_fa4_backward", _recording_fa4_bwd(seen, write=package == "writes_into"))
-    monkeypatch.setattr(_flash4, "unavailable_reason", lambda *a, **kw: None)
-    monkeypatch.setenv(BWD_ENV, "flash4")
+    seen = _use_recording_fa4_bwd(monkeypatch, write=package == "writes_into")
     monkeypatch.setenv(_jfa.FWD_ENV, "pointer")
     h, d = 2, 16
     q, kv, dout, qo, ko = _case(*CROSS, h=h, d=d)
@@ -330,9 +326,7 @@ def test_rope_keys_through_the_flash_backwards(monkeypatch: pytest.MonkeyPatch, 
         monkeypatch.delenv(BWD_ENV, raising=False)
         seen = _count_calls(monkeypatch, _flash2, "flash_backward")
     else:
-        monkeypatch.setattr(_flash4, "_fa4_backward", _recording_fa4_bwd(seen))
-        monkeypatch.setattr(_flash4, "unavailable_reason", lambda *a, **kw: None)
-        monkeypatch.setenv(BWD_ENV, "flash4")
+        seen = _use_recording_fa4_bwd(monkeypatch)
     q, kv, dout, qo, ko = _case(*CROSS)
     tables = _tables(kv.shape[0], kv.shape[3])
     got = _packed(q, kv, dout, qo, ko, causal=True, rope=tables, backend="triton")

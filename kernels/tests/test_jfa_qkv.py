@@ -22,7 +22,7 @@ from gem_kernels import rope as rope_fn
 from gem_kernels._triton_jfa import BWD_ENV, force_config, jfa_backward
 
 from _flash_ref import (CONFIGS, DEVICE, VARIANTS, _backward_graph, _count_calls, _fa2_stand_in, _lognormal,
-                        _offsets, _recording_fa4_bwd, _rel, needs_gpu, needs_triton)
+                        _offsets, _rel, _use_recording_fa4_bwd, needs_gpu, needs_triton)
 
 LENGTHS = [17, 0, 1, 16, 5]
 
@@ -140,11 +140,7 @@ def test_flash4_backward_writes_the_three_slots(monkeypatch: pytest.MonkeyPatch,
     `dk=dqkv[:, 1]`, `dv=dqkv[:, 2]` (row stride 3·H·D) and writes into them; q's and k's
     slots are then rotated in place. A package that returned fresh tensors would be copied in
     (`returns_fresh`). Near the reference either way."""
-    seen: list[dict[str, Any]] = []
-
-    monkeypatch.setattr(_flash4, "_fa4_backward", _recording_fa4_bwd(seen, write=package == "writes_into"))
-    monkeypatch.setattr(_flash4, "unavailable_reason", lambda *a, **kw: None)
-    monkeypatch.setenv(BWD_ENV, "flash4")
+    seen = _use_recording_fa4_bwd(monkeypatch, write=package == "writes_into")
     monkeypatch.setenv(_jfa.FWD_ENV, "pointer")
     h, d = 2, 16
     qkv, dout, off, tables = _case(LENGTHS, h=h, d=d)
