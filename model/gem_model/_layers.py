@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,11 @@ def _drop_bias(module: nn.Module, state_dict: dict[str, Any], prefix: str, *_: A
     state_dict.pop(prefix + "bias", None)
 
 
+def _plain_linear(lin: nn.Module) -> TypeGuard[nn.Linear]:
+    """An `nn.Linear` whose forward is nn.Linear's own (not a precision recipe's)."""
+    return isinstance(lin, nn.Linear) and type(lin).forward is nn.Linear.forward
+
+
 def _add_linear(res: torch.Tensor, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """`res + lin(x)`, with the residual added by the GEMM itself (`addmm(res, x, Wᵀ)`: no
     separate add pass over the stream, and one rounding instead of two) where `lin` is a plain
@@ -45,8 +50,7 @@ def _add_linear(res: torch.Tensor, lin: nn.Module, x: torch.Tensor) -> torch.Ten
     (the autocast dtype under autocast, else the weight's), so the sum's dtype is the plain
     form's. Anything else (a bias, a precision recipe's linear, a float32 stream under bf16
     autocast) takes the plain form."""
-    if (isinstance(lin, nn.Linear) and type(lin).forward is nn.Linear.forward and lin.bias is None
-            and res.dim() == 2 and x.dim() == 2):
+    if _plain_linear(lin) and lin.bias is None and res.dim() == 2 and x.dim() == 2:
         dev = x.device.type
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else lin.weight.dtype
         if res.dtype == dt:
@@ -156,7 +160,7 @@ def _out_slice(lin: nn.Module) -> Callable[[torch.Tensor, int, int], torch.Tenso
     plain `nn.Linear` by slicing its weight and bias; a converted one (a precision recipe's
     linear, whose forward is its own) through its `forward_slice(x, start, stop)` (gem_precision's
     FP8 linears have one); None for any other module, whose caller then projects whole."""
-    if isinstance(lin, nn.Linear) and type(lin).forward is nn.Linear.forward:
+    if _plain_linear(lin):
         w, bias = lin.weight, lin.bias
         return lambda x, start, stop: F.linear(x, w[start:stop], None if bias is None else bias[start:stop])
     fs = getattr(lin, "forward_slice", None)
