@@ -2,7 +2,7 @@
 
     python3 tools/profile_trainer.py [--preset h200] [--steps 12] [--skip 0] [--batch-tokens N]
                                      [--precision fp8_block_wgrad_bf16] [--keep-bf16 PATTERNS]
-                                     [--table-grads sparse|dense]
+                                     [--table-grads sparse|dense] [--who N]
 
 Prints the kernels with the most CUDA time and the sum of kernel time per profiled step
 against the steps' wall time (how much the GPU idles). `--skip N` starts the profiler after
@@ -35,6 +35,9 @@ p.add_argument("--rows", type=int, default=30, help="rows of the kernel table")
 p.add_argument("--trace", default=None, help="also write a Chrome trace here")
 p.add_argument("--shapes", action="store_true",
                help="record input shapes; print the matrix products' CUDA time per shape")
+p.add_argument("--who", type=int, default=0, metavar="N",
+               help="for the N device kernels and copies with the most time outside the GEMMs and "
+                    "FlashAttention, print which ops launched them (the op and its callers)")
 a = p.parse_args()
 if a.skip >= a.steps:
     raise SystemExit(f"--skip={a.skip} must be below --steps={a.steps}")
@@ -80,6 +83,31 @@ if a.shapes:
         tf = f"{flop / us / 1e6:8.0f}" if us else f"{'-':>8s}"
         print(f"{key[0]:12s} {key[1]!s:>7s} {key[2]!s:>7s} {key[3]!s:>7s} {calls / active:6.1f} "
               f"{us / 1e3 / active:8.2f} {tf}")
+if a.who:
+    # Each CPU op's event lists the device work it launched (`kernels`: the kernels, copies and
+    # memsets tied to it by the profiler's correlation ids). Keyed by kernel, then by the
+    # launching op and up to three of its callers ("aten::copy_ < aten::clone < ..."): where a
+    # glue kernel or a device-to-device copy comes from, without reading a trace.
+    skip = ("nvjet", "gemm", "cutlass_kernel_flash", "flash_", "splitKreduce")
+    who: dict[str, dict[str, list[float]]] = {}
+    for e in prof.events():
+        for k in getattr(e, "kernels", []):
+            if any(t in k.name for t in skip):
+                continue
+            chain, op = [], e
+            while op is not None and len(chain) < 4:
+                chain.append(op.name[:60])
+                op = op.cpu_parent
+            row = who.setdefault(k.name, {}).setdefault(" < ".join(chain), [0, 0.0])
+            row[0] += 1
+            row[1] += k.duration
+    top = sorted(who.items(), key=lambda kv: -sum(r[1] for r in kv[1].values()))[:a.who]
+    print(f"=== who launched the top {len(top)} kernels outside the GEMMs and FlashAttention "
+          f"(calls and ms per profiled step)")
+    for name, chains in top:
+        print(f"{sum(r[1] for r in chains.values()) / 1e3 / active:8.2f} ms  {name[:100]}")
+        for chain, (calls, us) in sorted(chains.items(), key=lambda kv: -kv[1][1])[:3]:
+            print(f"    {calls / active:6.1f} x {us / 1e3 / active:7.2f} ms  {chain}")
 if a.trace:
     prof.export_chrome_trace(a.trace)
 # The device's own records (kernels, copies, memsets) only: an op's row (aten::mm, a custom op,

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The next session's plan (written in the forty-first, not run yet).
+#   PART=a  (carries .fa4a) copies the compiler library to /tmp/fa4a; then the step's profile
+#           without flash-attn-4 with `--who 12`: which ops launch the 2.6 ms per step of
+#           device-to-device copies and the three full-size adds left in 0.6.0's step (the
+#           forty-first session's profile could only count them).
+#   PART=b  (carries .fa4b) installs flash-attn-4; on an H200: issue 16's command (`--steps 300`,
+#           empty caches) and the model's local-MFU bench under 0.6.0 (the 40 % target: 37.6 % on
+#           an H100, ~41 % estimated for an H200). On an H100: the profile again with flash-attn-4
+#           and `--who 12` (the copies inside its backward, if any).
+export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
+. tools/stage.sh
+summary() { echo "=== stages"; cat "$OUT/rcs.txt"; nvidia-smi --query-gpu=name --format=csv,noheader
+  for f in prof prof4; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; sed -n '/=== who/,/^{/p' "$OUT/$f.log" | cut -c1-200; }; done
+  [ -f "$OUT/long.log" ] && { printf 'long '; last_summary "$OUT/long.log" model_version steps loss step_s_median step_gpu_s_median mfu_steady time_to_first_step_s recompiles_per_100_steps | cut -c1-420; }
+  [ -f "$OUT/mfu.log" ] && { echo "=== mfu"; grep -E "^(seq_attention|seq_ffn|pooling|interaction|weighted|model e2e|e2e, layers)" "$OUT/mfu.log" | cut -c1-160; }; }
+gpu_begin "${WATCH:-585}"
+PROF="python3 tools/profile_trainer.py --preset h200 --steps 14 --skip 8 --compile --rows 40 --who 12"
+if [ "${PART:-a}" = a ]; then
+  mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/
+  st prof 240 $PROF
+else
+  st setup 60 bash tools/fa4_setup.sh
+  export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+    st long 260 python3 $H200_TR --steps 300
+    st mfu $(gpu_left) python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph
+  else
+    st prof4 200 $PROF
+  fi
+fi
+gpu_end
