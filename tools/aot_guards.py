@@ -1,7 +1,7 @@
 """Which batches of the trainer's data would make a new compiled variant of a layer, and why.
 
     python3 tools/aot_guards.py [--preset h200] [--batches 300] [--backend inductor]
-                                [--small] [--bf16/--no-bf16] [--largest K]
+                                [--small] [--bf16/--no-bf16] [--largest K] [--stream-ops]
 
 The trainer's ahead-of-time store (`--compile-aot`) compiles a new variant of a block kind
 whenever no stored variant's guards accept a call. This tool walks the trainer's own batches
@@ -79,8 +79,9 @@ class _Traced(Exception):
     """Raised by `largest_tensors`'s partitioner once it has the forward and backward graphs."""
 
 
-def largest_tensors(layer: torch.nn.Module, args: tuple[object, ...], k: int) -> None:
-    """Print the k largest tensors of `layer`'s forward and backward graphs for `args`."""
+def _trace(layer: torch.nn.Module, args: tuple[object, ...]) -> list[torch.fx.GraphModule]:
+    """`layer`'s forward and backward graphs for `args`, as AOTAutograd hands them to inductor
+    (inductor's decompositions, the trainer's flags, the min-cut partition); nothing runs."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch._inductor.decomposition import select_decomp_table
@@ -98,20 +99,62 @@ def largest_tensors(layer: torch.nn.Module, args: tuple[object, ...], k: int) ->
     except Exception as e:  # dynamo wraps the backend's exception
         if not graphs:
             raise RuntimeError(f"tracing failed before the partition: {e!r}") from e
+    return graphs
+
+
+def _numels(node: torch.fx.Node) -> list[tuple[int, str]]:
+    """(element count as a hint, its expression) of each tensor `node` produces."""
+    vals = node.meta.get("val")
+    out = []
+    for t in vals if isinstance(vals, (list, tuple)) else [vals]:
+        if isinstance(t, torch.Tensor):
+            num = t.numel()
+            sym = isinstance(num, torch.SymInt)
+            out.append((int(num.node.hint) if sym else int(num), str(num.node.expr if sym else num)))
+    return out
+
+
+def largest_tensors(layer: torch.nn.Module, args: tuple[object, ...], k: int) -> None:
+    """Print the k largest tensors of `layer`'s forward and backward graphs for `args`."""
     limit = 2**31 - 1
-    for name, g in zip(("forward", "backward"), graphs):
-        rows = []
-        for n in g.graph.nodes:
-            vals = n.meta.get("val")
-            for t in vals if isinstance(vals, (list, tuple)) else [vals]:
-                if isinstance(t, torch.Tensor):
-                    num = t.numel()
-                    sym = isinstance(num, torch.SymInt)
-                    rows.append((int(num.node.hint) if sym else int(num), n.name, str(num.node.expr if sym else num)))
+    for name, g in zip(("forward", "backward"), _trace(layer, args)):
+        rows = [(hint, n.name, expr) for n in g.graph.nodes for hint, expr in _numels(n)]
         rows.sort(key=lambda r: -r[0])
         print(f"  {name}: {len(rows)} tensors; the largest:")
         for hint, node, expr in rows[:k]:
             print(f"    {hint:>15,} elements  {hint / limit:5.2f} x 2**31  {node}  ({expr})")
+
+
+# Ops that make no pass over memory (views, metadata) and graph plumbing: left out of `--stream-ops`.
+_FREE = ("view", "reshape", "_unsafe_view", "alias", "permute", "t", "transpose", "unsqueeze", "squeeze",
+         "expand", "slice", "select", "split", "unbind", "getitem", "as_strided", "sym_size", "output", "placeholder")
+
+
+def stream_ops(layer: torch.nn.Module, args: tuple[object, ...], rows: int, d: int) -> None:
+    """Print, for `layer`'s forward and backward graphs, every op that produces a tensor of at
+    least half the token stream's size (`rows` x `d` elements): the passes over memory
+    that inductor then fuses or not. By op, with counts, then in graph order with each node's
+    inputs (what a fusion would have to join)."""
+    for name, g in zip(("forward", "backward"), _trace(layer, args)):
+        floor = rows * d // 2
+        big = []
+        for n in g.graph.nodes:
+            if n.op != "call_function":
+                continue
+            op = getattr(n.target, "__name__", str(n.target)).split(".")[0]
+            if op in _FREE:
+                continue
+            sizes = [(h, e) for h, e in _numels(n) if h >= floor]
+            if sizes:
+                big.append((n, op, sizes))
+        counts: dict[str, int] = {}
+        for _, op, _ in big:
+            counts[op] = counts.get(op, 0) + 1
+        print(f"  {name}: {len(big)} ops make a tensor of >= {floor:,} elements: "
+              + ", ".join(f"{op} x{c}" for op, c in sorted(counts.items(), key=lambda kv: -kv[1])))
+        for n, op, sizes in big:
+            ins = ", ".join(a.name for a in n.all_input_nodes)[:110]
+            print(f"    {n.name:28s} {op:34s} {sizes[0][1]:>14s}  <- {ins}")
 
 
 def main() -> None:
@@ -124,6 +167,8 @@ def main() -> None:
                    help="autocast to bf16 as the trainer does (default: on a GPU)")
     p.add_argument("--largest", type=int, default=0, metavar="K",
                    help="print the K largest tensors of the first batch's layer graphs instead (see above)")
+    p.add_argument("--stream-ops", action="store_true",
+                   help="print the ops of the first batch's layer graphs that make stream-sized tensors instead")
     a = p.parse_args()
     cuda = torch.cuda.is_available()
     if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
@@ -152,11 +197,15 @@ def main() -> None:
                 pool = model.layers[0].pooling  # [B, n_out, d] (SeqPooling, MeanPooling); not run:
                 pooled_shape = (pool.n_out, pool.d)  # at full width the interpreter takes minutes
             pooled = torch.randn(x.shape[0], *pooled_shape, device=device, dtype=comb.dtype, requires_grad=True)
-            if a.largest:
+            if a.largest or a.stream_ops:
                 for i in (0, 1):
                     print(f"layer {i} (B={x.shape[0]} T={comb.shape[0]} max_len={lay.seq_max_len}; "
                           f"{'pooling' if model.layers[i].pooling is not None else 'computation skip'}):", flush=True)
-                    largest_tensors(model.layers[i], (x, comb, lay, None if i == 0 else pooled), a.largest)
+                    args = (x, comb, lay, None if i == 0 else pooled)
+                    if a.stream_ops:
+                        stream_ops(model.layers[i], args, comb.shape[0], comb.shape[1])
+                    else:
+                        largest_tensors(model.layers[i], args, a.largest)
                 return
             for i, layer in enumerate(model.layers):
                 args = (x, comb, lay, None if i == 0 else pooled)  # as GEMModel.forward passes them

@@ -94,6 +94,15 @@ class GEMConfig:
             in the trainer (H100, h200 preset, three same-box pairs) it made the step 1.2-1.9 %
             slower (trainer/BENCHMARKS.md, 2026-12-06). `python3 tools/with_model.py
             select_stream_rows=true -- -m gem_trainer ...` runs it.
+        gather_stream_grads: the backward half of `select_stream_rows` alone: when compiled,
+            the gradient of each layer's sparse reads of the stream (its CLS rows and recent
+            tokens, the event rows of a pooling layer, the last layer's query rows) is
+            gathered per row, a pointwise form inductor writes in the same pass as autograd's
+            sum with the stream's other gradient, instead of scattered into a fresh
+            zero-filled (or event-filled) `[Tc, d]` buffer that a separate full-size add then
+            sums. The forward keeps its in-place CLS scatter. The same gradients, in the same
+            order of sums (tests/test_layout.py). Off by default until a same-box A/B shows it faster
+            (`python3 tools/with_model.py gather_stream_grads=true -- -m gem_trainer ...`).
         last_layer_rows_only: the last layer's stream is read only at its CLS rows and its
             `num_recent` newest events (the heads take the feature tokens and the summary),
             unless that layer pools. So its attention computes queries, `wo` and the
@@ -145,6 +154,7 @@ class GEMConfig:
     stream_dtype: str = "compute"
     merged_stream_reads: bool = True
     select_stream_rows: bool = False
+    gather_stream_grads: bool = False
     last_layer_rows_only: bool = True
 
     def __post_init__(self) -> None:
@@ -161,7 +171,8 @@ class GEMConfig:
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, int) or val < 0:
                 raise ValueError(f"GEMConfig.{name}={val!r} must be an int >= 0")
-        for name in ("stream_bias", "merged_stream_reads", "select_stream_rows", "last_layer_rows_only"):
+        for name in ("stream_bias", "merged_stream_reads", "select_stream_rows", "gather_stream_grads",
+                     "last_layer_rows_only"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"GEMConfig.{name}={getattr(self, name)!r} must be a bool")
         if not self.tasks:

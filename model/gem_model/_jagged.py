@@ -195,7 +195,7 @@ class _StreamReads(torch.autograd.Function):
     read, events and CLS rows cover every row, so it starts uninitialized and needs no zero
     fill; the recent tokens are then added into their rows (`index_put_` accumulating: a masked
     slot adds zero to whatever row its clamped index names). Compiled with `gather_grad`
-    (GEMConfig.select_stream_rows): each row gathers what it receives (its CLS token's or its
+    (GEMConfig.gather_stream_grads, or select_stream_rows): each row gathers what it receives (its CLS token's or its
     event's gradient, plus its recent slot's when it is one of the k newest events), a
     pointwise form with no scatter, so inductor writes it in the same pass as autograd's sum
     with the stream's other gradient.
@@ -251,7 +251,7 @@ def stream_reads(comb: torch.Tensor, lay: PrefixLayout, k: int, *, events: bool,
     node whose backward writes the stream's gradient once (`_StreamReads`). The same values;
     the gradient differs from the three separate reads only in the order of its sums.
     `gather_grad`: when compiled, the backward gathers per row instead of scattering
-    (`_StreamReads`; GEMConfig.select_stream_rows)."""
+    (`_StreamReads`; GEMConfig.gather_stream_grads, or select_stream_rows)."""
     if lay.n == 0 or k == 0 or comb.shape[0] == 0:
         raise ValueError(f"stream_reads needs CLS rows (lay.n={lay.n}), k >= 1 (k={k}) and a "
                          f"non-empty stream ({comb.shape[0]} rows); use the separate reads")
@@ -273,18 +273,32 @@ class _SlotRows(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, rows: torch.Tensor,
-                valid: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(rows, valid)
-        ctx.num_rows = x.shape[0]  # type: ignore[attr-defined]
+                valid: torch.Tensor, off: torch.Tensor | None, sample: torch.Tensor | None, n: int,
+                k: int) -> torch.Tensor:
+        ctx.save_for_backward(rows, valid, off, sample)  # type: ignore[arg-type]
+        ctx.num_rows, ctx.n, ctx.k = x.shape[0], n, k  # type: ignore[attr-defined]
         mask = valid.reshape(-1, *([1] * (x.dim() - 1)))
         return x.index_select(0, rows) * mask
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        rows, valid = ctx.saved_tensors  # type: ignore[attr-defined]
-        n = ctx.num_rows  # type: ignore[attr-defined]
-        out = g.new_zeros((n + 1, *g.shape[1:]))
-        return out.index_copy_(0, torch.where(valid, rows, n), g)[:n], None, None
+    def backward(ctx: torch.autograd.function.FunctionCtx, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        rows, valid, off, sample = ctx.saved_tensors  # type: ignore[attr-defined]
+        num, n, k = ctx.num_rows, ctx.n, ctx.k  # type: ignore[attr-defined]
+        nones = (None,) * 6
+        if off is not None and sample is not None and torch.compiler.is_compiling():
+            # The slots are `query_slots(lay, k)`'s: per sample its n CLS rows, then its k newest
+            # events, oldest first. Each row gathers its slot's gradient (a CLS row's, or an
+            # event's among the k newest: exactly the valid recent slots), else zero: pointwise,
+            # so inductor adds it in the pass that sums the stream's other gradients.
+            is_cls, _, _, back = _row_roles(off, sample, n)
+            r = torch.arange(num, device=g.device)
+            is_recent = ~is_cls & (back < k)
+            slot = torch.where(is_cls, sample * (n + k) + r - off[sample],
+                               torch.where(is_recent, sample * (n + k) + n + (k - 1) - back, 0))
+            read = (is_cls | is_recent).reshape(-1, *([1] * (g.dim() - 1)))
+            return (torch.where(read, g.index_select(0, slot), 0), *nones)
+        out = g.new_zeros((num + 1, *g.shape[1:]))
+        return (out.index_copy_(0, torch.where(valid, rows, num), g)[:num], *nones)
 
 
 def query_slots(lay: PrefixLayout, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -300,11 +314,19 @@ def query_slots(lay: PrefixLayout, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return rows, valid
 
 
-def slot_rows(x: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def slot_rows(x: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor,
+              gather_grad: tuple[PrefixLayout, int] | None = None) -> torch.Tensor:
     """`x[rows] * valid` along dim 0 (rows, valid: `[S]` int64 / bool) for rows whose valid
     entries never repeat (not checked: that would read them on the host; `query_slots`'
-    rows qualify). Invalid slots read zero and pass no gradient (`_SlotRows`)."""
-    out: torch.Tensor = _SlotRows.apply(x, rows, valid)  # type: ignore[no-untyped-call]
+    rows qualify). Invalid slots read zero and pass no gradient (`_SlotRows`).
+
+    `gather_grad=(lay, k)`, for rows and valid that are `query_slots(lay, k)` flattened (not
+    checked): when compiled, the backward gathers each row's gradient instead of scattering
+    into a zero-filled buffer (GEMConfig.gather_stream_grads). The same gradient bit for bit:
+    each row receives at most one slot's."""
+    off, sample, n, k = (None, None, 0, 0) if gather_grad is None else (
+        gather_grad[0].offsets, gather_grad[0].sample, gather_grad[0].n, gather_grad[1])
+    out: torch.Tensor = _SlotRows.apply(x, rows, valid, off, sample, n, k)  # type: ignore[no-untyped-call]
     return out
 
 

@@ -185,6 +185,7 @@ class SeqAttention(nn.Module):
         self.n_cls, self.window, self.base = cfg.num_cls, cfg.window, cfg.rope_base
         self.backend = cfg.attention_backend
         self.query_slots = query_slots
+        self.gather_grads = cfg.gather_stream_grads or cfg.select_stream_rows
         self.norm = nn.LayerNorm(self.d)
         self.wqkv = nn.Linear(self.d, 3 * self.d, bias=cfg.stream_bias)
         self.wo = nn.Linear(self.d, self.d, bias=cfg.stream_bias)
@@ -213,7 +214,8 @@ class SeqAttention(nn.Module):
         if n != self.query_slots:
             raise ValueError(f"slots hold {n} rows per sample, must hold query_slots={self.query_slots}")
         rows, valid = rows.reshape(-1), valid.reshape(-1)
-        read = _jagged.slot_rows(comb, rows, valid)  # the residual's rows (zero in invalid slots)
+        # the residual's rows (zero in invalid slots); `slots` are query_slots(lay, n - lay.n)
+        read = _jagged.slot_rows(comb, rows, valid, (lay, n - lay.n) if self.gather_grads else None)
         proj = _out_slice(self.wqkv)
         if proj is not None:
             # q for the slot rows only: the LayerNorm is per row, so norm(comb)[rows] is
@@ -414,6 +416,7 @@ class InterFormerLayer(nn.Module):
         self.num_recent = cfg.num_recent
         self.merged_reads = cfg.merged_stream_reads and cfg.num_recent > 0
         self.select_rows = cfg.select_stream_rows
+        self.gather_grads = cfg.gather_stream_grads or cfg.select_stream_rows
         self.nonseq_summary = NonSeqSummary(cfg)
         self.seq_ffn: GDPAFFN | PersonalizedFFN = GDPAFFN(cfg) if cfg.gdpa_ffn else PersonalizedFFN(cfg)
         # The last layer's stream is read only at its CLS rows and newest events unless it
@@ -464,7 +467,7 @@ class InterFormerLayer(nn.Module):
                 if self.merged_reads and lay.n > 0 and comb.shape[0] > 0:
                     cls_flat, recent, events = _jagged.stream_reads(
                         comb, lay, self.num_recent, events=self.pooling is not None,
-                        gather_grad=self.select_rows)
+                        gather_grad=self.gather_grads)
                 else:
                     cls_flat = _jagged.unique_rows(comb, lay.cls_rows)
                 cls_out = cls_flat.reshape(x_sum.shape)

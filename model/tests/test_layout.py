@@ -435,13 +435,14 @@ def test_interaction_matches_attending_every_token(b: int) -> None:
         torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-10, msg=name)
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_slot_rows_is_the_masked_gather(compiled: bool) -> None:
+@pytest.mark.parametrize("compiled,gather", [(False, False), (True, False), (False, True), (True, True)])
+def test_slot_rows_is_the_masked_gather(compiled: bool, gather: bool) -> None:
     """`slot_rows` = `x.index_select(0, rows) * valid`: the same values bit for bit and the
     same gradient, with invalid slots naming rows that valid slots also name (clamped rows
-    of short sequences), eager and compiled."""
-    g = torch.Generator().manual_seed(11 + compiled)
-    lengths = [0, 1, 6, 2, 9]
+    of short sequences), eager and compiled; with `gather_grad` (the backward gathered per
+    row when compiled, GEMConfig.gather_stream_grads) too, on fresh lengths each run."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 10**6, ())))
+    lengths = [0, 1, 6, 2, 9] + torch.randint(0, 8, (4,), generator=g).tolist()
     offsets = torch.tensor([0] + lengths).cumsum(0)
     lay = _jagged.prefix_layout(offsets, max(lengths), int(offsets[-1]), 2, head_dim=4, rope_base=100.0)
     rows, valid = _jagged.query_slots(lay, 3)
@@ -453,7 +454,7 @@ def test_slot_rows_is_the_masked_gather(compiled: bool) -> None:
     up = torch.randn(rows.numel(), 3, 4, generator=g)
 
     def ours(x: torch.Tensor) -> torch.Tensor:
-        return _jagged.slot_rows(x, rows.reshape(-1), valid.reshape(-1))
+        return _jagged.slot_rows(x, rows.reshape(-1), valid.reshape(-1), (lay, 3) if gather else None)
 
     def plain(x: torch.Tensor) -> torch.Tensor:
         return x.index_select(0, rows.reshape(-1)) * valid.reshape(-1, 1, 1)
@@ -477,8 +478,49 @@ def _logits_and_grads(m: GEMModel, batch: Any) -> tuple[torch.Tensor, dict[str, 
                           for n, p in m.named_parameters() if p.grad is not None}
 
 
+def _backward_ops(fn: Any, *args: torch.Tensor) -> set[str]:
+    """The ops of the backward graph AOTAutograd builds for `fn(*args)` summed (dynamic sizes)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    ops: set[str] = set()
+
+    def bw(gm: torch.fx.GraphModule, _: object) -> Any:
+        ops.update(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True,
+                             backend=aot_autograd(fw_compiler=lambda gm, _: gm, bw_compiler=bw))
+    outs = compiled(*args)
+    sum(o.float().sum() for o in (outs if isinstance(outs, tuple) else (outs,)) if o is not None).backward()
+    return ops
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_gathered_stream_grads_leave_no_scatter_in_the_backward(events: bool) -> None:
+    """GEMConfig.gather_stream_grads' point: compiled, the backward of the stream's reads
+    (`stream_reads`, the last layer's `slot_rows`) has no scatter and no zero-filled buffer
+    (index_put / index_copy / full), only gathers inductor can fuse into the sum with the
+    stream's other gradient; without it, the scatter is there."""
+    lengths = [0, 3, 7, 1] + torch.randint(0, 9, (3,)).tolist()
+    offsets = torch.tensor([0] + lengths).cumsum(0)
+    lay = _jagged.prefix_layout(offsets, max(lengths), int(offsets[-1]), 2, head_dim=4, rope_base=100.0)
+    comb = torch.randn(lay.sample.shape[0], 6, requires_grad=True)
+    rows, valid = _jagged.query_slots(lay, 3)
+    scatters = {"aten.index_put.default", "aten.index_copy.default", "aten.full.default", "aten.index_put_.default",
+                "aten.index_copy_.default", "aten.new_zeros.default", "aten.zeros.default"}
+    for gather in (False, True):
+        reads = _backward_ops(lambda c, gather=gather: _jagged.stream_reads(c, lay, 3, events=events,
+                                                                            gather_grad=gather), comb)
+        slots = _backward_ops(lambda c, gather=gather: _jagged.slot_rows(
+            c, rows.reshape(-1), valid.reshape(-1), (lay, 3) if gather else None), comb)
+        for ops in (reads, slots):
+            assert bool(ops & scatters) != gather, sorted(ops)
+
+
 @pytest.mark.parametrize("extra", [dict(), dict(num_recent=0), dict(num_cls=1, num_recent=7),
-                                   dict(merged_stream_reads=False, select_stream_rows=True)])
+                                   dict(merged_stream_reads=False, select_stream_rows=True),
+                                   dict(gather_stream_grads=True)])
 @pytest.mark.parametrize("compiled", [False, True])
 def test_last_layer_rows_only_matches_every_row(extra: dict[str, Any], compiled: bool) -> None:
     """The last layer (no pooling) attends only the rows it reads: the logits and every
