@@ -207,9 +207,14 @@ def main() -> None:
                 pooled_shape = (pool.n_out, pool.d)  # at full width the interpreter takes minutes
             pooled = torch.randn(x.shape[0], *pooled_shape, device=device, dtype=comb.dtype, requires_grad=True)
             if a.largest or a.stream_ops:
-                for i in (0, 1):
-                    print(f"layer {i} (B={x.shape[0]} T={comb.shape[0]} max_len={lay.seq_max_len}; "
-                          f"{'pooling' if model.layers[i].pooling is not None else 'computation skip'}):", flush=True)
+                # the pooling and the computation-skip kinds; --stream-ops adds the last layer
+                # (rows-only where it does not pool: a kind of its own)
+                last = len(model.layers) - 1
+                for i in sorted({0, 1} | ({last} if a.stream_ops and last > 1 else set())):
+                    kind = "pooling" if model.layers[i].pooling is not None else "computation skip"
+                    kind += ", rows only" if getattr(model.layers[i], "last_rows", False) else ""
+                    print(f"layer {i} (B={x.shape[0]} T={comb.shape[0]} max_len={lay.seq_max_len}; {kind}):",
+                          flush=True)
                     args = (x, comb, lay, None if i == 0 else pooled)
                     if a.stream_ops:
                         stream_ops(model.layers[i], args, comb.shape[0], comb.shape[1])
