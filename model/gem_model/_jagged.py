@@ -195,10 +195,10 @@ class _StreamReads(torch.autograd.Function):
     read, events and CLS rows cover every row, so it starts uninitialized and needs no zero
     fill; the recent tokens are then added into their rows (`index_put_` accumulating: a masked
     slot adds zero to whatever row its clamped index names). Compiled with `gather_grad`
-    (GEMConfig.gather_stream_grads, or select_stream_rows): each row gathers what it receives (its CLS token's or its
-    event's gradient, plus its recent slot's when it is one of the k newest events), a
-    pointwise form with no scatter, so inductor writes it in the same pass as autograd's sum
-    with the stream's other gradient.
+    (GEMConfig.gather_stream_grads, or select_stream_rows): each row gathers what it
+    receives (its CLS token's or its event's gradient, plus its recent slot's when it is one
+    of the k newest events), a pointwise form with no scatter, so inductor writes it in the
+    same pass as autograd's sum with the stream's other gradient.
     """
 
     @staticmethod
@@ -268,7 +268,9 @@ class _SlotRows(torch.autograd.Function):
     invalid slot (a recent slot of a sequence shorter than k) reads zero, so its gradient is
     dropped, not added into the clamped row it names. The backward is then a zero fill and
     one `index_copy` (no atomics, bitwise reproducible), the invalid slots sent to a spare
-    row past the end.
+    row past the end; or, compiled with the layout's `off`, `sample`, `n` and `k` given
+    (`slot_rows(gather_grad=)`), a per-row gather of each row's slot gradient, with no zero
+    fill, that inductor fuses into the stream gradient's sum.
     """
 
     @staticmethod
