@@ -238,6 +238,12 @@ class GEMConfig:
         """Sequence-summary tokens: CLS outputs + PMA outputs + most recent tokens."""
         return self.num_cls + self.num_pma_seeds + self.num_recent
 
+    @property
+    def gathers_stream_grads(self) -> bool:
+        """Whether compiled layers gather their stream reads' gradients per row
+        (`gather_stream_grads`, or `select_stream_rows`, which includes it)."""
+        return self.gather_stream_grads or self.select_stream_rows
+
     def pools_at(self, layer: int) -> bool:
         """Whether layer `layer` computes its pooling (False: reuses the cached one)."""
         return not (self.computation_skip and layer % 2 == 1)

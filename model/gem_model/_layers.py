@@ -185,7 +185,7 @@ class SeqAttention(nn.Module):
         self.n_cls, self.window, self.base = cfg.num_cls, cfg.window, cfg.rope_base
         self.backend = cfg.attention_backend
         self.query_slots = query_slots
-        self.gather_grads = cfg.gather_stream_grads or cfg.select_stream_rows
+        self.gather_grads = cfg.gathers_stream_grads
         self.norm = nn.LayerNorm(self.d)
         self.wqkv = nn.Linear(self.d, 3 * self.d, bias=cfg.stream_bias)
         self.wo = nn.Linear(self.d, self.d, bias=cfg.stream_bias)
@@ -416,7 +416,7 @@ class InterFormerLayer(nn.Module):
         self.num_recent = cfg.num_recent
         self.merged_reads = cfg.merged_stream_reads and cfg.num_recent > 0
         self.select_rows = cfg.select_stream_rows
-        self.gather_grads = cfg.gather_stream_grads or cfg.select_stream_rows
+        self.gather_grads = cfg.gathers_stream_grads
         self.nonseq_summary = NonSeqSummary(cfg)
         self.seq_ffn: GDPAFFN | PersonalizedFFN = GDPAFFN(cfg) if cfg.gdpa_ffn else PersonalizedFFN(cfg)
         # The last layer's stream is read only at its CLS rows and newest events unless it
