@@ -292,10 +292,9 @@ class _SlotRows(torch.autograd.Function):
             # events, oldest first. Each row gathers its slot's gradient (a CLS row's, or an
             # event's among the k newest: exactly the valid recent slots), else zero: pointwise,
             # so inductor adds it in the pass that sums the stream's other gradients.
-            is_cls, _, _, back = _row_roles(off, sample, n)
-            r = torch.arange(num, device=g.device)
+            is_cls, cls_idx, _, back = _row_roles(off, sample, n)  # cls_idx = s*n + j
             is_recent = ~is_cls & (back < k)
-            slot = torch.where(is_cls, sample * (n + k) + r - off[sample],
+            slot = torch.where(is_cls, cls_idx + sample * k,
                                torch.where(is_recent, sample * (n + k) + n + (k - 1) - back, 0))
             read = (is_cls | is_recent).reshape(-1, *([1] * (g.dim() - 1)))
             return (torch.where(read, g.index_select(0, slot), 0), *nones)
