@@ -30,10 +30,10 @@ AOTAutograd (inductor's decompositions, the trainer's flags; nothing runs) and p
 the K largest tensors of each forward and backward graph, their element count as a
 share of 2**31 - 1, and their size in the batch's symbols.
 
-`--stream-ops` traces the same two layers the same way and prints every op of their
-forward and backward graphs that makes a tensor of at least half the token stream's size,
-by op with counts and then in graph order with each node's inputs: the passes over memory
-that inductor then fuses or not. Where a layer's backward builds a gradient in a fresh
+`--stream-ops` traces the same two layers the same way, and the last layer (rows only where
+it does not pool), and prints every op of their forward and backward graphs that makes a
+tensor of at least half the token stream's size, by op with counts and then in graph order
+with each node's inputs: the passes over memory that inductor then fuses or not. Where a layer's backward builds a gradient in a fresh
 buffer (`empty`/`full`, `index_put`) that a separate `add` then sums, the two are a pass
 inductor cannot fuse (the forty-first session found the stream reads' gradients this way:
 gem-model 0.6.1's `gather_stream_grads`). Run a model switch through it with
@@ -134,9 +134,9 @@ def largest_tensors(layer: torch.nn.Module, args: tuple[object, ...], k: int) ->
             print(f"    {hint:>15,} elements  {hint / limit:5.2f} x 2**31  {node}  ({expr})")
 
 
-# Ops that make no pass over memory (views, metadata) and graph plumbing: left out of `--stream-ops`.
+# Ops that make no pass over memory (views, metadata, tuple items): left out of `--stream-ops`.
 _FREE = ("view", "reshape", "_unsafe_view", "alias", "permute", "t", "transpose", "unsqueeze", "squeeze",
-         "expand", "slice", "select", "split", "unbind", "getitem", "as_strided", "sym_size", "output", "placeholder")
+         "expand", "slice", "select", "split", "unbind", "getitem", "as_strided", "sym_size")
 
 
 def stream_ops(layer: torch.nn.Module, args: tuple[object, ...], rows: int, d: int) -> None:
@@ -144,8 +144,8 @@ def stream_ops(layer: torch.nn.Module, args: tuple[object, ...], rows: int, d: i
     least half the token stream's size (`rows` x `d` elements): the passes over memory
     that inductor then fuses or not. By op, with counts, then in graph order with each node's
     inputs (what a fusion would have to join)."""
+    floor = rows * d // 2
     for name, g in zip(("forward", "backward"), _trace(layer, args)):
-        floor = rows * d // 2
         big = []
         for n in g.graph.nodes:
             if n.op != "call_function":
