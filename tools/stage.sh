@@ -41,13 +41,17 @@ PY
 
 # Two-model A/B of the h200 trainer on one box (gpu_s39.sh, gpu_s39b.sh): `ab_arm NAME STEPS`
 # runs one arm in its own caches (/tmp/c_NAME); arm "old" puts $AB_OLD (the folder holding an
-# older model/gem_model, unpacked under .ab/) first on PYTHONPATH. `ab_runs` runs new, then
-# old, each from empty caches (100 steps), then warm pairs alternating while time is left.
-ab_arm() { local pp=$PYTHONPATH; [ "$1" = old ] && pp=$AB_OLD:$pp
+# older model/gem_model, unpacked under .ab/) first on PYTHONPATH. With $AB_FIELD (a GEMConfig
+# bool) instead, one tree: arm "new" runs with that field true, "old" with it false
+# (tools/with_model.py). `ab_runs` runs new, then old, each from empty caches (100 steps), then
+# warm pairs alternating while time is left.
+ab_arm() { local pp=$PYTHONPATH pre=
+  if [ -n "$AB_FIELD" ]; then pre="tools/with_model.py $AB_FIELD=$([ "$1" = old ] && echo false || echo true) --"
+  elif [ "$1" = old ]; then pp=$AB_OLD:$pp; fi
   env PYTHONPATH=$pp GEM_CACHE_DIR=/tmp/c_$1 TORCHINDUCTOR_CACHE_DIR=/tmp/c_$1/ind TRITON_CACHE_DIR=/tmp/c_$1/tri \
-    python3 $H200_TR --steps $2; }
+    python3 $pre $H200_TR --steps $2; }
 export -f ab_arm
-ab_runs() { export AB_OLD H200_TR
+ab_runs() { export AB_OLD AB_FIELD H200_TR
   st new1 170 bash -c "ab_arm new 100"
   [ "$(gpu_left)" -gt 150 ] && st old1 170 bash -c "ab_arm old 100"
   for i in 2 3; do
