@@ -33,10 +33,11 @@ share of 2**31 - 1, and their size in the batch's symbols.
 `--stream-ops` traces the same two layers the same way, and the last layer (rows only where
 it does not pool), and prints every op of their forward and backward graphs that makes a
 tensor of at least half the token stream's size, by op with counts and then in graph order
-with each node's inputs: the passes over memory that inductor then fuses or not. Where a layer's backward builds a gradient in a fresh
-buffer (`empty`/`full`, `index_put`) that a separate `add` then sums, the two are a pass
-inductor cannot fuse (the forty-first session found the stream reads' gradients this way:
-gem-model 0.6.1's `gather_stream_grads`). Run a model switch through it with
+with each node's inputs: the passes over memory that inductor then fuses or not. Where a
+layer's backward builds a gradient in a fresh buffer (`empty`/`full`, `index_put`) that a
+separate `add` then sums, the two are a pass inductor cannot fuse (the forty-first session
+found the stream reads' gradients this way: gem-model 0.6.1's `gather_stream_grads`). Run a
+model switch through it with
 `python3 tools/with_model.py FIELD=VALUE -- tools/aot_guards.py --bf16 --stream-ops`.
 """
 from __future__ import annotations

@@ -101,8 +101,9 @@ class GEMConfig:
             sum with the stream's other gradient, instead of scattered into a fresh
             zero-filled (or event-filled) `[Tc, d]` buffer that a separate full-size add then
             sums. The forward keeps its in-place CLS scatter. The same gradients, in the same
-            order of sums (tests/test_layout.py). Off by default until a same-box A/B shows it faster
-            (`python3 tools/with_model.py gather_stream_grads=true -- -m gem_trainer ...`).
+            order of sums (tests/test_layout.py). Off by default until a same-box A/B shows
+            it faster (`python3 tools/with_model.py gather_stream_grads=true -- -m
+            gem_trainer ...`).
         last_layer_rows_only: the last layer's stream is read only at its CLS rows and its
             `num_recent` newest events (the heads take the feature tokens and the summary),
             unless that layer pools. So its attention computes queries, `wo` and the
