@@ -88,7 +88,7 @@ if a.who:
     # memsets tied to it by the profiler's correlation ids). Keyed by kernel, then by the
     # launching op and up to three of its callers ("aten::copy_ < aten::clone < ..."): where a
     # glue kernel or a device-to-device copy comes from, without reading a trace.
-    skip = ("nvjet", "gemm", "cutlass_kernel_flash", "flash_", "splitKreduce")
+    skip = ("nvjet", "gemm", "splitKreduce", "flash_")  # cuBLAS, CUTLASS GEMMs, flash-attn-4 (kernel_cutlass_kernel_flash_attn...)
     who: dict[str, dict[str, list[float]]] = {}
     for e in prof.events():
         for k in getattr(e, "kernels", []):
