@@ -88,7 +88,8 @@ if a.who:
     # memsets tied to it by the profiler's correlation ids). Keyed by kernel, then by the
     # launching op and up to three of its callers ("aten::copy_ < aten::clone < ..."): where a
     # glue kernel or a device-to-device copy comes from, without reading a trace.
-    skip = ("nvjet", "gemm", "splitKreduce", "flash_")  # cuBLAS, CUTLASS GEMMs, flash-attn-4 (kernel_cutlass_kernel_flash_attn...)
+    # cuBLAS and CUTLASS GEMMs, and flash-attn-4's kernels (kernel_cutlass_kernel_flash_attn...)
+    skip = ("nvjet", "gemm", "splitKreduce", "flash_")
     who: dict[str, dict[str, list[float]]] = {}
     for e in prof.events():
         for k in getattr(e, "kernels", []):
