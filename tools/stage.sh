@@ -44,7 +44,7 @@ PY
 # older model/gem_model, unpacked under .ab/) first on PYTHONPATH. With $AB_FIELD (a GEMConfig
 # bool) instead, one tree: arm "new" runs with that field true, "old" with it false
 # (tools/with_model.py). `ab_runs` runs new, then old, each from empty caches (100 steps), then
-# warm pairs alternating while time is left.
+# warm pairs alternating while time is left ($AB_PAIRS, default "2 3": the pairs' numbers).
 ab_arm() { local pp=$PYTHONPATH pre=
   if [ -n "$AB_FIELD" ]; then pre="tools/with_model.py $AB_FIELD=$([ "$1" = old ] && echo false || echo true) --"
   elif [ "$1" = old ]; then pp=$AB_OLD:$pp; fi
@@ -54,7 +54,7 @@ export -f ab_arm
 ab_runs() { export AB_OLD AB_FIELD H200_TR
   st new1 170 bash -c "ab_arm new 100"
   [ "$(gpu_left)" -gt 150 ] && st old1 170 bash -c "ab_arm old 100"
-  for i in 2 3; do
+  for i in ${AB_PAIRS:-2 3}; do
     [ "$(gpu_left)" -gt 45 ] && st new$i 50 bash -c "ab_arm new 100"
     [ "$(gpu_left)" -gt 45 ] && st old$i 50 bash -c "ab_arm old 100"
   done; }

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# The next session's plan (written in the forty-first, not run yet).
-#   PART=a  (carries .fa4a) copies the compiler library to /tmp/fa4a; then the step's profile
-#           without flash-attn-4 with `--who 12`: which ops launch the 2.6 ms per step of
-#           device-to-device copies and the three full-size adds left in 0.6.0's step (the
-#           forty-first session's profile could only count them).
-#   PART=b  (carries .fa4b) installs flash-attn-4; on an H200: issue 16's command (`--steps 300`,
-#           empty caches) and the model's local-MFU bench under 0.6.0 (the 40 % target: 37.6 % on
-#           an H100, ~41 % estimated for an H200). On an H100: the profile again with flash-attn-4
-#           and `--who 12` (the copies inside its backward, if any).
-#   PART=c  (no flash-attn-4; one box) gem-model 0.6.1's `gather_stream_grads` A/B: the h200
-#           trainer with the option on ("new") against off ("old"), each from its own empty
-#           caches, then warm pairs alternating (`AB_FIELD=... ab_runs`, tools/stage.sh).
-#           Keep it on by default only if every pair is faster; the quality bench is unchanged by
-#           construction (same gradients), but run its GEM row if it is made the default.
+# The forty-second session's plan (written in the forty-first; reordered in the forty-second,
+# when 466 s of the 1,800 s went to calls that found no machine).
+#   PART=c  (first call; carries .fa4a, copied to /tmp/fa4a for PART=b on the same box; no
+#           flash-attn-4 here) gem-model 0.6.1's `gather_stream_grads` A/B: the h200 trainer
+#           with the option on ("new") against off ("old"), each from its own empty caches, then
+#           one warm pair (`AB_FIELD=... AB_PAIRS=2 ab_runs`, tools/stage.sh). Keep it on by
+#           default only if every pair is faster; the quality bench is unchanged by construction
+#           (same gradients), but run its GEM row if it is made the default. Then, over the
+#           "old" arm's warm caches (the default model), the step's profile with `--who 12`:
+#           which ops launch the 2.6 ms per step of device-to-device copies and the three
+#           full-size adds left in 0.6.0's step (the forty-first session's profile could only
+#           count them).
+#   PART=b  (second call, same box; carries .fa4b) installs flash-attn-4; on an H200: issue 16's
+#           command (`--steps 300`, empty caches) and the model's local-MFU bench under 0.6.x
+#           (the 40 % target: 37.6 % on an H100, ~41 % estimated for an H200). On an H100: the
+#           profile with flash-attn-4 and `--who 12` (the copies inside its backward, if any).
+#   PART=a  (a box without PART=c's copy) copies .fa4a only, and profiles as PART=c does.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; nvidia-smi --query-gpu=name --format=csv,noheader
@@ -22,10 +25,12 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"; nvidia-smi --query-gpu=name -
   [ -f "$OUT/mfu.log" ] && { echo "=== mfu"; grep -E "^(seq_attention|seq_ffn|pooling|interaction|weighted|model e2e|e2e, layers)" "$OUT/mfu.log" | cut -c1-160; }; }
 gpu_begin "${WATCH:-585}"
 PROF="python3 tools/profile_trainer.py --preset h200 --steps 14 --skip 8 --compile --rows 40 --who 12"
+if [ -f .fa4a/ir.so.xz ]; then mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/; fi
 if [ "${PART:-a}" = c ]; then
-  AB_FIELD=gather_stream_grads ab_runs  # arm "new": the option on; "old": off
+  AB_FIELD=gather_stream_grads AB_PAIRS=2 ab_runs  # arm "new": the option on; "old": off
+  [ "$(gpu_left)" -gt 60 ] && st prof "$(gpu_left)" env GEM_CACHE_DIR=/tmp/c_old \
+    TORCHINDUCTOR_CACHE_DIR=/tmp/c_old/ind TRITON_CACHE_DIR=/tmp/c_old/tri $PROF
 elif [ "${PART:-a}" = a ]; then
-  mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/
   st prof 240 $PROF
 else
   st setup 60 bash tools/fa4_setup.sh
