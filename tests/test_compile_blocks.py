@@ -48,24 +48,28 @@ def _step(model: torch.nn.Module, batch: object) -> tuple[torch.Tensor, dict[str
 TRITON = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@pytest.mark.parametrize("backend,select,gather", [
-    ("reference", False, False),
+@pytest.mark.parametrize("backend,select,gather,in_place", [
+    ("reference", False, False, False),
     # GEMConfig.select_stream_rows: compiled, the per-row selects; eager, the scatters
-    ("reference", True, False),
+    ("reference", True, False, False),
     # GEMConfig.gather_stream_grads: compiled, the reads' gradients gathered per row
-    ("reference", False, True),
+    ("reference", False, True, False),
+    # GEMConfig.inplace_residual_gemm: compiled, the residual GEMMs add into a copy in place
+    ("reference", False, False, True),
     # The kernels' custom ops inside the compiled blocks (Triton's interpreter on CPU, ~30 s).
-    pytest.param("triton", False, False, marks=pytest.mark.skipif(not TRITON, reason="needs TRITON_INTERPRET=1")),
+    pytest.param("triton", False, False, False,
+                 marks=pytest.mark.skipif(not TRITON, reason="needs TRITON_INTERPRET=1")),
 ])
 def test_compiled_blocks_match_eager_without_breaks_or_unbounded_recompiles(backend: str, select: bool,
-                                                                           gather: bool) -> None:
+                                                                           gather: bool, in_place: bool) -> None:
     torch._dynamo.reset()
     torch.manual_seed(0)
     # gdpa + hierarchical pooling + window + computation skip: two block kinds (with and
     # without pooling), every Kunlun path through the layout.
     cfg = tiny_config(gdpa_ffn=True, hierarchical_pooling=True, window=4, computation_skip=True,
                       num_layers=2, attention_backend=backend, select_stream_rows=select,
-                      gather_stream_grads=gather)
+                      gather_stream_grads=gather, inplace_residual_gemm=in_place,
+                      stream_bias=not in_place)  # (a biased linear keeps the plain sum)
     model = GEMModel(cfg)
     eager = copy.deepcopy(model)
     done = gem_parallel.parallelize(model, None, compile="aot_eager")

@@ -104,6 +104,14 @@ class GEMConfig:
             order of sums (tests/test_layout.py). Off by default until a same-box A/B shows
             it faster (`python3 tools/with_model.py gather_stream_grads=true -- -m
             gem_trainer ...`).
+        inplace_residual_gemm: when compiled, the stream's residual GEMMs (the FFN's `w2`, the
+            attention's `wo`) add into a copy of the residual that inductor writes in the
+            layer-norm kernel already reading it, by an in-place `addmm_` (cuBLAS's C = D),
+            instead of `torch.addmm`, which first copies the residual into its output with a
+            device-to-device copy (7 per h200 step, 2.6 ms on an H100: trainer/BENCHMARKS.md,
+            2026-12-06, forty-second session). The same values bit for bit. Off by default until
+            a same-box A/B shows it faster (`python3 tools/with_model.py
+            inplace_residual_gemm=true -- -m gem_trainer ...`).
         last_layer_rows_only: the last layer's stream is read only at its CLS rows and its
             `num_recent` newest events (the heads take the feature tokens and the summary),
             unless that layer pools. So its attention computes queries, `wo` and the
@@ -156,6 +164,7 @@ class GEMConfig:
     merged_stream_reads: bool = True
     select_stream_rows: bool = False
     gather_stream_grads: bool = False
+    inplace_residual_gemm: bool = False
     last_layer_rows_only: bool = True
 
     def __post_init__(self) -> None:
@@ -173,7 +182,7 @@ class GEMConfig:
             if isinstance(val, bool) or not isinstance(val, int) or val < 0:
                 raise ValueError(f"GEMConfig.{name}={val!r} must be an int >= 0")
         for name in ("stream_bias", "merged_stream_reads", "select_stream_rows", "gather_stream_grads",
-                     "last_layer_rows_only"):
+                     "inplace_residual_gemm", "last_layer_rows_only"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"GEMConfig.{name}={getattr(self, name)!r} must be a bool")
         if not self.tasks:

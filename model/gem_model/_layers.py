@@ -43,20 +43,61 @@ def _plain_linear(lin: nn.Module) -> TypeGuard[nn.Linear]:
     return isinstance(lin, nn.Linear) and type(lin).forward is nn.Linear.forward
 
 
-def _add_linear(res: torch.Tensor, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _add_linear(res: torch.Tensor, lin: nn.Module, x: torch.Tensor, in_place: bool = False) -> torch.Tensor:
     """`res + lin(x)`, with the residual added by the GEMM itself (`addmm(res, x, Wᵀ)`: no
     separate add pass over the stream, and one rounding instead of two) where `lin` is a plain
     bias-free `nn.Linear`, both operands are 2-D, and `res` already has the product's dtype
     (the autocast dtype under autocast, else the weight's), so the sum's dtype is the plain
     form's. Anything else (a bias, a precision recipe's linear, a float32 stream under bf16
-    autocast) takes the plain form."""
+    autocast) takes the plain form.
+
+    `in_place` (GEMConfig.inplace_residual_gemm), compiled only: the same values bit for bit
+    by `_ResidualGemm` (a copy of `res` that the GEMM adds into in place) instead of `addmm`,
+    which copies `res` into its output by a device-to-device copy before the GEMM."""
     if _plain_linear(lin) and lin.bias is None and res.dim() == 2 and x.dim() == 2:
         dev = x.device.type
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else lin.weight.dtype
         if res.dtype == dt:
+            if in_place and torch.compiler.is_compiling() and x.dtype == dt:
+                return _ResidualGemm.apply(res, x, lin.weight.to(dt))  # type: ignore[no-untyped-call,no-any-return]
             return torch.addmm(res, x, lin.weight.t())
     out: torch.Tensor = res + lin(x)
     return out
+
+
+@torch.library.custom_op("gem_model::addmm_into", mutates_args=("out",))
+def _addmm_into(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    """out += x @ wᵀ in place: cuBLAS reads and writes the one buffer (C = D), no copy."""
+    out.addmm_(x, w.t())
+
+
+@_addmm_into.register_fake
+def _addmm_into_fake(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    return None
+
+
+class _ResidualGemm(torch.autograd.Function):
+    """`res + x @ wᵀ` (one dtype) as `res.clone()` that `gem_model::addmm_into` adds into.
+
+    `torch.addmm(res, x, wᵀ)` gives the same bits but copies `res` into its fresh output
+    first (a device-to-device copy, a read and a write of the stream, per call). Here the copy
+    is a graph node: inductor writes it in a kernel that already reads `res` (the layer norm
+    before the GEMM), and reinplaces the mutation into that fresh buffer, so the stream is
+    not read twice. The backward is addmm's (the gradient passes to `res` unchanged)."""
+
+    @staticmethod
+    def forward(ctx: Any, res: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        out = res.clone()
+        torch.ops.gem_model.addmm_into(out, x, w)
+        ctx.save_for_backward(x, w)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, w = ctx.saved_tensors
+        dx = g @ w if ctx.needs_input_grad[1] else None
+        dw = g.t() @ x if ctx.needs_input_grad[2] else None
+        return g, dx, dw
 
 
 def _token_mix(n_in: int, n_out: int) -> nn.Linear:
@@ -98,6 +139,7 @@ class PersonalizedFFN(nn.Module):
         self.film = nn.Linear(self.d, 2 * self.d)
         self.w1 = nn.Linear(self.d, self.h, bias=cfg.stream_bias)
         self.w2 = nn.Linear(self.h, self.d, bias=cfg.stream_bias)
+        self.in_place = cfg.inplace_residual_gemm
 
     def forward(
         self, seq: torch.Tensor, x_sum: torch.Tensor, offsets: torch.Tensor, max_len: int,
@@ -105,7 +147,7 @@ class PersonalizedFFN(nn.Module):
     ) -> torch.Tensor:
         gamma, beta = self.film(x_sum.mean(dim=1)).chunk(2, dim=-1)  # [B, d] each
         h = self.norm(seq) * (1.0 + gamma[sample]) + beta[sample]
-        return _add_linear(seq, self.w2, F.gelu(self.w1(h)))
+        return _add_linear(seq, self.w2, F.gelu(self.w1(h)), self.in_place)
 
     def flops(self, s: _flops.Shapes) -> float:
         t = s.tokens
@@ -130,6 +172,7 @@ class GDPAFFN(nn.Module):
         self.wq = nn.Linear(self.d, self.d, bias=cfg.stream_bias)
         self.wkv = nn.Linear(self.d, 2 * self.d)
         self.wo = nn.Linear(self.d, self.d, bias=cfg.stream_bias)
+        self.in_place = cfg.inplace_residual_gemm
 
     def forward(
         self, seq: torch.Tensor, x_sum: torch.Tensor, offsets: torch.Tensor, max_len: int,
@@ -143,7 +186,7 @@ class GDPAFFN(nn.Module):
         o = _jagged.attention(
             q, k, v, offsets, kv_off, max_len, self.n_kv, activation=self.act, backend=self.backend
         )
-        return _add_linear(seq, self.wo, o.reshape(t, self.d))
+        return _add_linear(seq, self.wo, o.reshape(t, self.d), self.in_place)
 
     def flops(self, s: _flops.Shapes) -> float:
         b, t = s.batch, s.tokens
@@ -189,6 +232,7 @@ class SeqAttention(nn.Module):
         self.norm = nn.LayerNorm(self.d)
         self.wqkv = nn.Linear(self.d, 3 * self.d, bias=cfg.stream_bias)
         self.wo = nn.Linear(self.d, self.d, bias=cfg.stream_bias)
+        self.in_place = cfg.inplace_residual_gemm
 
     def forward(self, comb: torch.Tensor, lay: _jagged.PrefixLayout,
                 slots: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -208,7 +252,7 @@ class SeqAttention(nn.Module):
             qkv = self.wqkv(self.norm(comb)).reshape(tc, 3, self.heads, self.dh)
             o = _jagged.attention_qkv(qkv, lay.cos, lay.sin, lay.offsets, lay.max_len, window=self.window,
                                       backend=self.backend)
-            return _add_linear(comb, self.wo, o.reshape(tc, self.d))
+            return _add_linear(comb, self.wo, o.reshape(tc, self.d), self.in_place)
         rows, valid = slots
         b, n = rows.shape
         if n != self.query_slots:

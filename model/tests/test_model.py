@@ -251,7 +251,7 @@ def test_config_validation_names_the_field() -> None:
     with pytest.raises(ValueError, match="attention_backend"):
         tiny_config(attention_backend="cuda")
     for switch in ("stream_bias", "merged_stream_reads", "select_stream_rows", "gather_stream_grads",
-                   "last_layer_rows_only"):
+                   "inplace_residual_gemm", "last_layer_rows_only"):
         with pytest.raises(ValueError, match=f"GEMConfig.{switch}=1 must be a bool"):
             tiny_config(**{switch: 1})
     with pytest.raises(TypeError, match="feature sizes"):

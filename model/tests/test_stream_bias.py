@@ -129,3 +129,50 @@ def test_gpu_add_linear_bf16_at_the_h200_width() -> None:
     assert fused.dtype == torch.bfloat16
     rel = lambda y: float((y.float() - exact).norm() / exact.norm())  # noqa: E731
     assert rel(fused) <= rel(plain) * 1.05 + 1e-6, (rel(fused), rel(plain))
+
+
+@pytest.mark.parametrize("device,autocast", [
+    ("cpu", False), ("cpu", True),
+    pytest.param("cuda", True, marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")),
+])
+def test_inplace_residual_gemm_compiled_is_addmm_bit_for_bit(device: str, autocast: bool) -> None:
+    """GEMConfig.inplace_residual_gemm: compiled by inductor, `_add_linear(..., in_place=True)`
+    gives addmm's sum bit for bit and its gradients, through `gem_model::addmm_into` on a
+    copy of the residual (no `addmm` left in the compiled code; the option off keeps it)."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(4)
+    n, k, d = (4099, 4096, 1024) if device == "cuda" else (53, 40, 24)  # cuda: the h200 FFN's w2
+    lin = nn.Linear(k, d, bias=False, device=device)
+    norm = nn.LayerNorm(d, device=device)
+    dt = torch.bfloat16 if autocast else torch.float32
+
+    def block(res: torch.Tensor, x: torch.Tensor, in_place: bool) -> torch.Tensor:
+        # as in the layers: a layer norm reads the residual, the GEMM adds into it
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            h = torch.nn.functional.gelu(x * norm(res).to(x.dtype)[:, :1])
+            return _add_linear(res, lin, h, in_place)
+
+    res, x = torch.randn(n, d, device=device).to(dt), torch.randn(n, k, device=device).to(dt)
+    results = {}
+    for in_place in (True, False):
+        torch._dynamo.reset()
+        leaves = [t.clone().requires_grad_() for t in (res, x)]
+        f = torch.compile(lambda r, y, ip=in_place: block(r, y, ip), backend="inductor", fullgraph=True)
+        out, code = run_and_get_code(f, *leaves)
+        out.float().pow(2).sum().backward()
+        grads = [t.grad for t in leaves] + [lin.weight.grad, norm.weight.grad]
+        lin.weight.grad = norm.weight.grad = None
+        results[in_place] = (out.detach(), grads, "\n".join(code))
+    (got, got_g, code), (want, want_g, plain_code) = results[True], results[False]
+    assert got.dtype == dt and torch.equal(got, want)
+    rel = lambda a, b: float((a.float() - b.float()).norm() / b.float().norm())  # noqa: E731
+    tol = 1e-2 if autocast else 1e-6  # bf16: the backward's GEMMs may sum in another order
+    for g, w in zip(got_g, want_g):
+        assert rel(g, w) < tol
+    assert "gem_model.addmm_into" in code and "addmm(" not in code.replace("addmm_into", "")
+    assert "addmm" in plain_code and "addmm_into" not in plain_code
+    # Eager (not compiling) keeps addmm: the same values either way, close to the compiled ones.
+    eager = block(res, x, True)
+    assert torch.equal(eager, block(res, x, False))
+    assert rel(eager, got) < tol

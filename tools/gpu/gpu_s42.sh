@@ -15,10 +15,15 @@
 #           command (`--steps 300`, empty caches) and the model's local-MFU bench under 0.6.x
 #           (the 40 % target: 37.6 % on an H100, ~41 % estimated for an H200). On an H100: the
 #           profile with flash-attn-4 and `--who 12` (the copies inside its backward, if any).
+#   PART=d  (written after PART=c's profile named the copies: torch.addmm copying the residual
+#           into its output, 7 per step) gem-model 0.6.2's `inplace_residual_gemm` A/B, as
+#           PART=c's, after its GPU test; then the profile of the "new" arm over its warm caches
+#           (the copies gone? a copy kernel in their place?).
 #   PART=a  (a box without PART=c's copy) copies .fa4a only, and profiles as PART=c does.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; nvidia-smi --query-gpu=name --format=csv,noheader
+  [ -f "$OUT/tests.log" ] && { echo "=== tests"; tail -3 "$OUT/tests.log"; }
   for f in prof prof4; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; sed -n '/=== who/,/^{/p' "$OUT/$f.log" | cut -c1-200; }; done
   for f in new1 old1 new2 old2 new3 old3; do [ -f "$OUT/$f.log" ] && { printf '%s ' "$f"; last_summary "$OUT/$f.log" model_version steps loss step_s_median step_gpu_s_median recompiles_per_100_steps | cut -c1-300; }; done
   [ -f "$OUT/long.log" ] && { printf 'long '; last_summary "$OUT/long.log" model_version steps loss step_s_median step_gpu_s_median mfu_steady time_to_first_step_s recompiles_per_100_steps | cut -c1-420; }
@@ -30,6 +35,12 @@ if [ "${PART:-a}" = c ]; then
   AB_FIELD=gather_stream_grads AB_PAIRS=2 ab_runs  # arm "new": the option on; "old": off
   [ "$(gpu_left)" -gt 60 ] && st prof "$(gpu_left)" env GEM_CACHE_DIR=/tmp/c_old \
     TORCHINDUCTOR_CACHE_DIR=/tmp/c_old/ind TRITON_CACHE_DIR=/tmp/c_old/tri $PROF
+elif [ "${PART:-a}" = d ]; then
+  st tests 150 python3 -m pytest -q -p no:cacheprovider model/tests/test_stream_bias.py -k "gpu or cuda"
+  AB_FIELD=inplace_residual_gemm AB_PAIRS=2 ab_runs
+  [ "$(gpu_left)" -gt 60 ] && st prof "$(gpu_left)" env GEM_CACHE_DIR=/tmp/c_new \
+    TORCHINDUCTOR_CACHE_DIR=/tmp/c_new/ind TRITON_CACHE_DIR=/tmp/c_new/tri \
+    python3 tools/with_model.py inplace_residual_gemm=true -- ${PROF#python3 }
 elif [ "${PART:-a}" = a ]; then
   st prof 240 $PROF
 else
