@@ -59,7 +59,7 @@ def _add_linear(res: torch.Tensor, lin: nn.Module, x: torch.Tensor, in_place: bo
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else lin.weight.dtype
         if res.dtype == dt:
             if in_place and torch.compiler.is_compiling() and x.dtype == dt:
-                return _ResidualGemm.apply(res, x, lin.weight.to(dt))  # type: ignore[no-untyped-call,no-any-return]
+                return _ResidualGemm.apply(res, x, lin.weight.to(dt))
             return torch.addmm(res, x, lin.weight.t())
     out: torch.Tensor = res + lin(x)
     return out
