@@ -101,9 +101,10 @@ class GEMConfig:
             sum with the stream's other gradient, instead of scattered into a fresh
             zero-filled (or event-filled) `[Tc, d]` buffer that a separate full-size add then
             sums. The forward keeps its in-place CLS scatter. The same gradients, in the same
-            order of sums (tests/test_layout.py). Off by default until a same-box A/B shows
-            it faster (`python3 tools/with_model.py gather_stream_grads=true -- -m
-            gem_trainer ...`).
+            order of sums (tests/test_layout.py). Off by default: in the trainer (H100, h200
+            preset, two same-box pairs) it made the step 0.9-1.4 % slower
+            (trainer/BENCHMARKS.md, 2026-12-06, forty-second session); `python3
+            tools/with_model.py gather_stream_grads=true -- -m gem_trainer ...` runs it.
         inplace_residual_gemm: when compiled, the stream's residual GEMMs (the FFN's `w2`, the
             attention's `wo`) add into a copy of the residual that inductor writes in the
             layer-norm kernel already reading it, by an in-place `addmm_` (cuBLAS's C = D),
