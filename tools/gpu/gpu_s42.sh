@@ -36,7 +36,7 @@ if [ "${PART:-a}" = c ]; then
   [ "$(gpu_left)" -gt 60 ] && st prof "$(gpu_left)" env GEM_CACHE_DIR=/tmp/c_old \
     TORCHINDUCTOR_CACHE_DIR=/tmp/c_old/ind TRITON_CACHE_DIR=/tmp/c_old/tri $PROF
 elif [ "${PART:-a}" = d ]; then
-  st tests 150 python3 -m pytest -q -p no:cacheprovider model/tests/test_stream_bias.py -k "gpu or cuda"
+  st tests 100 python3 -m pytest -q -p no:cacheprovider model/tests/test_stream_bias.py -k "gpu or cuda"
   AB_FIELD=inplace_residual_gemm AB_PAIRS=2 ab_runs
   [ "$(gpu_left)" -gt 60 ] && st prof "$(gpu_left)" env GEM_CACHE_DIR=/tmp/c_new \
     TORCHINDUCTOR_CACHE_DIR=/tmp/c_new/ind TRITON_CACHE_DIR=/tmp/c_new/tri \
