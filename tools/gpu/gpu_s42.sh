@@ -19,11 +19,16 @@
 #           into its output, 7 per step) gem-model 0.6.2's `inplace_residual_gemm` A/B, as
 #           PART=c's, after its GPU test; then the profile of the "new" arm over its warm caches
 #           (the copies gone? a copy kernel in their place?).
+#   PART=e  (what 375 s of device time left could hold, after more calls found no machine)
+#           PART=d's GPU test, then the FFN-level A/B instead of the trainer's:
+#           `python3 -m gem_model.bench.residual_gemm` (the h200 GDPA FFN compiled, addmm
+#           against in place, alternating).
 #   PART=a  (a box without PART=c's copy) copies .fa4a only, and profiles as PART=c does.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; nvidia-smi --query-gpu=name --format=csv,noheader
   [ -f "$OUT/tests.log" ] && { echo "=== tests"; tail -3 "$OUT/tests.log"; }
+  [ -f "$OUT/resgemm.log" ] && { echo "=== residual_gemm"; grep -v '^{' "$OUT/resgemm.log" | tail -6; }
   for f in prof prof4; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; sed -n '/=== who/,/^{/p' "$OUT/$f.log" | cut -c1-200; }; done
   for f in new1 old1 new2 old2 new3 old3; do [ -f "$OUT/$f.log" ] && { printf '%s ' "$f"; last_summary "$OUT/$f.log" model_version steps loss step_s_median step_gpu_s_median recompiles_per_100_steps | cut -c1-300; }; done
   [ -f "$OUT/long.log" ] && { printf 'long '; last_summary "$OUT/long.log" model_version steps loss step_s_median step_gpu_s_median mfu_steady time_to_first_step_s recompiles_per_100_steps | cut -c1-420; }
@@ -41,6 +46,9 @@ elif [ "${PART:-a}" = d ]; then
   [ "$(gpu_left)" -gt 60 ] && st prof "$(gpu_left)" env GEM_CACHE_DIR=/tmp/c_new \
     TORCHINDUCTOR_CACHE_DIR=/tmp/c_new/ind TRITON_CACHE_DIR=/tmp/c_new/tri \
     python3 tools/with_model.py inplace_residual_gemm=true -- ${PROF#python3 }
+elif [ "${PART:-a}" = e ]; then
+  st tests 100 python3 -m pytest -q -p no:cacheprovider model/tests/test_stream_bias.py -k "gpu or cuda"
+  st resgemm "$(gpu_left)" python3 -m gem_model.bench.residual_gemm
 elif [ "${PART:-a}" = a ]; then
   st prof 240 $PROF
 else
