@@ -14,6 +14,13 @@ from typing import Any
 
 import torch
 
+# The feature sizes of the benches' h200 model (the trainer's h200 data at that scale).
+FEATURES: dict[str, Any] = dict(
+    event_vocab=1_000_000, num_event_types=8,
+    sparse_features=(("user_id", 1_000_000), ("ad_id", 500_000), ("advertiser", 50_000), ("page", 1_000), ("country", 200)),
+    num_dense=32, num_domains=4, tasks=("click", "conversion", "engagement"),
+)
+
 
 def offsets_of(lengths: torch.Tensor) -> torch.Tensor:
     """The exclusive prefix sum of `lengths` (one more entry, starting at 0)."""

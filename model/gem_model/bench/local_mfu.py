@@ -47,14 +47,9 @@ from torch import nn
 
 from gem_model import GEMConfig, GEMModel, presets, sparse_table_grads
 from gem_model._flops import Shapes
-from gem_model.bench._batch import lognormal_lengths, make_batch
+from gem_model.bench._batch import FEATURES, lognormal_lengths, make_batch
 
 PEAK = 989e12  # H200 dense bf16 datasheet
-FEATURES: dict[str, Any] = dict(
-    event_vocab=1_000_000, num_event_types=8,
-    sparse_features=(("user_id", 1_000_000), ("ad_id", 500_000), ("advertiser", 50_000), ("page", 1_000), ("country", 200)),
-    num_dense=32, num_domains=4, tasks=("click", "conversion", "engagement"),
-)
 LAYER_MODULES = ("nonseq_summary", "seq_ffn", "seq_attention", "pooling", "seq_summary", "interaction")
 
 

@@ -24,7 +24,7 @@ import torch
 
 from gem_model import GEMConfig, presets
 from gem_model._layers import GDPAFFN
-from gem_model.bench.local_mfu import FEATURES
+from gem_model.bench._batch import FEATURES
 
 
 def _ffn_inputs(cfg: GEMConfig, tokens: int, samples: int, device: torch.device
