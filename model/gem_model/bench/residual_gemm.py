@@ -19,6 +19,8 @@ import argparse
 import copy
 import json
 import statistics
+import time
+from collections.abc import Callable
 
 import torch
 
@@ -57,7 +59,7 @@ def main() -> None:
     leaf = seq.clone().requires_grad_()
     grad = torch.randn_like(seq)
 
-    def arm(in_place: bool) -> tuple[object, torch.Tensor]:
+    def arm(in_place: bool) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
         # one module per arm (the same weights), each compiled on its own: no reset between
         # the arms, which would drop the first arm's graph and retrace it with the second's flag
         mod = copy.deepcopy(ffn)
@@ -66,7 +68,7 @@ def main() -> None:
 
         def step() -> torch.Tensor:
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
-                out = f(leaf, x_sum, offsets, max_len, sample)
+                out: torch.Tensor = f(leaf, x_sum, offsets, max_len, sample)
             out.backward(grad)
             return out
 
@@ -75,22 +77,21 @@ def main() -> None:
             step()
         return step, first
 
-    def timed(step: object, iters: int) -> float:
-        times = []
+    def timed(step: Callable[[], torch.Tensor], iters: int) -> float:
+        times: list[float] = []
         for _ in range(iters):
             if cuda:
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
                 s.record()
-                step()  # type: ignore[operator]
+                step()
                 e.record()
                 torch.cuda.synchronize()
                 times.append(s.elapsed_time(e) / 1e3)
             else:
-                import time
                 t = time.perf_counter()
-                step()  # type: ignore[operator]
+                step()
                 times.append(time.perf_counter() - t)
-        return statistics.median(times)
+        return float(statistics.median(times))
 
     steps, firsts = {}, {}
     for name, in_place in (("addmm", False), ("in place", True)):
