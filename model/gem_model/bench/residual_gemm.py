@@ -69,7 +69,7 @@ def main() -> None:
         def step() -> torch.Tensor:
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
                 out: torch.Tensor = f(leaf, x_sum, offsets, max_len, sample)
-            out.backward(grad)
+            out.backward(grad)  # type: ignore[no-untyped-call]
             return out
 
         first = step().detach().clone()
