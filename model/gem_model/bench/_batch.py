@@ -9,6 +9,9 @@ plants labels in them).
 from __future__ import annotations
 
 import math
+import statistics
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +23,32 @@ FEATURES: dict[str, Any] = dict(
     sparse_features=(("user_id", 1_000_000), ("ad_id", 500_000), ("advertiser", 50_000), ("page", 1_000), ("country", 200)),
     num_dense=32, num_domains=4, tasks=("click", "conversion", "engagement"),
 )
+
+
+def median_timer(device: torch.device) -> Callable[[Callable[[], None], int, int], float]:
+    """`run(fn, warmup, iters)`: the median seconds of `iters` calls of `fn` after `warmup`
+    untimed ones (CUDA events on a GPU, the wall clock on the CPU)."""
+
+    def run(fn: Callable[[], None], warmup: int, iters: int) -> float:
+        for _ in range(warmup):
+            fn()
+        times: list[float] = []
+        for _ in range(iters):
+            if device.type == "cuda":
+                a = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                b = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                a.record()
+                fn()
+                b.record()
+                torch.cuda.synchronize()
+                times.append(a.elapsed_time(b) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+        return float(statistics.median(times))
+
+    return run
 
 
 def offsets_of(lengths: torch.Tensor) -> torch.Tensor:

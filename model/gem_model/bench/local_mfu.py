@@ -36,9 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -47,33 +45,10 @@ from torch import nn
 
 from gem_model import GEMConfig, GEMModel, presets, sparse_table_grads
 from gem_model._flops import Shapes
-from gem_model.bench._batch import FEATURES, lognormal_lengths, make_batch
+from gem_model.bench._batch import FEATURES, lognormal_lengths, make_batch, median_timer
 
 PEAK = 989e12  # H200 dense bf16 datasheet
 LAYER_MODULES = ("nonseq_summary", "seq_ffn", "seq_attention", "pooling", "seq_summary", "interaction")
-
-
-def _timer(device: torch.device) -> Callable[[Callable[[], None], int, int], float]:
-    def run(fn: Callable[[], None], warmup: int, iters: int) -> float:
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(iters):
-            if device.type == "cuda":
-                a = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-                b = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-                a.record()
-                fn()
-                b.record()
-                torch.cuda.synchronize()
-                times.append(a.elapsed_time(b) / 1e3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-        return float(statistics.median(times))
-
-    return run
 
 
 def capture_graph(fn: Callable[[], None]) -> tuple[Callable[[], None] | None, str | None]:
@@ -312,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
         lengths = lognormal_lengths(b, mean, args.sigma, cap, seed=0)
     batch = make_batch(cfg, lengths, device)
     shapes = Shapes(tuple(lengths))
-    timer = _timer(device)
+    timer = median_timer(device)
 
     def autocast() -> Any:
         return torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda)

@@ -19,14 +19,13 @@ import argparse
 import copy
 import json
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
 from gem_model import GEMConfig, presets
 from gem_model._layers import GDPAFFN
-from gem_model.bench._batch import FEATURES
+from gem_model.bench._batch import FEATURES, median_timer
 
 
 def _ffn_inputs(cfg: GEMConfig, tokens: int, samples: int, device: torch.device
@@ -59,48 +58,37 @@ def main() -> None:
     leaf = seq.clone().requires_grad_()
     grad = torch.randn_like(seq)
 
-    def arm(in_place: bool) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
+    def arm(in_place: bool) -> tuple[Callable[[], None], torch.Tensor]:
         # one module per arm (the same weights), each compiled on its own: no reset between
         # the arms, which would drop the first arm's graph and retrace it with the second's flag
         mod = copy.deepcopy(ffn)
         mod.in_place = in_place
         f = torch.compile(mod, dynamic=False)
 
-        def step() -> torch.Tensor:
+        def fwd_bwd() -> torch.Tensor:
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
                 out: torch.Tensor = f(leaf, x_sum, offsets, max_len, sample)
             out.backward(grad)  # type: ignore[no-untyped-call]
             return out
 
-        first = step().detach().clone()
+        def step() -> None:
+            fwd_bwd()
+
+        first = fwd_bwd().detach().clone()
         for _ in range(3):
             step()
         return step, first
 
-    def timed(step: Callable[[], torch.Tensor], iters: int) -> float:
-        times: list[float] = []
-        for _ in range(iters):
-            if cuda:
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-                s.record()
-                step()
-                e.record()
-                torch.cuda.synchronize()
-                times.append(s.elapsed_time(e) / 1e3)
-            else:
-                t = time.perf_counter()
-                step()
-                times.append(time.perf_counter() - t)
-        return float(statistics.median(times))
-
-    steps, firsts = {}, {}
+    timer = median_timer(device)
+    steps: dict[str, Callable[[], None]] = {}
+    firsts: dict[str, torch.Tensor] = {}
     for name, in_place in (("addmm", False), ("in place", True)):
         steps[name], firsts[name] = arm(in_place)
     equal = bool(torch.equal(firsts["addmm"], firsts["in place"]))
     res: dict[str, list[float]] = {"addmm": [], "in place": []}
     for _ in range(a.rounds):
         for name in res:
-            res[name].append(timed(steps[name], a.iters))
+            res[name].append(timer(steps[name], 0, a.iters))
     med = {k: statistics.median(v) for k, v in res.items()}
     print(f"device: {torch.cuda.get_device_name() if cuda else 'cpu'}; torch {torch.__version__}; "
           f"tokens {tokens}, samples {samples}, d {cfg.d_model}")
