@@ -1,6 +1,7 @@
-"""The local-MFU bench runs end to end (CPU toy size here; the real size on the GPU).
+"""The model's benches run end to end (CPU toy size here; the real size on the GPU): local MFU
+and the residual GEMM.
 
-It captures each module's real inputs from a full forward and re-runs the module alone, so
+The local-MFU bench captures each module's real inputs from a full forward and re-runs the module alone, so
 a change to what a layer passes between modules (e.g. the CLS-prefixed layout, a NamedTuple)
 must not break it: the H200 run of 2026-11-30 crashed there (the layout came back as a
 plain tuple).
@@ -104,3 +105,15 @@ def test_graph_replay_computes_the_eager_step() -> None:
     for p, q in zip(net.parameters(), ref.parameters()):
         assert p.grad is not None and q.grad is not None
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_residual_gemm_bench_runs_and_both_arms_agree(capsys: pytest.CaptureFixture[str]) -> None:
+    """`gem_model.bench.residual_gemm` (the GDPA FFN compiled with addmm and with
+    GEMConfig.inplace_residual_gemm) runs end to end at its CPU toy size, and its two arms'
+    outputs are equal bit for bit."""
+    from gem_model.bench import residual_gemm
+
+    residual_gemm.main(["--iters", "1", "--rounds", "1"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["equal"] is True
+    assert set(out["ms"]) == {"addmm", "in place"} and all(v > 0 for v in out["ms"].values())

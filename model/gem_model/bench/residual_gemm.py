@@ -40,13 +40,13 @@ def _ffn_inputs(cfg: GEMConfig, tokens: int, samples: int, device: torch.device
     return seq, x_sum, offsets, sample
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=262_144)
     p.add_argument("--samples", type=int, default=256)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--rounds", type=int, default=3, help="alternations of the two arms")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     d, tokens, samples = (1024, a.tokens, a.samples) if cuda else (64, 512, 8)
