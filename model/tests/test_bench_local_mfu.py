@@ -1,10 +1,10 @@
 """The model's benches run end to end (CPU toy size here; the real size on the GPU): local MFU
 and the residual GEMM.
 
-The local-MFU bench captures each module's real inputs from a full forward and re-runs the module alone, so
-a change to what a layer passes between modules (e.g. the CLS-prefixed layout, a NamedTuple)
-must not break it: the H200 run of 2026-11-30 crashed there (the layout came back as a
-plain tuple).
+The local-MFU bench captures each module's real inputs from a full forward and re-runs the
+module alone, so a change to what a layer passes between modules (e.g. the CLS-prefixed
+layout, a NamedTuple) must not break it: the H200 run of 2026-11-30 crashed there (the layout
+came back as a plain tuple).
 """
 import json
 
