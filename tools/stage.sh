@@ -45,12 +45,13 @@ PY
 # bool) instead, one tree: arm "new" runs with that field true, "old" with it false
 # (tools/with_model.py). `ab_runs` runs new, then old, each from empty caches (100 steps), then
 # warm pairs alternating while time is left ($AB_PAIRS, default "2 3": the pairs' numbers).
+# `arm_caches NAME`: the cache variables of arm NAME (for `env`: a later run over its warm caches).
+arm_caches() { echo GEM_CACHE_DIR=/tmp/c_$1 TORCHINDUCTOR_CACHE_DIR=/tmp/c_$1/ind TRITON_CACHE_DIR=/tmp/c_$1/tri; }
 ab_arm() { local pp=$PYTHONPATH pre=
   if [ -n "$AB_FIELD" ]; then pre="tools/with_model.py $AB_FIELD=$([ "$1" = old ] && echo false || echo true) --"
   elif [ "$1" = old ]; then pp=$AB_OLD:$pp; fi
-  env PYTHONPATH=$pp GEM_CACHE_DIR=/tmp/c_$1 TORCHINDUCTOR_CACHE_DIR=/tmp/c_$1/ind TRITON_CACHE_DIR=/tmp/c_$1/tri \
-    python3 $pre $H200_TR --steps $2; }
-export -f ab_arm
+  env PYTHONPATH=$pp $(arm_caches "$1") python3 $pre $H200_TR --steps $2; }
+export -f arm_caches ab_arm
 ab_runs() { export AB_OLD AB_FIELD H200_TR
   st new1 170 bash -c "ab_arm new 100"
   [ "$(gpu_left)" -gt 150 ] && st old1 170 bash -c "ab_arm old 100"

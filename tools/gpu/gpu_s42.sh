@@ -41,13 +41,11 @@ PROF="python3 tools/profile_trainer.py --preset h200 --steps 14 --skip 8 --compi
 if [ -f .fa4a/ir.so.xz ]; then mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/; fi
 if [ "${PART:-a}" = c ]; then
   AB_FIELD=gather_stream_grads AB_PAIRS=2 ab_runs  # arm "new": the option on; "old": off
-  [ "$(gpu_left)" -gt 60 ] && st prof "$(gpu_left)" env GEM_CACHE_DIR=/tmp/c_old \
-    TORCHINDUCTOR_CACHE_DIR=/tmp/c_old/ind TRITON_CACHE_DIR=/tmp/c_old/tri $PROF
+  [ "$(gpu_left)" -gt 60 ] && st prof "$(gpu_left)" env $(arm_caches old) $PROF
 elif [ "${PART:-a}" = d ]; then
   st tests 100 python3 -m pytest -q -p no:cacheprovider model/tests/test_stream_bias.py -k "gpu or cuda"
   AB_FIELD=inplace_residual_gemm AB_PAIRS=2 ab_runs
-  [ "$(gpu_left)" -gt 60 ] && st prof "$(gpu_left)" env GEM_CACHE_DIR=/tmp/c_new \
-    TORCHINDUCTOR_CACHE_DIR=/tmp/c_new/ind TRITON_CACHE_DIR=/tmp/c_new/tri \
+  [ "$(gpu_left)" -gt 60 ] && st prof "$(gpu_left)" env $(arm_caches new) \
     python3 tools/with_model.py inplace_residual_gemm=true -- ${PROF#python3 }
 elif [ "${PART:-a}" = e ]; then
   st tests 100 python3 -m pytest -q -p no:cacheprovider model/tests/test_stream_bias.py -k "gpu or cuda"

@@ -25,11 +25,11 @@ FEATURES: dict[str, Any] = dict(
 )
 
 
-def median_timer(device: torch.device) -> Callable[[Callable[[], None], int, int], float]:
+def median_timer(device: torch.device) -> Callable[[Callable[[], object], int, int], float]:
     """`run(fn, warmup, iters)`: the median seconds of `iters` calls of `fn` after `warmup`
     untimed ones (CUDA events on a GPU, the wall clock on the CPU)."""
 
-    def run(fn: Callable[[], None], warmup: int, iters: int) -> float:
+    def run(fn: Callable[[], object], warmup: int, iters: int) -> float:
         for _ in range(warmup):
             fn()
         times: list[float] = []

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     leaf = seq.clone().requires_grad_()
     grad = torch.randn_like(seq)
 
-    def arm(in_place: bool) -> tuple[Callable[[], None], torch.Tensor]:
+    def arm(in_place: bool) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
         # one module per arm (the same weights), each compiled on its own: no reset between
         # the arms, which would drop the first arm's graph and retrace it with the second's flag
         mod = copy.deepcopy(ffn)
@@ -66,21 +66,21 @@ def main(argv: list[str] | None = None) -> None:
         f = torch.compile(mod, dynamic=False)
 
         def fwd_bwd() -> torch.Tensor:
+            # fresh gradients each call, as a training step's (no accumulating add into .grad)
+            leaf.grad = None
+            mod.zero_grad(set_to_none=True)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
                 out: torch.Tensor = f(leaf, x_sum, offsets, max_len, sample)
             out.backward(grad)  # type: ignore[no-untyped-call]
             return out
 
-        def step() -> None:
-            fwd_bwd()
-
         first = fwd_bwd().detach().clone()
         for _ in range(3):
-            step()
-        return step, first
+            fwd_bwd()
+        return fwd_bwd, first
 
     timer = median_timer(device)
-    steps: dict[str, Callable[[], None]] = {}
+    steps: dict[str, Callable[[], torch.Tensor]] = {}
     firsts: dict[str, torch.Tensor] = {}
     for name, in_place in (("addmm", False), ("in place", True)):
         steps[name], firsts[name] = arm(in_place)
@@ -90,13 +90,14 @@ def main(argv: list[str] | None = None) -> None:
         for name in res:
             res[name].append(timer(steps[name], 0, a.iters))
     med = {k: statistics.median(v) for k, v in res.items()}
-    print(f"device: {torch.cuda.get_device_name() if cuda else 'cpu'}; torch {torch.__version__}; "
+    gpu = torch.cuda.get_device_name() if cuda else "cpu"
+    print(f"device: {gpu}; torch {torch.__version__}; "
           f"tokens {tokens}, samples {samples}, d {cfg.d_model}")
     print(f"{'arm':10s} {'fwd+bwd ms':>11s}  rounds (ms)")
     for k, v in med.items():
         print(f"{k:10s} {v * 1e3:11.3f}  " + " ".join(f"{x * 1e3:.3f}" for x in res[k]))
     print(f"in place / addmm: {med['in place'] / med['addmm']:.4f}; outputs equal bit for bit: {equal}")
-    print(json.dumps({"bench": "residual_gemm", "device": torch.cuda.get_device_name() if cuda else "cpu",
+    print(json.dumps({"bench": "residual_gemm", "device": gpu,
                       "torch": torch.__version__, "tokens": tokens, "ms": {k: v * 1e3 for k, v in med.items()},
                       "rounds_ms": {k: [x * 1e3 for x in v] for k, v in res.items()}, "equal": equal}))
 
