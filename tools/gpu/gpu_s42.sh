@@ -26,6 +26,8 @@
 #           PART=d's GPU test, then the FFN-level A/B instead of the trainer's:
 #           `python3 -m gem_model.bench.residual_gemm` (the h200 GDPA FFN compiled, addmm
 #           against in place, alternating).
+#   PART=f  (the forty-third session's first call) PART=e's two stages, then PART=d's A/B and
+#           profile, in one call (a second call may find no machine).
 #   PART=a  (a box without PART=c's copy) copies .fa4a only, and profiles as PART=c does.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
@@ -44,6 +46,12 @@ if [ "${PART:-a}" = c ]; then
   [ "$(gpu_left)" -gt 60 ] && st prof "$(gpu_left)" env $(arm_caches old) $PROF
 elif [ "${PART:-a}" = d ]; then
   st tests 100 python3 -m pytest -q -p no:cacheprovider model/tests/test_stream_bias.py -k "gpu or cuda"
+  AB_FIELD=inplace_residual_gemm AB_PAIRS=2 ab_runs
+  [ "$(gpu_left)" -gt 60 ] && st prof "$(gpu_left)" env $(arm_caches new) \
+    python3 tools/with_model.py inplace_residual_gemm=true -- ${PROF#python3 }
+elif [ "${PART:-a}" = f ]; then
+  st tests 100 python3 -m pytest -q -p no:cacheprovider model/tests/test_stream_bias.py -k "gpu or cuda"
+  st resgemm 80 python3 -m gem_model.bench.residual_gemm
   AB_FIELD=inplace_residual_gemm AB_PAIRS=2 ab_runs
   [ "$(gpu_left)" -gt 60 ] && st prof "$(gpu_left)" env $(arm_caches new) \
     python3 tools/with_model.py inplace_residual_gemm=true -- ${PROF#python3 }
