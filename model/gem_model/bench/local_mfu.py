@@ -110,7 +110,7 @@ def capture(model: GEMModel, batch: Any, autocast: Callable[[], Any]) -> dict[st
                 mods[name] = m
                 break
     last = model.layers[-1]
-    if last.last_rows and last.seq_attention is not None:  # it attends from the rows it reads only
+    if last.last_rows and isinstance(last.seq_attention, nn.Module):  # it attends from the rows it reads only
         mods["seq_attention_last"] = last.seq_attention
     got: dict[str, tuple[nn.Module, Any, Any]] = {}
     hooks = []
