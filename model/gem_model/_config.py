@@ -110,9 +110,10 @@ class GEMConfig:
             layer-norm kernel already reading it, by an in-place `addmm_` (cuBLAS's C = D),
             instead of `torch.addmm`, which first copies the residual into its output with a
             device-to-device copy (7 per h200 step, 2.6 ms on an H100: trainer/BENCHMARKS.md,
-            2026-12-06, forty-second session). The same values bit for bit. Off by default until
-            a same-box A/B shows it faster (`python3 tools/with_model.py
-            inplace_residual_gemm=true -- -m gem_trainer ...`).
+            2026-12-06, forty-second session). The same values bit for bit. On by default since
+            gem-model 0.6.3: on an H100 the copies leave the profile and the h200 step is
+            0.55-0.6 % faster in two same-box pairs (trainer/BENCHMARKS.md, 2026-12-06,
+            forty-third session); eager runs are unchanged. `False` restores `torch.addmm`.
         last_layer_rows_only: the last layer's stream is read only at its CLS rows and its
             `num_recent` newest events (the heads take the feature tokens and the summary),
             unless that layer pools. So its attention computes queries, `wo` and the
@@ -165,7 +166,7 @@ class GEMConfig:
     merged_stream_reads: bool = True
     select_stream_rows: bool = False
     gather_stream_grads: bool = False
-    inplace_residual_gemm: bool = False
+    inplace_residual_gemm: bool = True
     last_layer_rows_only: bool = True
 
     def __post_init__(self) -> None:
