@@ -4,6 +4,8 @@
 # trainer/BENCHMARKS.md); eleven calls found no machine. For the next session, in this order:
 # PART=e (~2 min: is 0.6.2's option faster at the FFN?), PART=d (the trainer A/B and profile),
 # then PART=a/b on a box that can carry flash-attn-4 (on an H200: the issue's figures).
+# The forty-third session ran PART=f (e and d in one call) on an H100 (trainer/BENCHMARKS.md);
+# its H200 figures are tools/gpu/gpu_s43.sh.
 #   PART=c  (first call; carries .fa4a, copied to /tmp/fa4a for PART=b on the same box; no
 #           flash-attn-4 here) gem-model 0.6.1's `gather_stream_grads` A/B: the h200 trainer
 #           with the option on ("new") against off ("old"), each from its own empty caches, then
