@@ -2,8 +2,8 @@
 # The forty-third session's H200 figures for gem-model 0.6.3 (inplace_residual_gemm on by
 # default), two calls on one warm box (flash-attn-4 is carried in two parts, tools/fa4_setup.sh):
 #   PART=a  (carries .fa4a) on an H200 only (on another GPU it stops at once): copies the
-#           compiler library to /tmp/fa4a, then issue 16's command without flash-attn-4
-#           (`--steps 300`, empty caches: "long0").
+#           compiler library to /tmp/fa4a; with LONG0=1, then issue 16's command without
+#           flash-attn-4 (`--steps 300`, empty caches: "long0").
 #   PART=b  (carries .fa4b, same box) installs flash-attn-4, then issue 16's command with it
 #           ("long", empty caches) and the model's local-MFU bench (the 40 % target).
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
@@ -16,7 +16,7 @@ if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
 gpu_begin "${WATCH:-400}"
 if [ "${PART:-a}" = a ]; then
   mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/ && echo "fa4a copied" > "$OUT/copy.log"
-  st long0 "$(gpu_left)" python3 $H200_TR --steps 300
+  [ -n "$LONG0" ] && st long0 "$(gpu_left)" python3 $H200_TR --steps 300
 else
   st setup 60 bash tools/fa4_setup.sh
   export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
