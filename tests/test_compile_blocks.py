@@ -48,20 +48,24 @@ def _step(model: torch.nn.Module, batch: object) -> tuple[torch.Tensor, dict[str
 TRITON = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@pytest.mark.parametrize("backend,select,gather,in_place", [
-    ("reference", False, False, False),
+@pytest.mark.parametrize("backend,select,gather,in_place,ac", [
+    ("reference", False, False, False, False),
     # GEMConfig.select_stream_rows: compiled, the per-row selects; eager, the scatters
-    ("reference", True, False, False),
+    ("reference", True, False, False, False),
     # GEMConfig.gather_stream_grads: compiled, the reads' gradients gathered per row
-    ("reference", False, True, False),
-    # GEMConfig.inplace_residual_gemm: compiled, the residual GEMMs add into a copy in place
-    ("reference", False, False, True),
+    ("reference", False, True, False, False),
+    # GEMConfig.inplace_residual_gemm (the default since gem-model 0.6.3): compiled, the
+    # residual GEMMs add into a copy in place; also inside activation checkpointing, whose
+    # backward re-runs that mutation
+    ("reference", False, False, True, False),
+    ("reference", False, False, True, True),
     # The kernels' custom ops inside the compiled blocks (Triton's interpreter on CPU, ~30 s).
-    pytest.param("triton", False, False, False,
+    pytest.param("triton", False, False, False, False,
                  marks=pytest.mark.skipif(not TRITON, reason="needs TRITON_INTERPRET=1")),
 ])
 def test_compiled_blocks_match_eager_without_breaks_or_unbounded_recompiles(backend: str, select: bool,
-                                                                           gather: bool, in_place: bool) -> None:
+                                                                           gather: bool, in_place: bool,
+                                                                           ac: bool) -> None:
     torch._dynamo.reset()
     torch.manual_seed(0)
     # gdpa + hierarchical pooling + window + computation skip: two block kinds (with and
@@ -72,14 +76,18 @@ def test_compiled_blocks_match_eager_without_breaks_or_unbounded_recompiles(back
                       stream_bias=not in_place)  # (a biased linear keeps the plain sum)
     model = GEMModel(cfg)
     eager = copy.deepcopy(model)
-    done = gem_parallel.parallelize(model, None, compile="aot_eager")
+    done = gem_parallel.parallelize(model, None, compile="aot_eager", ac=ac)
     assert done.compiled_blocks == 2
+    assert all(("Checkpoint" in type(layer).__name__) == ac for layer in model.layers)
     start = done.compile_counts()
     graphs = []
     for i, b in enumerate([4, 5, 6]):
         batch = make_batch(b, seed=i)
         got, got_g = _step(model, batch)
+        # (the checkpoint wrapper's name in the parameters' paths)
+        got_g = {n.replace("_checkpoint_wrapped_module.", ""): g for n, g in got_g.items()}
         want, want_g = _step(eager, batch)
+        assert got_g.keys() == want_g.keys()
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
         for n in want_g:
             torch.testing.assert_close(got_g[n], want_g[n], rtol=1e-4, atol=1e-6, msg=n)
