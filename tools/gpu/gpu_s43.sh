@@ -6,6 +6,8 @@
 #           flash-attn-4 (`--steps 300`, empty caches: "long0").
 #   PART=b  (carries .fa4b, same box) installs flash-attn-4, then issue 16's command with it
 #           ("long", empty caches) and the model's local-MFU bench (the 40 % target).
+# Not run in the forty-third session: three calls for an H200 found no machine (570 s of
+# device time), and what was left could not start one. The next session: PART=a, then PART=b.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; nvidia-smi --query-gpu=name --format=csv,noheader
