@@ -46,20 +46,17 @@ if [ -f .fa4a/ir.so.xz ]; then mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a
 if [ "${PART:-a}" = c ]; then
   AB_FIELD=gather_stream_grads AB_PAIRS=2 ab_runs  # arm "new": the option on; "old": off
   [ "$(gpu_left)" -gt 60 ] && st prof "$(gpu_left)" env $(arm_caches old) $PROF
-elif [ "${PART:-a}" = d ]; then
+elif [ "${PART:-a}" = d ] || [ "${PART:-a}" = e ] || [ "${PART:-a}" = f ]; then
+  # d: the GPU test, the trainer A/B, the "new" arm's profile; e: the test and the FFN bench;
+  # f: all of them
   st tests 100 python3 -m pytest -q -p no:cacheprovider model/tests/test_stream_bias.py -k "gpu or cuda"
-  AB_FIELD=inplace_residual_gemm AB_PAIRS=2 ab_runs
-  [ "$(gpu_left)" -gt 60 ] && st prof "$(gpu_left)" env $(arm_caches new) \
-    python3 tools/with_model.py inplace_residual_gemm=true -- ${PROF#python3 }
-elif [ "${PART:-a}" = f ]; then
-  st tests 100 python3 -m pytest -q -p no:cacheprovider model/tests/test_stream_bias.py -k "gpu or cuda"
-  st resgemm 80 python3 -m gem_model.bench.residual_gemm
-  AB_FIELD=inplace_residual_gemm AB_PAIRS=2 ab_runs
-  [ "$(gpu_left)" -gt 60 ] && st prof "$(gpu_left)" env $(arm_caches new) \
-    python3 tools/with_model.py inplace_residual_gemm=true -- ${PROF#python3 }
-elif [ "${PART:-a}" = e ]; then
-  st tests 100 python3 -m pytest -q -p no:cacheprovider model/tests/test_stream_bias.py -k "gpu or cuda"
-  st resgemm "$(gpu_left)" python3 -m gem_model.bench.residual_gemm
+  [ "$PART" = e ] && st resgemm "$(gpu_left)" python3 -m gem_model.bench.residual_gemm
+  [ "$PART" = f ] && st resgemm 80 python3 -m gem_model.bench.residual_gemm
+  if [ "$PART" != e ]; then
+    AB_FIELD=inplace_residual_gemm AB_PAIRS=2 ab_runs
+    [ "$(gpu_left)" -gt 60 ] && st prof "$(gpu_left)" env $(arm_caches new) \
+      python3 tools/with_model.py inplace_residual_gemm=true -- ${PROF#python3 }
+  fi
 elif [ "${PART:-a}" = a ]; then
   st prof 240 $PROF
 else

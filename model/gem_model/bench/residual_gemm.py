@@ -5,9 +5,10 @@
 The h200 preset's sequence FFN (`_layers.GDPAFFN`: layer norm, `wq`, GDPA over 32 keys per
 sample, then `wo` with the residual added by the GEMM; 4 of the step's 7 residual GEMMs are
 these), forward + backward under bf16 autocast, compiled by
-inductor once per arm: "addmm" (the default: `torch.addmm(res, x, Wᵀ)`, which copies the
-residual into its output before the GEMM) against "in place" (a clone of the residual that
-inductor may write in the layer norm's kernel, and `gem_model::addmm_into` adding into it).
+inductor once per arm: "addmm" (`inplace_residual_gemm=False`: `torch.addmm(res, x, Wᵀ)`,
+which copies the residual into its output before the GEMM) against "in place" (the default
+since gem-model 0.6.3: a clone of the residual that inductor may write in the layer norm's
+kernel, and `gem_model::addmm_into` adding into it).
 The arms alternate (A, B, A, B, ...); each figure is the median of CUDA-event times. Checks
 that both arms' outputs are equal bit for bit. Without CUDA it runs a toy size on the CPU
 (not a speed claim).
