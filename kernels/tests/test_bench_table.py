@@ -82,3 +82,24 @@ def test_ncu_cases_small_runs_every_case() -> None:
         got = outs[n]
         assert isinstance(got, torch.Tensor)
         torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2, msg=lambda m: f"{n}: {m}")
+
+
+def test_jfa_path_names_the_kernels_the_switches_pick(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The table's `path` column: on CPU (no FlashAttention-2 or -4) our forward always, and our
+    # backward by the one-pass rule, or as `GEM_JFA_BWD` asks; the flash switches fall back.
+    from gem_kernels import _triton_jfa
+    from gem_kernels.bench.flash4 import switches
+
+    b = table.Batch([17, 3, 40], "cpu", heads=1)
+    long_max = _triton_jfa.ONE_PASS_MIN_LEN
+    monkeypatch.delenv("GEM_JFA_FWD", raising=False)
+    monkeypatch.delenv("GEM_JFA_BWD", raising=False)
+    assert table.jfa_path(b.q, b.k, b.off, b.max) == "triton / triton two-pass"
+    assert table.jfa_path(b.q, b.k, b.off, long_max) == "triton / triton one-pass"
+    with switches("flash4", "flash4"):  # asked for, but flash-attn-4 cannot run on CPU
+        assert table.jfa_path(b.q, b.k, b.off, long_max) == "triton / triton one-pass"
+    with switches("pointer", "two_pass"):
+        assert table.jfa_path(b.q, b.k, b.off, long_max) == "triton / triton two-pass"
+    with switches("pointer", "bogus"), pytest.raises(ValueError, match="GEM_JFA_BWD"):
+        table.jfa_path(b.q, b.k, b.off, b.max)
+    assert "GEM_JFA_BWD" not in os.environ  # the switches are restored, also after an error

@@ -38,7 +38,8 @@ PATHS = {"default": ("pointer", "flash"), "fa4": ("flash4", "flash4"), "ours+fa4
 
 
 @contextmanager
-def _env(fwd: str, bwd: str) -> Iterator[None]:
+def switches(fwd: str, bwd: str) -> Iterator[None]:
+    """`GEM_JFA_FWD=fwd`, `GEM_JFA_BWD=bwd` inside the block (restored after)."""
     was = {n: os.environ.get(n) for n in (FWD_ENV, BWD_ENV)}
     os.environ[FWD_ENV], os.environ[BWD_ENV] = fwd, bwd
     try:
@@ -77,7 +78,7 @@ def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
     res: dict[str, list[torch.Tensor]] = {}
     fwd_ms: dict[str, float] = {}
     for path, (fwd, bwd) in PATHS.items():
-        with _env(fwd, bwd):
+        with switches(fwd, bwd):
             if fwd not in fwd_ms:
                 with torch.no_grad():
                     fwd_ms[fwd] = bench_ms(run, warmup=2, iters=iters)
@@ -86,7 +87,7 @@ def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
             row[f"{path}_fb_tf"] = round(3.5 * flops / ms / 1e9, 1)
             o = run()
             res[path] = [o.detach(), *torch.autograd.grad(o, xs, do)]
-    with _env("flash", "flash"):  # torch's FlashAttention-2 forward alone (where it runs)
+    with switches("flash", "flash"):  # torch's FlashAttention-2 forward alone (where it runs)
         with torch.no_grad():
             fwd_ms["flash"] = bench_ms(run, warmup=2, iters=iters)
     for fwd, label in (("pointer", "ours"), ("flash", "fa2"), ("flash4", "fa4")):

@@ -15,6 +15,12 @@ per-sample loop of eager matmuls for GDPA (torch has no fused elementwise attent
 padded batch would be 64 x 4,787^2 scores). Each of ours is checked against the fp32
 reference on the first 8 samples in the same run. The compact table is printed last, then
 one JSON line; `--out` also writes the JSON there.
+
+"ours" is what `jagged_flash_attention` runs by default in this process; the `path` column
+names it (forward / backward: "triton", "flash2" for torch's FlashAttention-2, "flash4" for
+FlashAttention-4). With the optional flash-attn-4 installed the default on the issue batch is
+FlashAttention-4's, a public kernel, so the table then also times the path without it
+(rows "..., no flash-attn-4": our forward, FlashAttention-2's backward) in the same run.
 """
 
 from __future__ import annotations
@@ -29,9 +35,12 @@ import torch
 import torch.nn.functional as F
 
 from gem_kernels import block_attention, generalized_dot_product_attention, jagged_flash_attention, pad_jagged
+from gem_kernels._flash4 import unavailable_reason as flash4_unavailable
 from gem_kernels._gdpa import GdpaTiles, force_tiles, gdpa_tiles
-from gem_kernels._triton_jfa import (JfaConfig, JfaTiles, _heuristic_config, _tma_modes, force_config, jfa_backward,
-                                    jfa_forward)
+from gem_kernels._jfa import fwd_uses_flash, fwd_uses_flash4
+from gem_kernels._triton_jfa import (JfaConfig, JfaTiles, _heuristic_config, _tma_modes, bwd_one_pass_from_env,
+                                    bwd_uses_flash, bwd_uses_flash4, force_config, jfa_backward, jfa_forward)
+from gem_kernels.bench.flash4 import PATHS, switches
 from gem_kernels.bench._common import (attention_flops, bench_ms, emit_json, env_info, issue_lengths,
                                        offsets_from_lengths, print_table, save_json, tflops, trainer_lengths,
                                        visible_pairs)
@@ -102,6 +111,28 @@ def gdpa(backend: str = "triton") -> Callable[..., torch.Tensor]:
     return f
 
 
+def jfa_path(q: torch.Tensor, k: torch.Tensor, off: torch.Tensor, max_len: int) -> str:
+    """Which kernels `jagged_flash_attention` runs for self-attention over `q`, `k` with offsets
+    `off` (longest sequence `max_len`) in this process, forward / backward
+    (the switches and rules of `gem_kernels._jfa` / `_triton_jfa`): "flash4" FlashAttention-4,
+    "flash2" torch's FlashAttention-2, "triton" ours (with "one-pass" / "two-pass" for the
+    backward). With flash-attn-4 installed the default is FlashAttention-4's for both on the
+    issue batch, so the table names it rather than calling it ours."""
+    if fwd_uses_flash4(q, k, off, None):
+        fwd = "flash4"
+    elif fwd_uses_flash(q, k, off, None):
+        fwd = "flash2"
+    else:
+        fwd = "triton"
+    if bwd_uses_flash4(q, k, None):
+        bwd = "flash4"
+    elif bwd_uses_flash(q, None):
+        bwd = "flash2"
+    else:
+        bwd = "triton " + ("one-pass" if bwd_one_pass_from_env(max_len) else "two-pass")
+    return f"{fwd} / {bwd}"
+
+
 def nested_sdpa(causal: bool) -> Callable[..., torch.Tensor]:
     """torch's nested-jagged SDPA (flash backend under the hood; no padding)."""
     def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: Batch) -> torch.Tensor:
@@ -165,17 +196,27 @@ def main_table(iters: int) -> list[dict[str, object]]:
           f"padding={pad_ratio:.2f}x", flush=True)
 
     def add(case: str, ours_ms: float | None, flops: float, peer: str, peer_ms: float | None, err: float | None,
-            unit: str = "TFLOP/s") -> None:
+            unit: str = "TFLOP/s", path: str = "triton") -> None:
         rows.append({"case": case, "ours": tflops(flops, ours_ms), "ours_ms": ours_ms, "peer": peer,
-                     "peer_val": tflops(flops, peer_ms), "peer_ms": peer_ms, "unit": unit, "err": err})
+                     "peer_val": tflops(flops, peer_ms), "peer_ms": peer_ms, "unit": unit, "err": err,
+                     "path": path})
         print(rows[-1], flush=True)
 
+    # With flash-attn-4 installed the default JFA path on this batch is FlashAttention-4's (a
+    # public kernel): its rows say so in `path`, and the rows "..., no flash-attn-4" time the
+    # default without it (our forward, torch's FlashAttention-2 backward) in the same run.
+    fa4 = flash4_unavailable(b.q, None, k=b.k) is None
     for causal in (False, True):
         name = "causal" if causal else "full"
         f_fwd, f_all = attention_flops(visible_pairs(b.lengths, b.lengths, causal=causal), H, D)
         err = _check(jfa(causal), jfa(causal, "reference"), small)
         fwd = bench_ms(_fwd(jfa(causal), b), iters=iters)
         all_ = bench_ms(_fwd_bwd(jfa(causal), b), iters=iters)
+        if fa4:
+            with switches(*PATHS["default"]):
+                path0 = jfa_path(b.q, b.k, b.off, b.max)
+                fwd0 = bench_ms(_fwd(jfa(causal), b), iters=iters)
+                all0 = bench_ms(_fwd_bwd(jfa(causal), b), iters=iters)
         # torch's nested SDPA rejects is_causal with nested q/k: padded cuDNN is the causal peer.
         nf = None if causal else _try_ms(_fwd(nested_sdpa(causal), b), iters)
         na = None if causal else _try_ms(_fwd_bwd(nested_sdpa(causal), b), iters)
@@ -183,8 +224,11 @@ def main_table(iters: int) -> list[dict[str, object]]:
         torch.cuda.empty_cache()
         bf, bn = min(((nf, "nested SDPA"), (pf, "padded cuDNN")), key=lambda x: math.inf if x[0] is None else x[0])
         ba, bna = min(((na, "nested SDPA"), (pa, "padded cuDNN")), key=lambda x: math.inf if x[0] is None else x[0])
-        add(f"JFA fwd {name}", fwd, f_fwd, bn, bf, err)
-        add(f"JFA fwd+bwd {name}", all_, f_all, bna, ba, err)
+        add(f"JFA fwd {name}", fwd, f_fwd, bn, bf, err, path=jfa_path(b.q, b.k, b.off, b.max))
+        add(f"JFA fwd+bwd {name}", all_, f_all, bna, ba, err, path=jfa_path(b.q, b.k, b.off, b.max))
+        if fa4:
+            add(f"JFA fwd {name}, no flash-attn-4", fwd0, f_fwd, bn, bf, None, path=path0)
+            add(f"JFA fwd+bwd {name}, no flash-attn-4", all0, f_all, bna, ba, None, path=path0)
 
     f_fwd, f_all = attention_flops(visible_pairs(b.lengths, b.lengths, causal=True), H, D)
     err = _check(gdpa(), gdpa("reference"), small)
@@ -213,6 +257,12 @@ def main_table(iters: int) -> list[dict[str, object]]:
     offd = offsets_from_lengths([4096] * 8, "cuda")
     f_dense = 4.0 * 8 * 4096 * 4096 * D * 16
     ours_d = bench_ms(lambda: jagged_flash_attention(qd, kd, vd, offd, offd, 4096, 4096), iters=iters)
+    path_d = jfa_path(qd, kd, offd, 4096)
+    ours_d0 = None
+    if flash4_unavailable(qd, None, k=kd) is None:
+        with switches(*PATHS["default"]):
+            path_d0 = jfa_path(qd, kd, offd, 4096)
+            ours_d0 = bench_ms(lambda: jagged_flash_attention(qd, kd, vd, offd, offd, 4096, 4096), iters=iters)
     qp, kp, vp = (x.view(8, 4096, 16, D).transpose(1, 2).contiguous() for x in (qd, kd, vd))
 
     def cudnn() -> object:
@@ -222,7 +272,10 @@ def main_table(iters: int) -> list[dict[str, object]]:
     with torch.no_grad():
         ref_d = F.scaled_dot_product_attention(qp, kp, vp).transpose(1, 2).reshape(8 * 4096, 16, D)
         err_d = _rel_err(jagged_flash_attention(qd, kd, vd, offd, offd, 4096, 4096), ref_d)
-    add("dense 8x4096x16 fwd", ours_d, f_dense, "cuDNN SDPA", _try_ms(cudnn, iters), err_d)
+    cudnn_ms = _try_ms(cudnn, iters)
+    add("dense 8x4096x16 fwd", ours_d, f_dense, "cuDNN SDPA", cudnn_ms, err_d, path=path_d)
+    if ours_d0 is not None:
+        add("dense 8x4096x16 fwd, no flash-attn-4", ours_d0, f_dense, "cuDNN SDPA", cudnn_ms, None, path=path_d0)
     return rows
 
 
@@ -254,7 +307,8 @@ def sweep(iters: int) -> list[dict[str, object]]:
         b = Batch(issue_lengths(n, mu=math.log(mean) - 0.5, seed=62), "cuda")
         f_full = attention_flops(visible_pairs(b.lengths, b.lengths), H, D)[0]
         f_fwd, f_all = attention_flops(visible_pairs(b.lengths, b.lengths, causal=True), H, D)
-        r: dict[str, object] = {"mean": round(sum(b.lengths) / n), "B": n, "max": b.max}
+        r: dict[str, object] = {"mean": round(sum(b.lengths) / n), "B": n, "max": b.max,
+                                "path": jfa_path(b.q, b.k, b.off, b.max)}  # "ours" = this path
         r["full_ours"] = tflops(f_full, bench_ms(_fwd(jfa(False), b), warmup=2, iters=iters))
         r["full_nested"] = tflops(f_full, _try_ms(_fwd(nested_sdpa(False), b), iters))
         r["full_cudnn"] = tflops(f_full, _padded_cudnn(b, False, iters, fwd_only=True)[0])
@@ -500,9 +554,10 @@ def main() -> None:
     print("\nlength-mix sweep (useful TFLOP/s; *_win = fastest path; fb = fwd+bwd; gdpa = SiLU causal fwd):")
     if sw:
         print_table(sw, ["mean", "B", "max", "full_ours", "full_nested", "full_cudnn", "full_win", "causal_ours",
-                         "causal_cudnn", "causal_win", "causal_fb_ours", "causal_fb_cudnn", "causal_fb_win", "gdpa_fwd"])
+                         "causal_cudnn", "causal_win", "causal_fb_ours", "causal_fb_cudnn", "causal_fb_win", "gdpa_fwd",
+                         "path"])
     print("\nissue 15 table (eager calls, median of CUDA events; err = max rel. error vs fp32 reference):")
-    print_table(rows, ["case", "ours", "peer_val", "unit", "peer", "ours_ms", "peer_ms", "err"])
+    print_table(rows, ["case", "ours", "peer_val", "unit", "peer", "ours_ms", "peer_ms", "err", "path"])
     payload: dict[str, object] = {"bench": "table", **env_info(), "rows": rows, "sweep": sw}
     save_json(args.out, "table.json", payload)
     emit_json(payload)
