@@ -120,6 +120,13 @@ class GdpaTiles:
     # in_order 216 / 217 useful TFLOP/s fwd / fwd+bwd, in_order_rev 201 / 221, grid 218 / 220
     # (equal within the spread); list (and auto, which picks it there) 25-35 % slower.
     schedule: str = "in_order"
+    # Long kv, the "dkdv" tiles only: the one-pass backward. The dK/dV kernel also adds dQ
+    # into an fp32 workspace with atomics and no dQ kernel runs: S and act'(S) are computed
+    # once per tile pair instead of twice (5 matmuls instead of 7, half the special-function
+    # work). The atomic sums make dQ's last bits order-dependent, so never under torch's
+    # deterministic algorithms. `GEM_GDPA_BWD=one_pass|two_pass` overrides the heuristic's
+    # choice (not forced tiles).
+    one_pass: bool = False
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -144,6 +151,28 @@ def force_tiles(**tiles: GdpaTiles) -> Iterator[None]:
         _TILE_OVERRIDE.update(old)
 
 
+BWD_ENV = "GEM_GDPA_BWD"
+_BWD_CHOICES = {"one_pass": True, "two_pass": False}
+# The heuristic's long-kv backward: two-pass until the one-pass one is measured faster on the
+# GPU (kernels/BENCHMARKS.md).
+ONE_PASS_DEFAULT = False
+
+
+def _one_pass(t: GdpaTiles, forced: bool) -> bool:
+    """Whether the long-kv backward is one-pass: never under torch's deterministic algorithms;
+    forced tiles as they say; else `GEM_GDPA_BWD`, else the heuristic's tiles."""
+    if torch.are_deterministic_algorithms_enabled():
+        return False
+    if forced:
+        return t.one_pass
+    value = os.environ.get(BWD_ENV, "")
+    if value == "":
+        return t.one_pass
+    if value not in _BWD_CHOICES:
+        raise ValueError(f"{BWD_ENV}={value!r} must be one of {sorted(_BWD_CHOICES)} (or unset)")
+    return _BWD_CHOICES[value]
+
+
 def gdpa_tiles(max_kv_len: int, head_dim: int, *, kind: str = "fwd") -> GdpaTiles:
     """Tiles for one kernel ("fwd", "dq" or "dkdv") of one call.
 
@@ -154,7 +183,8 @@ def gdpa_tiles(max_kv_len: int, head_dim: int, *, kind: str = "fwd") -> GdpaTile
     if kind in _TILE_OVERRIDE:
         return _TILE_OVERRIDE[kind]
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return GdpaTiles(block_m=16, block_n=16, num_warps=4, num_stages=1, q_tiles=2)
+        return GdpaTiles(block_m=16, block_n=16, num_warps=4, num_stages=1, q_tiles=2,
+                         one_pass=kind == "dkdv" and ONE_PASS_DEFAULT)
     if max_kv_len <= 64:
         # 8 q tiles per program: forward 64-row tiles, 4 warps; backward 128-row, 8 warps. On
         # the trainer's shape (H=8, D=128, 32 keys per sample, H200) 0.38 ms forward and ~0.84 ms
@@ -175,8 +205,8 @@ def gdpa_tiles(max_kv_len: int, head_dim: int, *, kind: str = "fwd") -> GdpaTile
     if big:
         if kind == "dq":
             return GdpaTiles(block_m=64, block_n=32, num_warps=4, num_stages=3)
-        return GdpaTiles(block_m=32, block_n=64, num_warps=4, num_stages=3)
-    return GdpaTiles(block_m=64, block_n=128, num_warps=4, num_stages=2)
+        return GdpaTiles(block_m=32, block_n=64, num_warps=4, num_stages=3, one_pass=ONE_PASS_DEFAULT)
+    return GdpaTiles(block_m=64, block_n=128, num_warps=4, num_stages=2, one_pass=kind == "dkdv" and ONE_PASS_DEFAULT)
 
 
 def gdpa_reference(
@@ -442,9 +472,11 @@ def gdpa_backward_triton(
     q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q_len: int, max_kv_len: int,
     activation: str, scale: float, divisor: float, causal: bool, window: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launches the Triton backward: a dQ kernel and a dK/dV kernel, or for short kv one kernel
-    for all three (`_triton_gdpa._gdpa_bwd_short_kernel`). Returns (dq, dk, dv)."""
-    from gem_kernels._triton_gdpa import _gdpa_bwd_dkdv_kernel, _gdpa_bwd_dq_kernel
+    """Launches the Triton backward: a dQ kernel and a dK/dV kernel; or the dK/dV kernel alone,
+    adding dQ into an fp32 workspace with atomics (one-pass, `GdpaTiles.one_pass`), then a
+    cast; or for short kv one kernel for all three (`_triton_gdpa._gdpa_bwd_short_kernel`).
+    Returns (dq, dk, dv)."""
+    from gem_kernels._triton_gdpa import _gdpa_bwd_dq_kernel
 
     q, k, v, dout = q.contiguous(), k.contiguous(), v.contiguous(), dout.contiguous()
     q_offsets, kv_offsets = q_offsets.contiguous(), kv_offsets.contiguous()
@@ -474,6 +506,12 @@ def gdpa_backward_triton(
             BLOCK_B=_block_b(b), BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
         )
         return dq, dka.to(k.dtype), dva.to(v.dtype)
+    t_kv = gdpa_tiles(max_kv_len, d, kind="dkdv")
+    if _one_pass(t_kv, "dkdv" in _TILE_OVERRIDE):
+        dqa = torch.zeros((tq, h, d), dtype=torch.float32, device=q.device)
+        dk, dv = _dkdv(t_kv, q, k, v, dout, dqa, q_offsets, kv_offsets, max_kv_len, scale, divisor, window, b,
+                       common, dq_atomic=True)
+        return dqa.to(q.dtype), dk, dv
     grid_q, sched, sc = _schedule(t, q_offsets, kv_offsets, tq, max_q_len, t.block_m, h)
     _gdpa_bwd_dq_kernel[grid_q](
         q, k, v, dout, dq, q_offsets, kv_offsets,
@@ -482,17 +520,32 @@ def gdpa_backward_triton(
         scale, 1.0 / divisor, window or 0, b, *sched, **sc, TANH=_tanh(t, q.dtype), **common,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
     )
+    dk, dv = _dkdv(t_kv, q, k, v, dout, dq, q_offsets, kv_offsets, max_kv_len, scale, divisor, window, b, common,
+                   dq_atomic=False)
+    return dq, dk, dv
+
+
+def _dkdv(
+    t: GdpaTiles, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, dqa: torch.Tensor,
+    q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_kv_len: int, scale: float, divisor: float,
+    window: int | None, b: int, common: dict[str, Any], *, dq_atomic: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The long-kv dK/dV kernel; with `dq_atomic` it also adds dQ into the fp32 `dqa` (else
+    `dqa` is not read: any tensor)."""
+    from gem_kernels._triton_gdpa import _gdpa_bwd_dkdv_kernel
+
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    t = gdpa_tiles(max_kv_len, d, kind="dkdv")
-    grid_kv, sched, sc = _schedule(t, kv_offsets, q_offsets, tkv, max_kv_len, t.block_n, h, q_side=False)
+    grid_kv, sched, sc = _schedule(t, kv_offsets, q_offsets, k.shape[0], max_kv_len, t.block_n, k.shape[1],
+                                   q_side=False)
     _gdpa_bwd_dkdv_kernel[grid_kv](
-        q, k, v, dout, dk, dv, q_offsets, kv_offsets,
+        q, k, v, dout, dk, dv, dqa, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+        dqa.stride(0), dqa.stride(1),
         scale, 1.0 / divisor, window or 0, b, *sched, **sc, TANH=_tanh(t, q.dtype), **common,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, DQ_ATOMIC=dq_atomic, num_warps=t.num_warps, num_stages=t.num_stages,
     )
-    return dq, dk, dv
+    return dk, dv
 
 
 # --- torch.library registration of the Triton path -------------------------------------------

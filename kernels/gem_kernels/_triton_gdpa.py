@@ -313,9 +313,15 @@ def _gdpa_bwd_dq_kernel(Q, K, V, DO, DQ, q_offsets, kv_offsets,
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, Q, DO, q_start, stride_qt, stride_dot, offs_n, offs_d, start, end, r_lo, r_hi,
-                shift, window, scale, inv_div, ACT: tl.constexpr, TANH: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr):
+def _dkdv_inner(dk, dv, k, v, Q, DO, DQA, q_start, stride_qt, stride_dot, stride_dqat, offs_n, offs_d, start, end,
+                r_lo, r_hi, shift, window, scale, inv_div, ACT: tl.constexpr, TANH: tl.constexpr, MASKED: tl.constexpr,
+                CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr,
+                DQ_ATOMIC: tl.constexpr):
+    """dV += Pᵀ dO and dK += dSᵀ Q over the q rows [start, end) (transposed tiles). DQ_ATOMIC
+    (the one-pass backward): also dQ[rows] += scale · dS K, added with relaxed atomics into the
+    fp32 workspace `DQA` (this head's base; other kv tiles of the sample add to the same rows,
+    so the sum's order, and its last bits, vary from run to run). Rows outside [r_lo, r_hi) of
+    a masked tile (another sample's, or past the end) are never touched."""
     for start_m in range(start, end, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         if MASKED:
@@ -338,18 +344,28 @@ def _dkdv_inner(dk, dv, k, v, Q, DO, q_start, stride_qt, stride_dot, offs_n, off
             pt = tl.where(vis, pt, 0.0)
             dst = tl.where(vis, dst, 0.0)
         dv += _dot(pt.to(do.dtype), do, PREC)
-        dk += _dot(dst.to(q.dtype), q, PREC)
+        ds16 = dst.to(q.dtype)
+        dk += _dot(ds16, q, PREC)
+        if DQ_ATOMIC:
+            dq = _dot(tl.trans(ds16), k, PREC) * scale
+            dq_ptrs = DQA + (q_start + offs_m)[:, None] * stride_dqat + offs_d[None, :]
+            if MASKED:
+                tl.atomic_add(dq_ptrs, dq, mask=ld[:, None], sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _gdpa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, q_offsets, kv_offsets,
+def _gdpa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQA, q_offsets, kv_offsets,
                           stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                           stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+                          stride_dqat, stride_dqah,
                           scale, inv_div, window, B, H, CUM, ORDER,
                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           ACT: tl.constexpr, TANH: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
-                          TILE_LIST: tl.constexpr, LOG2B: tl.constexpr, IN_ORDER: tl.constexpr):
+                          TILE_LIST: tl.constexpr, LOG2B: tl.constexpr, IN_ORDER: tl.constexpr,
+                          DQ_ATOMIC: tl.constexpr):
     b, h, start, ok = _schedule(kv_offsets, CUM, ORDER, H, B, BLOCK_N, TILE_LIST, LOG2B, IN_ORDER)
     if not ok:
         return
@@ -369,6 +385,7 @@ def _gdpa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, q_offsets, kv_offsets,
                 mask=col_ok[:, None], other=0.0)
     Qh = Q + h * stride_qh
     DOh = DO + h * stride_doh
+    DQAh = DQA + h * stride_dqah
 
     first_j = n_block * BLOCK_N
     last_j = tl.minimum(first_j + BLOCK_N, kv_len) - 1
@@ -377,12 +394,15 @@ def _gdpa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, q_offsets, kv_offsets,
 
     dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
-    dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, q_start, stride_qt, stride_dot, offs_n, offs_d, m1, m2, m1, m2,
-                         shift, window, scale, inv_div, ACT, TANH, False, CAUSAL, HAS_WINDOW, BLOCK_M, PREC)
-    dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, q_start, stride_qt, stride_dot, offs_n, offs_d, lo, m1, lo, m1,
-                         shift, window, scale, inv_div, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_M, PREC)
-    dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, q_start, stride_qt, stride_dot, offs_n, offs_d, m2, hi, m2, hi,
-                         shift, window, scale, inv_div, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_M, PREC)
+    dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, DQAh, q_start, stride_qt, stride_dot, stride_dqat, offs_n, offs_d,
+                         m1, m2, m1, m2, shift, window, scale, inv_div, ACT, TANH, False, CAUSAL,
+                         HAS_WINDOW, BLOCK_M, PREC, DQ_ATOMIC)
+    dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, DQAh, q_start, stride_qt, stride_dot, stride_dqat, offs_n, offs_d,
+                         lo, m1, lo, m1, shift, window, scale, inv_div, ACT, TANH, True, CAUSAL,
+                         HAS_WINDOW, BLOCK_M, PREC, DQ_ATOMIC)
+    dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, DQAh, q_start, stride_qt, stride_dot, stride_dqat, offs_n, offs_d,
+                         m2, hi, m2, hi, shift, window, scale, inv_div, ACT, TANH, True, CAUSAL,
+                         HAS_WINDOW, BLOCK_M, PREC, DQ_ATOMIC)
     dk = dk * scale
     tl.store(DK + h * stride_dkh + (kv_start + offs_n)[:, None] * stride_dkt + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=col_ok[:, None])

@@ -207,6 +207,81 @@ def test_cross_short_kv_two_kernel_backward(monkeypatch: pytest.MonkeyPatch) -> 
     _check([40, 3, 0, 17, 1], [4, 8, 2, 0, 9], activation="relu2", causal=True, window=4)
 
 
+def _one_pass_tiles(one_pass: bool, max_kv: int = 64, d: int = 16) -> dict[str, gdpa_module.GdpaTiles]:
+    return {"dkdv": dataclasses.replace(gdpa_tiles(max_kv, d, kind="dkdv"), one_pass=one_pass)}
+
+
+@needs_triton
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("activation", ["silu", "gelu", "relu2"])
+def test_one_pass_backward_matches_the_reference(variant: str, activation: str) -> None:
+    # The long-kv one-pass backward (dQ added by the dK/dV kernel with atomics, no dQ kernel)
+    # against the fp32 reference: self-attention with lengths on the 16-row tile edges, and
+    # unequal q / kv lengths (bottom-right aligned; empty q or kv samples).
+    with gdpa_module.force_tiles(**_one_pass_tiles(True)):
+        _check(EDGE, EDGE, activation=activation, h=2, **VARIANTS[variant])  # type: ignore[arg-type]
+        _check([17, 3, 0, 40, 16, 1], [33, 0, 5, 40, 16, 18], activation=activation, seed=1,
+               **VARIANTS[variant])  # type: ignore[arg-type]
+
+
+@needs_triton
+def test_one_pass_backward_equals_two_pass_and_skips_the_dq_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Same inputs, both backwards: dK and dV come from the same kernel and sums, bit for bit; dQ
+    # differs by the atomics' rounding only. The one-pass run never launches the dQ kernel, and
+    # `GEM_GDPA_BWD` picks the path for the heuristic's tiles.
+    from gem_kernels import _triton_gdpa
+
+    lq = [40, 3, 0, 17, 33]
+    g = torch.Generator(device=DEVICE).manual_seed(11)
+    q, k, v = (torch.randn(sum(lq), 2, 16, generator=g, device=DEVICE).requires_grad_() for _ in range(3))
+    dout = torch.randn(q.shape, generator=g, device=DEVICE)
+    off = _offsets(lq)
+
+    def grads() -> tuple[torch.Tensor, ...]:
+        out = gdpa(q, k, v, off, off, max(lq), max(lq), activation="silu", causal=True, backend="triton")
+        return torch.autograd.grad(out, (q, k, v), dout)
+
+    monkeypatch.delenv(gdpa_module.BWD_ENV, raising=False)
+    two = grads()
+    real_dq = _triton_gdpa._gdpa_bwd_dq_kernel
+
+    class Refuse:  # stands in for the dQ kernel: launching it (`kernel[grid]`) fails
+        def __getitem__(self, grid: object) -> None:
+            raise RuntimeError("the dQ kernel was launched")
+
+    monkeypatch.setattr(_triton_gdpa, "_gdpa_bwd_dq_kernel", Refuse())
+    monkeypatch.setenv(gdpa_module.BWD_ENV, "one_pass")
+    one = grads()
+    assert torch.equal(one[1], two[1]) and torch.equal(one[2], two[2])
+    torch.testing.assert_close(one[0], two[0], atol=1e-5, rtol=1e-5)
+    with gdpa_module.force_tiles(**_one_pass_tiles(False)), pytest.raises(RuntimeError, match="dQ kernel"):
+        grads()  # forced tiles win over the variable
+    monkeypatch.setattr(_triton_gdpa, "_gdpa_bwd_dq_kernel", real_dq)
+    monkeypatch.setenv(gdpa_module.BWD_ENV, "two_pass")
+    assert all(torch.equal(a, b) for a, b in zip(grads(), two))
+    monkeypatch.setenv(gdpa_module.BWD_ENV, "onepass")
+    with pytest.raises(ValueError, match="GEM_GDPA_BWD='onepass' must be one of"):
+        grads()
+
+
+@needs_triton
+def test_one_pass_backward_is_off_under_deterministic_algorithms(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gem_kernels import _triton_gdpa
+
+    class Refuse:
+        def __getitem__(self, grid: object) -> None:
+            raise RuntimeError("the dQ kernel was launched")
+
+    monkeypatch.setattr(_triton_gdpa, "_gdpa_bwd_dq_kernel", Refuse())
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with gdpa_module.force_tiles(**_one_pass_tiles(True)), pytest.raises(RuntimeError, match="dQ kernel"):
+            _check(EDGE, EDGE, activation="silu", causal=True)
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision(dtype: torch.dtype) -> None:
@@ -390,6 +465,16 @@ def test_gpu_real_sizes(activation: str, variant: str) -> None:
     g = torch.Generator().manual_seed(7)
     lq = torch.randint(0, 1200, (10,), generator=g).tolist() + [0, 1, 127, 128, 129]
     _check(lq, lq, activation=activation, h=4, d=128, dtype=torch.bfloat16, **VARIANTS[variant])  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU-size test")
+@pytest.mark.parametrize("activation", ["silu", "gelu"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_gpu_one_pass_real_sizes(activation: str, variant: str) -> None:
+    g = torch.Generator().manual_seed(8)
+    lq = torch.randint(0, 1200, (10,), generator=g).tolist() + [0, 1, 127, 128, 129]
+    with gdpa_module.force_tiles(**_one_pass_tiles(True, max(lq), 128)):
+        _check(lq, lq, activation=activation, h=4, d=128, dtype=torch.bfloat16, **VARIANTS[variant])  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(not CUDA, reason="GPU-size test")

@@ -97,17 +97,22 @@ def _offsets(lengths: list[int]) -> torch.Tensor:
 
 
 def _gdpa_vs_reference(lengths: list[int], *, activation: str, h: int, d: int, dtype: torch.dtype,
-                       atol: float, tiles: dict[str, GdpaTiles] | None = None, **vis: Any) -> None:
+                       atol: float, tiles: dict[str, GdpaTiles] | None = None, lk: list[int] | None = None,
+                       **vis: Any) -> None:
+    """GDPA with `tiles` (default NARROW) against the fp32 reference: q lengths `lengths`, kv
+    lengths `lk` (default the same: self-attention)."""
+    lk = lengths if lk is None else lk
     g = torch.Generator(device=DEVICE).manual_seed(sum(lengths))
-    off, m = _offsets(lengths), max(lengths)
-    q, k, v, do = (torch.randn(sum(lengths), h, d, generator=g, device=DEVICE).to(dtype) for _ in range(4))
+    off, m, ko, mk = _offsets(lengths), max(lengths), _offsets(lk), max(lk)
+    q, do = (torch.randn(sum(lengths), h, d, generator=g, device=DEVICE).to(dtype) for _ in range(2))
+    k, v = (torch.randn(sum(lk), h, d, generator=g, device=DEVICE).to(dtype) for _ in range(2))
     qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
     with force_tiles(**(NARROW if tiles is None else tiles)):
-        out = generalized_dot_product_attention(qg, kg, vg, off, off, m, m, activation=activation,
+        out = generalized_dot_product_attention(qg, kg, vg, off, ko, m, mk, activation=activation,
                                                 backend="triton", **vis)
         grads = torch.autograd.grad(out, (qg, kg, vg), do)
     q32, k32, v32 = (x.float().requires_grad_() for x in (q, k, v))
-    ref = generalized_dot_product_attention(q32, k32, v32, off, off, m, m, activation=activation,
+    ref = generalized_dot_product_attention(q32, k32, v32, off, ko, m, mk, activation=activation,
                                             backend="reference", **vis)
     ref_grads = torch.autograd.grad(ref, (q32, k32, v32), do.float())
     for name, got, want in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads)):
@@ -168,6 +173,19 @@ def test_jfa_one_pass_atomics_in_bounds(bounds_checked: list[str], variant: str)
         out = jagged_flash_attention(q, k, v, qo, ko, max(lq), max(lk), backend="triton",
                                      **VARIANTS[variant])  # type: ignore[arg-type]
         torch.autograd.grad(out.sum(), (q, k, v))
+    assert "atomic" in bounds_checked
+
+
+@pytest.mark.skipif(not INTERPRET, reason="bounds check runs in Triton's interpreter (TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_gdpa_one_pass_atomics_in_bounds(bounds_checked: list[str], variant: str) -> None:
+    # GDPA's one-pass backward (the narrow dK/dV tiles adding dQ with atomics): cross lengths
+    # on the 32- and 64-row edges, empty on each side, every access inside the arguments, and
+    # the values the reference's.
+    lk = [33, 64, 0, 1, 65, 31, 32, 63, 17, 129]
+    tiles = dict(NARROW, dkdv=GdpaTiles(block_m=32, block_n=64, num_warps=4, num_stages=3, one_pass=True))
+    _gdpa_vs_reference(EDGE, activation="silu", h=2, d=16, dtype=torch.float32, atol=1e-4, tiles=tiles, lk=lk,
+                       **VARIANTS[variant])
     assert "atomic" in bounds_checked
 
 

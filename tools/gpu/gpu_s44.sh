@@ -8,6 +8,8 @@
 #   PART=b  (carries .fa4b, same box): installs flash-attn-4; the FlashAttention-4 GPU tests;
 #           `bench.table` ("table"); on an H200 only, issue 16's command with it ("long", empty
 #           caches) and the model's local-MFU bench (the 40 % target).
+#   PART=c  (no carry, any GPU) GDPA's one-pass backward (gem-kernels 0.3.8): its GPU tests and
+#           the tanh-sigmoid ones ("gt"), then `bench.schedule --gdpa-bwd-ab` ("gab").
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 . tools/stage.sh
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
@@ -15,9 +17,14 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
   [ -f "$OUT/t4.log" ] && tail -3 "$OUT/t4.log"
   [ -f "$OUT/table.log" ] && sed -n '/^length-mix sweep/,/^{/p' "$OUT/table.log" | grep -v '^{' | cut -c1-250
   [ -f "$OUT/long.log" ] && { printf 'long '; last_summary "$OUT/long.log" model_version steps loss step_s_median step_gpu_s_median mfu_steady time_to_first_step_s recompiles_per_100_steps data_wait_frac | cut -c1-420; }
+  [ -f "$OUT/gt.log" ] && tail -3 "$OUT/gt.log"
+  [ -f "$OUT/gab.log" ] && sed -n '/^case/,$p' "$OUT/gab.log" | grep -v '^{' | cut -c1-200
   [ -f "$OUT/mfu.log" ] && { echo "=== mfu"; grep -E "^(seq_attention|seq_ffn|pooling|interaction|weighted|model e2e|e2e, layers)" "$OUT/mfu.log" | cut -c1-160; }; }
 gpu_begin "${WATCH:-400}"
-if [ "${PART:-a}" = a ]; then
+if [ "${PART:-a}" = c ]; then
+  st gt 150 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_gdpa.py kernels/tests/test_gdpa_narrow_tiles.py -k "one_pass or tanh"
+  st gab "$(gpu_left)" bash -c "cd kernels && python3 -m gem_kernels.bench.schedule --gdpa-bwd-ab 5 --iters 7"
+elif [ "${PART:-a}" = a ]; then
   mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/ && echo "fa4a copied" > "$OUT/copy.log"
 else
   st setup 60 bash tools/fa4_setup.sh

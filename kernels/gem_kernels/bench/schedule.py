@@ -2,6 +2,7 @@
 
     cd kernels && PYTHONPATH=. python3 -m gem_kernels.bench.schedule [--iters N] [--out DIR]
     cd kernels && PYTHONPATH=. python3 -m gem_kernels.bench.schedule --jfa-ab 7 --gdpa-ab 7   # interleaved A/Bs only
+    ... --gdpa-bwd-ab 5   # GDPA's backward only: two-pass vs one-pass (dQ by atomics) tiles
 
 GDPA SiLU causal (long kv) forward and forward+backward with each `GdpaTiles.schedule`
 (`in_order`, the default, timed first and last for the run's spread; `grid` / `list`: heaviest
@@ -233,6 +234,52 @@ def twopass_ab(iters: int, rounds: int) -> list[dict[str, object]]:
     return rows
 
 
+# GDPA's one-pass backward (`GdpaTiles.one_pass`) against the two-pass default: dK/dV tiles
+# (block_m q rows x block_n kv rows, warps, stages); None = the two-pass default.
+GDPA_BWD_AB: list[tuple[int, int, int, int] | None] = [
+    None, (32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 8, 3), (64, 128, 8, 2), (16, 64, 4, 3)]
+
+
+def gdpa_bwd_ab(iters: int, rounds: int) -> list[dict[str, object]]:
+    """GDPA SiLU causal forward+backward on issue 15's batch (and on the trainer's lengths, H=8,
+    as a long-kv second case), two-pass default vs one-pass with each GDPA_BWD_AB dK/dV tile,
+    interleaved over `rounds` rounds; each config's dq/dk/dv are checked against the two-pass
+    default's (err: largest difference relative to the largest magnitude)."""
+    rows: list[dict[str, object]] = []
+    for name, b in (("issue batch", Batch(issue_lengths(), "cuda")), ("trainer lengths H=8",
+                                                                      Batch(trainer_lengths(), "cuda", heads=8))):
+        flops_all = attention_flops(visible_pairs(b.lengths, b.lengths, causal=True), b.heads, D)[1]
+
+        def tiles(cfg: tuple[int, int, int, int] | None, b: Batch = b) -> dict[str, GdpaTiles]:
+            t = _gdpa_tiles(b, "in_order")
+            if cfg is not None:
+                bm, bn, w, st = cfg
+                t["dkdv"] = GdpaTiles(block_m=bm, block_n=bn, num_warps=w, num_stages=st, one_pass=True)
+            return t
+
+        def grads(cfg: tuple[int, int, int, int] | None, b: Batch = b) -> tuple[torch.Tensor, ...]:
+            with force_tiles(**tiles(cfg)):
+                out = gdpa()(b.qg, b.kg, b.vg, b)
+                return torch.autograd.grad(out, (b.qg, b.kg, b.vg), b.do)
+
+        want = grads(None)
+        errs = {cfg: max(float((x.float() - y.float()).abs().max()) / max(1.0, float(y.float().abs().max()))
+                         for x, y in zip(grads(cfg), want)) for cfg in GDPA_BWD_AB}
+        got: dict[tuple[int, int, int, int] | None, list[float]] = {cfg: [] for cfg in GDPA_BWD_AB}
+        for _ in range(rounds):
+            for cfg in GDPA_BWD_AB:
+                with force_tiles(**tiles(cfg)):
+                    got[cfg].append(tflops(flops_all, bench_ms(_fwd_bwd(gdpa(), b), iters=iters)) or 0.0)
+        for cfg, tf in got.items():
+            label = "two-pass (default)" if cfg is None else "one-pass dK/dV {}x{} w{} s{}".format(*cfg)
+            row = _rounds_row(f"GDPA silu causal fwd+bwd, {name}, {label}", fb_tf=tf)
+            row["err"] = errs[cfg]
+            rows.append(row)
+        del b
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     p.add_argument("--iters", type=int, default=7, help="timed iterations per figure (median)")
@@ -241,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="only JFA's schedules, interleaved over ROUNDS rounds (medians)")
     p.add_argument("--gdpa-ab", type=int, default=0, metavar="ROUNDS",
                    help="only GDPA's schedules, interleaved over ROUNDS rounds (medians)")
+    p.add_argument("--gdpa-bwd-ab", type=int, default=0, metavar="ROUNDS",
+                   help="only GDPA's backward: two-pass vs one-pass dK/dV tiles, interleaved (medians)")
     p.add_argument("--onepass-ab", type=int, default=0, metavar="ROUNDS",
                    help="only the one-pass backward's dK/dV order on the trainer batch (medians)")
     p.add_argument("--twopass-ab", type=int, default=0, metavar="ROUNDS",
@@ -249,9 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("schedule bench needs CUDA (the CPU checks are tests/test_gdpa.py::test_every_schedule_gives_the_same_bits)")
         return 0
-    ab = args.jfa_ab or args.gdpa_ab or args.onepass_ab or args.twopass_ab
+    ab = args.jfa_ab or args.gdpa_ab or args.onepass_ab or args.twopass_ab or args.gdpa_bwd_ab
     if ab:
         rows = interleaved_ab("jfa", args.iters, args.jfa_ab) if args.jfa_ab else []
+        rows += gdpa_bwd_ab(args.iters, args.gdpa_bwd_ab) if args.gdpa_bwd_ab else []
         rows += onepass_ab(args.iters, args.onepass_ab) if args.onepass_ab else []
         rows += twopass_ab(args.iters, args.twopass_ab) if args.twopass_ab else []
         rows += interleaved_ab("gdpa", args.iters, args.gdpa_ab) if args.gdpa_ab else []
@@ -260,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = run(args.iters)
     print()
     if ab:
-        print_table(rows, ["case", "fwd_tf", "fb_tf", "fwd_rounds", "fb_rounds"])
+        print_table(rows, ["case", "fwd_tf", "fb_tf", "fwd_rounds", "fb_rounds", "err"])
     else:
         print_table(rows, ["case", "fwd_ms", "fwd_tf", "fb_ms", "fb_tf", "bits_as_in_order", "err"])
     payload: dict[str, object] = dict(env=env_info(), rows=rows)
