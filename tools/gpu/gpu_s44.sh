@@ -8,6 +8,7 @@
 #   PART=b  (carries .fa4b, same box): installs flash-attn-4; the FlashAttention-4 GPU tests;
 #           `bench.table` ("table"); on an H200 only, issue 16's command with it ("long", empty
 #           caches) and the model's local-MFU bench (the 40 % target).
+#   PART=ac does a's and c's work in one call (carries .fa4a).
 #   PART=c  (no carry, any GPU) GDPA's one-pass backward (gem-kernels 0.3.8): its GPU tests and
 #           the tanh-sigmoid ones ("gt"), then `bench.schedule --gdpa-bwd-ab` ("gab").
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
@@ -21,11 +22,11 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
   [ -f "$OUT/gab.log" ] && sed -n '/^case/,$p' "$OUT/gab.log" | grep -v '^{' | cut -c1-200
   [ -f "$OUT/mfu.log" ] && { echo "=== mfu"; grep -E "^(seq_attention|seq_ffn|pooling|interaction|weighted|model e2e|e2e, layers)" "$OUT/mfu.log" | cut -c1-160; }; }
 gpu_begin "${WATCH:-400}"
-if [ "${PART:-a}" = c ]; then
-  st gt 150 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_gdpa.py kernels/tests/test_gdpa_narrow_tiles.py -k "one_pass or tanh"
-  st gab "$(gpu_left)" bash -c "cd kernels && python3 -m gem_kernels.bench.schedule --gdpa-bwd-ab 5 --iters 7"
-elif [ "${PART:-a}" = a ]; then
-  mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/ && echo "fa4a copied" > "$OUT/copy.log"
+if [ "${PART:-a}" != b ]; then  # a, c, ac
+  case $PART in *a*) mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/ && echo "fa4a copied" > "$OUT/copy.log";; esac
+  case $PART in *c*)
+    st gt 150 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_gdpa.py kernels/tests/test_gdpa_narrow_tiles.py -k "one_pass or tanh"
+    st gab "$(gpu_left)" bash -c "cd kernels && python3 -m gem_kernels.bench.schedule --gdpa-bwd-ab 5 --iters 7";; esac
 else
   st setup 60 bash tools/fa4_setup.sh
   export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
