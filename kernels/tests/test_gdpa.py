@@ -179,17 +179,23 @@ def test_bad_schedule_is_refused() -> None:
         gdpa_module.GdpaTiles(schedule="fastest")
 
 
+class _Refuse:
+    """Stands in for a Triton kernel: launching it (`kernel[grid]`) raises "<what> was launched"."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __getitem__(self, grid: object) -> None:
+        raise RuntimeError(f"{self.what} was launched")
+
+
 @needs_triton
 def test_short_kv_deterministic_takes_the_two_kernel_backward(monkeypatch: pytest.MonkeyPatch) -> None:
     # Under torch's deterministic algorithms the short-kv backward (dK/dV by fp32 atomics)
     # gives way to the dQ + dK/dV kernels, whose sums do not depend on arrival order.
     from gem_kernels import _triton_gdpa
 
-    class Refuse:  # stands in for the Triton kernel: launching it (`kernel[grid]`) fails
-        def __getitem__(self, grid: object) -> None:
-            raise RuntimeError("the short-kv atomics kernel was launched")
-
-    monkeypatch.setattr(_triton_gdpa, "_gdpa_bwd_short_kernel", Refuse())
+    monkeypatch.setattr(_triton_gdpa, "_gdpa_bwd_short_kernel", _Refuse("the short-kv atomics kernel"))
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
@@ -245,11 +251,7 @@ def test_one_pass_backward_equals_two_pass_and_skips_the_dq_kernel(monkeypatch: 
     two = grads()
     real_dq = _triton_gdpa._gdpa_bwd_dq_kernel
 
-    class Refuse:  # stands in for the dQ kernel: launching it (`kernel[grid]`) fails
-        def __getitem__(self, grid: object) -> None:
-            raise RuntimeError("the dQ kernel was launched")
-
-    monkeypatch.setattr(_triton_gdpa, "_gdpa_bwd_dq_kernel", Refuse())
+    monkeypatch.setattr(_triton_gdpa, "_gdpa_bwd_dq_kernel", _Refuse("the dQ kernel"))
     monkeypatch.setenv(gdpa_module.BWD_ENV, "one_pass")
     one = grads()
     assert torch.equal(one[1], two[1]) and torch.equal(one[2], two[2])
@@ -268,11 +270,7 @@ def test_one_pass_backward_equals_two_pass_and_skips_the_dq_kernel(monkeypatch: 
 def test_one_pass_backward_is_off_under_deterministic_algorithms(monkeypatch: pytest.MonkeyPatch) -> None:
     from gem_kernels import _triton_gdpa
 
-    class Refuse:
-        def __getitem__(self, grid: object) -> None:
-            raise RuntimeError("the dQ kernel was launched")
-
-    monkeypatch.setattr(_triton_gdpa, "_gdpa_bwd_dq_kernel", Refuse())
+    monkeypatch.setattr(_triton_gdpa, "_gdpa_bwd_dq_kernel", _Refuse("the dQ kernel"))
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
