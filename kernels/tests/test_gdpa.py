@@ -5,9 +5,11 @@ so lengths 0, 1, 15, 16, 17, 33 hit the tile edges. GPU (skipped without CUDA): 
 and the heuristic tiles.
 """
 
+import contextlib
 import dataclasses
 import math
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -179,6 +181,17 @@ def test_bad_schedule_is_refused() -> None:
         gdpa_module.GdpaTiles(schedule="fastest")
 
 
+@contextlib.contextmanager
+def _deterministic() -> Iterator[None]:
+    """torch's deterministic algorithms on inside the block (restored after)."""
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
 class _Refuse:
     """Stands in for a Triton kernel: launching it (`kernel[grid]`) raises "<what> was launched"."""
 
@@ -196,12 +209,8 @@ def test_short_kv_deterministic_takes_the_two_kernel_backward(monkeypatch: pytes
     from gem_kernels import _triton_gdpa
 
     monkeypatch.setattr(_triton_gdpa, "_gdpa_bwd_short_kernel", _Refuse("the short-kv atomics kernel"))
-    was = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
+    with _deterministic():
         _check([40, 3, 0, 17, 1], [4, 8, 2, 0, 9], activation="silu", causal=True, divisor=7.0)
-    finally:
-        torch.use_deterministic_algorithms(was)
     with pytest.raises(RuntimeError, match="short-kv atomics kernel was launched"):  # the default
         _check([40, 3], [4, 8], activation="silu")
 
@@ -271,13 +280,9 @@ def test_one_pass_backward_is_off_under_deterministic_algorithms(monkeypatch: py
     from gem_kernels import _triton_gdpa
 
     monkeypatch.setattr(_triton_gdpa, "_gdpa_bwd_dq_kernel", _Refuse("the dQ kernel"))
-    was = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        with gdpa_module.force_tiles(**_one_pass_tiles(True)), pytest.raises(RuntimeError, match="dQ kernel"):
+    with _deterministic(), gdpa_module.force_tiles(**_one_pass_tiles(True)):
+        with pytest.raises(RuntimeError, match="dQ kernel"):
             _check(EDGE, EDGE, activation="silu", causal=True)
-    finally:
-        torch.use_deterministic_algorithms(was)
 
 
 @needs_triton
