@@ -181,18 +181,18 @@ def _split(lo, hi, flo, fhi, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _fwd_inner(acc, q, K, V, kv_start, stride_kt, stride_vt, offs_m, offs_d, start, end, r_lo, r_hi,
+def _fwd_inner(acc, q, K, V, stride_kt, stride_vt, offs_m, offs_d, start, end, r_lo, r_hi,
                shift, window, scale, ACT: tl.constexpr, TANH: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if MASKED:
             ld = (offs_n >= r_lo) & (offs_n < r_hi)
-            k = tl.load(K + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :], mask=ld[:, None], other=0.0)
-            v = tl.load(V + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :], mask=ld[:, None], other=0.0)
+            k = tl.load(K + offs_n[:, None] * stride_kt + offs_d[None, :], mask=ld[:, None], other=0.0)
+            v = tl.load(V + offs_n[:, None] * stride_vt + offs_d[None, :], mask=ld[:, None], other=0.0)
         else:
-            k = tl.load(K + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :])
-            v = tl.load(V + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :])
+            k = tl.load(K + offs_n[:, None] * stride_kt + offs_d[None, :])
+            v = tl.load(V + offs_n[:, None] * stride_vt + offs_d[None, :])
         s = _dot(q, tl.trans(k), PREC) * scale
         p = _act(s, ACT, TANH)
         if MASKED:
@@ -221,10 +221,10 @@ def _gdpa_fwd_kernel(Q, K, V, O, q_offsets, kv_offsets,
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     row_ok = offs_m < q_len
-    q = tl.load(Q + h * stride_qh + (q_start + offs_m)[:, None] * stride_qt + offs_d[None, :],
+    q = tl.load((Q + h * stride_qh + q_start * stride_qt) + offs_m[:, None] * stride_qt + offs_d[None, :],
                 mask=row_ok[:, None], other=0.0)
-    Kh = K + h * stride_kh
-    Vh = V + h * stride_vh
+    Kh = K + h * stride_kh + kv_start * stride_kt  # this sample's first key row: 32-bit offsets below
+    Vh = V + h * stride_vh + kv_start * stride_vt
 
     first_i = m_block * BLOCK_M
     last_i = tl.minimum(first_i + BLOCK_M, q_len) - 1
@@ -232,30 +232,30 @@ def _gdpa_fwd_kernel(Q, K, V, O, q_offsets, kv_offsets,
     m1, m2 = _split(lo, hi, flo, fhi, BLOCK_N)
 
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    acc = _fwd_inner(acc, q, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, m1, m2, m1, m2,
+    acc = _fwd_inner(acc, q, Kh, Vh, stride_kt, stride_vt, offs_m, offs_d, m1, m2, m1, m2,
                      shift, window, scale, ACT, TANH, False, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
-    acc = _fwd_inner(acc, q, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, lo, m1, lo, m1,
+    acc = _fwd_inner(acc, q, Kh, Vh, stride_kt, stride_vt, offs_m, offs_d, lo, m1, lo, m1,
                      shift, window, scale, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
-    acc = _fwd_inner(acc, q, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, m2, hi, m2, hi,
+    acc = _fwd_inner(acc, q, Kh, Vh, stride_kt, stride_vt, offs_m, offs_d, m2, hi, m2, hi,
                      shift, window, scale, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
     out = acc * inv_div
-    tl.store(O + h * stride_oh + (q_start + offs_m)[:, None] * stride_ot + offs_d[None, :],
+    tl.store((O + h * stride_oh + q_start * stride_ot) + offs_m[:, None] * stride_ot + offs_d[None, :],
              out.to(O.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
-def _dq_inner(dq, q, do, K, V, kv_start, stride_kt, stride_vt, offs_m, offs_d, start, end,
+def _dq_inner(dq, q, do, K, V, stride_kt, stride_vt, offs_m, offs_d, start, end,
               r_lo, r_hi, shift, window, scale, inv_div, ACT: tl.constexpr, TANH: tl.constexpr, MASKED: tl.constexpr,
               CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         ld = (offs_n >= r_lo) & (offs_n < r_hi)
         if MASKED:
-            k = tl.load(K + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :], mask=ld[:, None], other=0.0)
-            v = tl.load(V + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :], mask=ld[:, None], other=0.0)
+            k = tl.load(K + offs_n[:, None] * stride_kt + offs_d[None, :], mask=ld[:, None], other=0.0)
+            v = tl.load(V + offs_n[:, None] * stride_vt + offs_d[None, :], mask=ld[:, None], other=0.0)
         else:
-            k = tl.load(K + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :])
-            v = tl.load(V + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :])
+            k = tl.load(K + offs_n[:, None] * stride_kt + offs_d[None, :])
+            v = tl.load(V + offs_n[:, None] * stride_vt + offs_d[None, :])
         s = _dot(q, tl.trans(k), PREC) * scale
         _, g = _act_and_grad(s, ACT, TANH)
         dp = _dot(do, tl.trans(v), PREC)
@@ -288,12 +288,12 @@ def _gdpa_bwd_dq_kernel(Q, K, V, DO, DQ, q_offsets, kv_offsets,
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     row_ok = offs_m < q_len
-    q = tl.load(Q + h * stride_qh + (q_start + offs_m)[:, None] * stride_qt + offs_d[None, :],
+    q = tl.load((Q + h * stride_qh + q_start * stride_qt) + offs_m[:, None] * stride_qt + offs_d[None, :],
                 mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + h * stride_doh + (q_start + offs_m)[:, None] * stride_dot + offs_d[None, :],
+    do = tl.load((DO + h * stride_doh + q_start * stride_dot) + offs_m[:, None] * stride_dot + offs_d[None, :],
                  mask=row_ok[:, None], other=0.0)
-    Kh = K + h * stride_kh
-    Vh = V + h * stride_vh
+    Kh = K + h * stride_kh + kv_start * stride_kt  # this sample's first key row: 32-bit offsets below
+    Vh = V + h * stride_vh + kv_start * stride_vt
 
     first_i = m_block * BLOCK_M
     last_i = tl.minimum(first_i + BLOCK_M, q_len) - 1
@@ -301,19 +301,19 @@ def _gdpa_bwd_dq_kernel(Q, K, V, DO, DQ, q_offsets, kv_offsets,
     m1, m2 = _split(lo, hi, flo, fhi, BLOCK_N)
 
     dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    dq = _dq_inner(dq, q, do, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, m1, m2, m1, m2,
+    dq = _dq_inner(dq, q, do, Kh, Vh, stride_kt, stride_vt, offs_m, offs_d, m1, m2, m1, m2,
                    shift, window, scale, inv_div, ACT, TANH, False, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
-    dq = _dq_inner(dq, q, do, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, lo, m1, lo, m1,
+    dq = _dq_inner(dq, q, do, Kh, Vh, stride_kt, stride_vt, offs_m, offs_d, lo, m1, lo, m1,
                    shift, window, scale, inv_div, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
-    dq = _dq_inner(dq, q, do, Kh, Vh, kv_start, stride_kt, stride_vt, offs_m, offs_d, m2, hi, m2, hi,
+    dq = _dq_inner(dq, q, do, Kh, Vh, stride_kt, stride_vt, offs_m, offs_d, m2, hi, m2, hi,
                    shift, window, scale, inv_div, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
     dq = dq * scale
-    tl.store(DQ + h * stride_dqh + (q_start + offs_m)[:, None] * stride_dqt + offs_d[None, :],
+    tl.store((DQ + h * stride_dqh + q_start * stride_dqt) + offs_m[:, None] * stride_dqt + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, Q, DO, DQA, q_start, stride_qt, stride_dot, stride_dqat, offs_n, offs_d, start, end,
+def _dkdv_inner(dk, dv, k, v, Q, DO, DQA, stride_qt, stride_dot, stride_dqat, offs_n, offs_d, start, end,
                 r_lo, r_hi, shift, window, scale, inv_div, ACT: tl.constexpr, TANH: tl.constexpr, MASKED: tl.constexpr,
                 CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr,
                 DQ_ATOMIC: tl.constexpr):
@@ -326,11 +326,11 @@ def _dkdv_inner(dk, dv, k, v, Q, DO, DQA, q_start, stride_qt, stride_dot, stride
         offs_m = start_m + tl.arange(0, BLOCK_M)
         if MASKED:
             ld = (offs_m >= r_lo) & (offs_m < r_hi)
-            q = tl.load(Q + (q_start + offs_m)[:, None] * stride_qt + offs_d[None, :], mask=ld[:, None], other=0.0)
-            do = tl.load(DO + (q_start + offs_m)[:, None] * stride_dot + offs_d[None, :], mask=ld[:, None], other=0.0)
+            q = tl.load(Q + offs_m[:, None] * stride_qt + offs_d[None, :], mask=ld[:, None], other=0.0)
+            do = tl.load(DO + offs_m[:, None] * stride_dot + offs_d[None, :], mask=ld[:, None], other=0.0)
         else:
-            q = tl.load(Q + (q_start + offs_m)[:, None] * stride_qt + offs_d[None, :])
-            do = tl.load(DO + (q_start + offs_m)[:, None] * stride_dot + offs_d[None, :])
+            q = tl.load(Q + offs_m[:, None] * stride_qt + offs_d[None, :])
+            do = tl.load(DO + offs_m[:, None] * stride_dot + offs_d[None, :])
         # Transposed scores: sT[j, i] = scale * k_j . q_i
         st = _dot(k, tl.trans(q), PREC) * scale
         pt, g = _act_and_grad(st, ACT, TANH)
@@ -348,7 +348,7 @@ def _dkdv_inner(dk, dv, k, v, Q, DO, DQA, q_start, stride_qt, stride_dot, stride
         dk += _dot(ds16, q, PREC)
         if DQ_ATOMIC:
             dq = _dot(tl.trans(ds16), k, PREC) * scale
-            dq_ptrs = DQA + (q_start + offs_m)[:, None] * stride_dqat + offs_d[None, :]
+            dq_ptrs = DQA + offs_m[:, None] * stride_dqat + offs_d[None, :]
             if MASKED:
                 tl.atomic_add(dq_ptrs, dq, mask=ld[:, None], sem="relaxed")
             else:
@@ -379,13 +379,13 @@ def _gdpa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQA, q_offsets, kv_offsets,
     offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     col_ok = offs_n < kv_len
-    k = tl.load(K + h * stride_kh + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :],
+    k = tl.load((K + h * stride_kh + kv_start * stride_kt) + offs_n[:, None] * stride_kt + offs_d[None, :],
                 mask=col_ok[:, None], other=0.0)
-    v = tl.load(V + h * stride_vh + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :],
+    v = tl.load((V + h * stride_vh + kv_start * stride_vt) + offs_n[:, None] * stride_vt + offs_d[None, :],
                 mask=col_ok[:, None], other=0.0)
-    Qh = Q + h * stride_qh
-    DOh = DO + h * stride_doh
-    DQAh = DQA + h * stride_dqah
+    Qh = Q + h * stride_qh + q_start * stride_qt  # this sample's first query row: 32-bit offsets below
+    DOh = DO + h * stride_doh + q_start * stride_dot
+    DQAh = DQA + h * stride_dqah + q_start * stride_dqat
 
     first_j = n_block * BLOCK_N
     last_j = tl.minimum(first_j + BLOCK_N, kv_len) - 1
@@ -394,19 +394,19 @@ def _gdpa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQA, q_offsets, kv_offsets,
 
     dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
-    dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, DQAh, q_start, stride_qt, stride_dot, stride_dqat, offs_n, offs_d,
+    dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, DQAh, stride_qt, stride_dot, stride_dqat, offs_n, offs_d,
                          m1, m2, m1, m2, shift, window, scale, inv_div, ACT, TANH, False, CAUSAL,
                          HAS_WINDOW, BLOCK_M, PREC, DQ_ATOMIC)
-    dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, DQAh, q_start, stride_qt, stride_dot, stride_dqat, offs_n, offs_d,
+    dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, DQAh, stride_qt, stride_dot, stride_dqat, offs_n, offs_d,
                          lo, m1, lo, m1, shift, window, scale, inv_div, ACT, TANH, True, CAUSAL,
                          HAS_WINDOW, BLOCK_M, PREC, DQ_ATOMIC)
-    dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, DQAh, q_start, stride_qt, stride_dot, stride_dqat, offs_n, offs_d,
+    dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, DQAh, stride_qt, stride_dot, stride_dqat, offs_n, offs_d,
                          m2, hi, m2, hi, shift, window, scale, inv_div, ACT, TANH, True, CAUSAL,
                          HAS_WINDOW, BLOCK_M, PREC, DQ_ATOMIC)
     dk = dk * scale
-    tl.store(DK + h * stride_dkh + (kv_start + offs_n)[:, None] * stride_dkt + offs_d[None, :],
+    tl.store((DK + h * stride_dkh + kv_start * stride_dkt) + offs_n[:, None] * stride_dkt + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
-    tl.store(DV + h * stride_dvh + (kv_start + offs_n)[:, None] * stride_dvt + offs_d[None, :],
+    tl.store((DV + h * stride_dvh + kv_start * stride_dvt) + offs_n[:, None] * stride_dvt + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
 
 
@@ -442,9 +442,9 @@ def _short_kv(K, V, h, stride_kt, stride_kh, stride_vt, stride_vh, kv_start, kv_
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     col_ok = offs_n < kv_len
-    k = tl.load(K + h * stride_kh + (kv_start + offs_n)[:, None] * stride_kt + offs_d[None, :],
+    k = tl.load((K + h * stride_kh + kv_start * stride_kt) + offs_n[:, None] * stride_kt + offs_d[None, :],
                 mask=col_ok[:, None], other=0.0)
-    v = tl.load(V + h * stride_vh + (kv_start + offs_n)[:, None] * stride_vt + offs_d[None, :],
+    v = tl.load((V + h * stride_vh + kv_start * stride_vt) + offs_n[:, None] * stride_vt + offs_d[None, :],
                 mask=col_ok[:, None], other=0.0)
     return k, v, offs_n, offs_d, col_ok
 
@@ -468,12 +468,12 @@ def _gdpa_fwd_short_kernel(Q, K, V, O, q_offsets, kv_offsets,
     for t in range(0, n_tiles):
         offs_m = first + t * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = offs_m < q_len
-        q = tl.load(Q + h * stride_qh + (q_start + offs_m)[:, None] * stride_qt + offs_d[None, :],
+        q = tl.load((Q + h * stride_qh + q_start * stride_qt) + offs_m[:, None] * stride_qt + offs_d[None, :],
                     mask=row_ok[:, None], other=0.0)
         p = _act(_dot(q, tl.trans(k), PREC) * scale, ACT, TANH)
         p = tl.where(_visible(offs_m, offs_n, shift, window, 0, kv_len, CAUSAL, HAS_WINDOW), p, 0.0)
         out = _dot(p.to(v.dtype), v, PREC) * inv_div
-        tl.store(O + h * stride_oh + (q_start + offs_m)[:, None] * stride_ot + offs_d[None, :],
+        tl.store((O + h * stride_oh + q_start * stride_ot) + offs_m[:, None] * stride_ot + offs_d[None, :],
                  out.to(O.dtype.element_ty), mask=row_ok[:, None])
 
 
@@ -499,19 +499,19 @@ def _gdpa_bwd_short_kernel(Q, K, V, DO, DQ, DKA, DVA, q_offsets, kv_offsets,
     for t in range(0, n_tiles):
         offs_m = first + t * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = offs_m < q_len
-        q = tl.load(Q + h * stride_qh + (q_start + offs_m)[:, None] * stride_qt + offs_d[None, :],
+        q = tl.load((Q + h * stride_qh + q_start * stride_qt) + offs_m[:, None] * stride_qt + offs_d[None, :],
                     mask=row_ok[:, None], other=0.0)
-        do = tl.load(DO + h * stride_doh + (q_start + offs_m)[:, None] * stride_dot + offs_d[None, :],
+        do = tl.load((DO + h * stride_doh + q_start * stride_dot) + offs_m[:, None] * stride_dot + offs_d[None, :],
                      mask=row_ok[:, None], other=0.0)
         y, g = _act_and_grad(_dot(q, tl.trans(k), PREC) * scale, ACT, TANH)
         vis = _visible(offs_m, offs_n, shift, window, 0, kv_len, CAUSAL, HAS_WINDOW) & row_ok[:, None]
         ds = tl.where(vis, _dot(do, tl.trans(v), PREC) * g * inv_div, 0.0)
         p = tl.where(vis, y * inv_div, 0.0)
         dq = _dot(ds.to(k.dtype), k, PREC) * scale
-        tl.store(DQ + h * stride_dqh + (q_start + offs_m)[:, None] * stride_dqt + offs_d[None, :],
+        tl.store((DQ + h * stride_dqh + q_start * stride_dqt) + offs_m[:, None] * stride_dqt + offs_d[None, :],
                  dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
         dv += _dot(tl.trans(p.to(do.dtype)), do, PREC)
         dk += _dot(tl.trans(ds.to(q.dtype)), q, PREC)
-    rows = (kv_start + offs_n)[:, None] * stride_at + offs_d[None, :]
-    tl.atomic_add(DVA + h * stride_ah + rows, dv, mask=col_ok[:, None], sem="relaxed")
-    tl.atomic_add(DKA + h * stride_ah + rows, dk * scale, mask=col_ok[:, None], sem="relaxed")
+    rows = offs_n[:, None] * stride_at + offs_d[None, :]
+    tl.atomic_add((DVA + h * stride_ah + kv_start * stride_at) + rows, dv, mask=col_ok[:, None], sem="relaxed")
+    tl.atomic_add((DKA + h * stride_ah + kv_start * stride_at) + rows, dk * scale, mask=col_ok[:, None], sem="relaxed")

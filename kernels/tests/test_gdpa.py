@@ -433,6 +433,22 @@ def test_bad_keywords(kwargs: dict[str, object], exc: type[Exception], match: st
         gdpa(*_args(), 3, 3, **kwargs)  # type: ignore[arg-type, call-arg]
 
 
+@needs_triton
+def test_rows_past_32_bit_offsets_are_refused() -> None:
+    # The kernels address a sample's rows with 32-bit offsets; a max length whose rows could
+    # pass 2**31 elements is refused before launch (the tensors here are small: only the bound
+    # the caller passes is checked), naming it. The forward and the backward both check.
+    q = torch.randn(5, 2, 16, device=DEVICE, requires_grad=True)
+    off = torch.tensor([0, 2, 5], device=DEVICE)
+    big = 2**31 // 32  # rows x row stride 32 = 2**31
+    with pytest.raises(ValueError, match=r"max_kv_len=67108864 rows x row stride 32 must be < 2\*\*31"):
+        gdpa(q, q, q, off, off, 3, big, backend="triton")
+    with pytest.raises(ValueError, match=r"max_q_len=67108864 rows"):
+        gdpa_module.gdpa_backward_triton(q.detach(), q.detach(), q.detach(), q.detach(), off, off, big, 3, "silu",
+                                         0.25, 3.0, False, None)
+    gdpa(q, q, q, off, off, 3, big - 1, backend="triton").sum().backward()  # just under: runs
+
+
 def test_bad_tensors() -> None:
     q, k, v, qo, ko = _args()
     with pytest.raises(TypeError, match="q_offsets.dtype"):
