@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from gem_kernels._jagged import (check_attention, check_triton_device, pad_jagged, resolve_backend, unpad_jagged,
-                                 visible_mask)
+from gem_kernels._jagged import (check_attention, check_row_offsets, check_triton_device, pad_jagged, resolve_backend,
+                                 unpad_jagged, visible_mask)
 from gem_kernels._jfa_reference import padded_mask, run_reference
 
 _BACKENDS = ("auto", "triton", "reference")
@@ -424,17 +424,6 @@ def _prec(dtype: torch.dtype) -> str:
     return "upcast" if os.environ.get("TRITON_INTERPRET", "0") == "1" else "tf32"
 
 
-def _check_row_offsets(max_q_len: int, max_kv_len: int, q: torch.Tensor, kv: torch.Tensor) -> None:
-    """The kernels address rows inside a sample with 32-bit offsets (`row * row stride` from the
-    sample's first row, a 64-bit base): a ValueError where a sample of `max_*_len` rows could
-    reach 2**31 elements (e.g. 2 M rows at H·D = 1024), naming the bound. The bounds are the
-    host-side maxima the caller passes, so a tighter one avoids it."""
-    for name, n, x in (("max_q_len", max_q_len, q), ("max_kv_len", max_kv_len, kv)):
-        if n * max(x.stride(0), 1) >= 2**31:
-            raise ValueError(f"{name}={n} rows x row stride {x.stride(0)} must be < 2**31: the Triton GDPA "
-                             "kernels address a sample's rows with 32-bit offsets (pass a tighter bound)")
-
-
 def gdpa_forward_triton(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
     kv_offsets: torch.Tensor, max_q_len: int, max_kv_len: int, activation: str,
@@ -445,7 +434,7 @@ def gdpa_forward_triton(
 
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     q_offsets, kv_offsets = q_offsets.contiguous(), kv_offsets.contiguous()  # (read with unit stride)
-    _check_row_offsets(max_q_len, max_kv_len, q, k)
+    check_row_offsets(max_q_len, max_kv_len, q, k, v)
     out = torch.empty_like(q)
     tq, h, d = q.shape
     b = q_offsets.numel() - 1
@@ -492,7 +481,7 @@ def gdpa_backward_triton(
 
     q, k, v, dout = q.contiguous(), k.contiguous(), v.contiguous(), dout.contiguous()
     q_offsets, kv_offsets = q_offsets.contiguous(), kv_offsets.contiguous()
-    _check_row_offsets(max_q_len, max_kv_len, q, k)
+    check_row_offsets(max_q_len, max_kv_len, q, k, v)
     tq, h, d = q.shape
     tkv = k.shape[0]
     b = q_offsets.numel() - 1

@@ -39,6 +39,20 @@ def debug_checks() -> bool:
     return os.environ.get("GEM_KERNELS_DEBUG", "0") not in ("", "0", "false", "False")
 
 
+def check_row_offsets(max_q_len: int, max_kv_len: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """The Triton attention kernels address the rows of a sample with 32-bit offsets (row ×
+    row stride, from a 64-bit base at the sample's first row): a ValueError, naming the bound,
+    where a sample of `max_q_len` query or `max_kv_len` key rows could reach 2**31 elements
+    (e.g. 2 M rows at a row stride of 1,024; their outputs and gradients have a row stride of
+    H·D). The bounds are the maxima the caller passes, so a tighter one avoids it."""
+    hd = q.shape[1] * q.shape[2] if q.dim() == 3 else 1
+    for name, n, xs in (("max_q_len", max_q_len, (q,)), ("max_kv_len", max_kv_len, (k, v))):
+        stride = max(hd, *(x.stride(0) for x in xs))
+        if n * stride >= 2**31:
+            raise ValueError(f"{name}={n} rows x row stride {stride} must be < 2**31: the Triton attention kernels "
+                             "address a sample's rows with 32-bit offsets (pass a tighter bound)")
+
+
 def check_offsets(
     offsets: torch.Tensor,
     name: str,

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from gem_kernels._jagged import check_attention, check_triton_device, resolve_backend
+from gem_kernels._jagged import check_attention, check_row_offsets, check_triton_device, resolve_backend
 from gem_kernels._jfa_reference import jfa_padded, jfa_reference, run_reference
 
 _BACKENDS = ("auto", "triton", "reference")
@@ -165,6 +165,7 @@ def _prepare(
     if q.shape[2] not in TRITON_HEAD_DIMS:
         raise ValueError(f"q.shape[2]={q.shape[2]} (head dim D) must be one of {TRITON_HEAD_DIMS} for backend='triton'")
     check_triton_device(device)
+    check_row_offsets(max_q_len, max_kv_len, q, k, v)
     # Every path below reads the offsets with a unit stride (a strided view gave wrong results).
     return backend, float(scale), q_offsets.contiguous(), kv_offsets.contiguous()
 

@@ -531,9 +531,9 @@ def _jfa_fwd_kernel(
     if not ok:
         return
     q_start = tl.load(QO + b)
-    lq = tl.load(QO + b + 1) - q_start
+    lq = (tl.load(QO + b + 1) - q_start).to(tl.int32)
     kv_start = tl.load(KO + b)
-    lk = tl.load(KO + b + 1) - kv_start
+    lk = (tl.load(KO + b + 1) - kv_start).to(tl.int32)
     shift = lk - lq
 
     offs_m = m_start + tl.arange(0, BLOCK_M)
@@ -667,9 +667,9 @@ def _jfa_bwd_dkdv_kernel(
     if not ok:
         return
     kv_start = tl.load(KO + b)
-    lk = tl.load(KO + b + 1) - kv_start
+    lk = (tl.load(KO + b + 1) - kv_start).to(tl.int32)
     q_start = tl.load(QO + b)
-    lq = tl.load(QO + b + 1) - q_start
+    lq = (tl.load(QO + b + 1) - q_start).to(tl.int32)
     shift = lk - lq
 
     offs_n = n_start + tl.arange(0, BLOCK_N)
@@ -787,9 +787,9 @@ def _jfa_bwd_dq_kernel(
     if not ok:
         return
     q_start = tl.load(QO + b)
-    lq = tl.load(QO + b + 1) - q_start
+    lq = (tl.load(QO + b + 1) - q_start).to(tl.int32)
     kv_start = tl.load(KO + b)
-    lk = tl.load(KO + b + 1) - kv_start
+    lk = (tl.load(KO + b + 1) - kv_start).to(tl.int32)
     shift = lk - lq
 
     offs_m = m_start + tl.arange(0, BLOCK_M)

@@ -221,11 +221,11 @@ def _jfa_tma_fwd_kernel(
     h = pid % H
     m_start = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
     q_start = tl.load(QO + b)
-    lq = tl.load(QO + b + 1) - q_start
+    lq = (tl.load(QO + b + 1) - q_start).to(tl.int32)
     if m_start >= lq:
         return
     kv_start = tl.load(KO + b)
-    lk = tl.load(KO + b + 1) - kv_start
+    lk = (tl.load(KO + b + 1) - kv_start).to(tl.int32)
     shift = lk - lq
     # TMA coordinates and shapes are 32-bit (the offsets are int64; rows < 2**31 by far).
     q_row = q_start.to(tl.int32)

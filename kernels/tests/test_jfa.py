@@ -274,3 +274,21 @@ def test_default_schedule_batch_order_except_one_tile_queries() -> None:
             assert not cfg.reverse_q and cfg.tile_list is False
     assert not _heuristic_config(32, 13613, 128, torch.bfloat16).fwd_in_order  # the pooling shape
     assert _heuristic_config(4787, 4787, 128, torch.bfloat16).fwd_in_order  # issue 15's batch
+
+
+@needs_triton
+def test_rows_past_32_bit_offsets_are_refused() -> None:
+    # The kernels address a sample's rows with 32-bit offsets from its first row: a max length
+    # whose rows could pass 2**31 elements is refused before launch, naming the bound and the
+    # stride (here a packed [T, 3, H, D] view: row stride 3·H·D). Just under the bound it runs.
+    qkv = torch.randn(5, 3, 2, 16, device=DEVICE)
+    q, k, v = (x.requires_grad_() for x in qkv.unbind(1))
+    off = torch.tensor([0, 2, 5], device=DEVICE)
+    big = 2**31 // 96
+    with pytest.raises(ValueError, match=r"max_q_len=22369622 rows x row stride 96 must be < 2\*\*31"):
+        jagged_flash_attention(q, k, v, off, off, big + 1, 3, backend="triton")
+    with pytest.raises(ValueError, match=r"max_kv_len=22369622 rows"):
+        jagged_flash_attention(q, k, v, off, off, 3, big + 1, backend="triton")
+    out = jagged_flash_attention(q, k, v, off, off, big, big, backend="triton")
+    ref = jagged_flash_attention(q.detach(), k.detach(), v.detach(), off, off, 3, 3, backend="reference")
+    torch.testing.assert_close(out.detach(), ref, atol=2e-5, rtol=1e-4)
