@@ -9,6 +9,9 @@
 #           `bench.table` ("table"); on an H200 only, issue 16's command with it ("long", empty
 #           caches) and the model's local-MFU bench (the 40 % target).
 #   PART=ac does a's and c's work in one call (carries .fa4a).
+#   PART=d  (carries .ab/k_old: gem_kernels at 531dc4d, before the 32-bit offsets) the kernel A/B
+#           (`tools/kernel_ab.py`, the two trees alternating, 2 runs each: "ab"), then the
+#           kernels' GPU tests of the changed code ("kt"), and PART=c's one-pass A/B ("gab").
 #   PART=c  (no carry, any GPU) GDPA's one-pass backward (gem-kernels 0.3.8): its GPU tests and
 #           the tanh-sigmoid ones ("gt"), then `bench.schedule --gdpa-bwd-ab` ("gab").
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
@@ -18,11 +21,21 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
   [ -f "$OUT/t4.log" ] && tail -3 "$OUT/t4.log"
   [ -f "$OUT/table.log" ] && sed -n '/^length-mix sweep/,/^{/p' "$OUT/table.log" | grep -v '^{' | cut -c1-250
   [ -f "$OUT/long.log" ] && { printf 'long '; last_summary "$OUT/long.log" model_version steps loss step_s_median step_gpu_s_median mfu_steady time_to_first_step_s recompiles_per_100_steps data_wait_frac | cut -c1-420; }
+  ls "$OUT"/ab_*.log >/dev/null 2>&1 && python3 tools/kernel_ab.py --summarize $(ls "$OUT"/ab_*.log)
+  [ -f "$OUT/kt.log" ] && tail -3 "$OUT/kt.log"
   [ -f "$OUT/gt.log" ] && tail -3 "$OUT/gt.log"
   [ -f "$OUT/gab.log" ] && sed -n '/^case/,$p' "$OUT/gab.log" | grep -v '^{' | cut -c1-200
   [ -f "$OUT/mfu.log" ] && { echo "=== mfu"; grep -E "^(seq_attention|seq_ffn|pooling|interaction|weighted|model e2e|e2e, layers)" "$OUT/mfu.log" | cut -c1-160; }; }
 gpu_begin "${WATCH:-400}"
-if [ "${PART:-a}" != b ]; then  # a, c, ac
+if [ "${PART:-a}" = d ]; then
+  KP=$(echo "$PYTHONPATH" | tr : '\n' | grep -v '^kernels$' | paste -sd:)
+  for i in 1 2; do
+    st ab_new_$i 90 env PYTHONPATH=kernels:$KP python3 tools/kernel_ab.py --tag new
+    st ab_old_$i 90 env PYTHONPATH=.ab/k_old:$KP python3 tools/kernel_ab.py --tag old
+  done
+  st kt 150 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa.py kernels/tests/test_jfa_one_pass.py kernels/tests/test_gdpa.py kernels/tests/test_jfa_qkv.py -k "gpu and not window"
+  [ "$(gpu_left)" -gt 60 ] && st gab "$(gpu_left)" bash -c "cd kernels && python3 -m gem_kernels.bench.schedule --gdpa-bwd-ab 3 --iters 7"
+elif [ "${PART:-a}" != b ]; then  # a, c, ac
   case $PART in *a*) mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/ && echo "fa4a copied" > "$OUT/copy.log";; esac
   case $PART in *c*)
     st gt 150 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_gdpa.py kernels/tests/test_gdpa_narrow_tiles.py -k "one_pass or tanh"
