@@ -10,8 +10,9 @@ Cases (bf16, D=128, eager calls, CUDA events, median of `--iters` after 3 warm-u
 batch (64 log-normal lengths, seed 62, H=4) for JFA forward full / causal with our forward
 (`GEM_JFA_FWD=pointer`), JFA forward+backward with our two-pass and one-pass backwards
 (`GEM_JFA_BWD`), GDPA SiLU causal forward and forward+backward (two-pass and one-pass,
-`GEM_GDPA_BWD`); the trainer's token budget of lengths (H=8) for the causal forward; and the
-pooling shape (32 queries per sample over those lengths, H=8). Each run prints one JSON line
+`GEM_GDPA_BWD`); the trainer's token budget of lengths (H=8) for GDPA's FFN shape (32 keys per
+sample: the short-kv kernels) and JFA's causal forward; and the pooling shape (32 queries per
+sample over those lengths, H=8). Each run prints one JSON line
 per case (useful TFLOP/s = 4 · visible pairs · D · H forward, x3.5 forward+backward) and a
 checksum of the outputs, so two trees' rows can be compared for values too. `--summarize`
 prints, per case, each tag's median over its runs and the ratio of the first tag to the second.
@@ -92,6 +93,9 @@ def run(tag: str, iters: int) -> None:
     case("gdpa fwd causal, issue", issue, issue, 4, True, "gdpa", False, {})
     for b in ("two_pass", "one_pass"):
         case(f"gdpa fwd+bwd causal ({b}), issue", issue, issue, 4, True, "gdpa", True, {"GEM_GDPA_BWD": b})
+    ffn_kv = [32] * len(trainer)  # the trainer's GDPA FFN: 32 keys per sample (the short-kv kernels)
+    case("gdpa fwd, trainer FFN (32 kv) H=8", trainer, ffn_kv, 8, False, "gdpa", False, {})
+    case("gdpa fwd+bwd, trainer FFN (32 kv) H=8", trainer, ffn_kv, 8, False, "gdpa", True, {})
     case("jfa fwd causal, trainer H=8", trainer, trainer, 8, True, "jfa", False, {"GEM_JFA_FWD": "pointer"})
     case("jfa fwd pooling (32 q), trainer H=8", [32] * len(trainer), trainer, 8, False, "jfa", False,
          {"GEM_JFA_FWD": "pointer"})
