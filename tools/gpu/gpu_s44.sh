@@ -29,11 +29,11 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
 gpu_begin "${WATCH:-400}"
 if [ "${PART:-a}" = d ]; then
   KP=$(echo "$PYTHONPATH" | tr : '\n' | grep -v '^kernels$' | paste -sd:)
-  for i in 1 2; do
-    st ab_new_$i 90 env PYTHONPATH=kernels:$KP python3 tools/kernel_ab.py --tag new
-    st ab_old_$i 90 env PYTHONPATH=.ab/k_old:$KP python3 tools/kernel_ab.py --tag old
+  for i in 1 2; do  # the first run of each tree also compiles its kernels
+    st ab_new_$i $([ $i = 1 ] && echo 100 || echo 45) env PYTHONPATH=kernels:$KP python3 tools/kernel_ab.py --tag new
+    st ab_old_$i $([ $i = 1 ] && echo 100 || echo 45) env PYTHONPATH=.ab/k_old:$KP python3 tools/kernel_ab.py --tag old
   done
-  st kt 120 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa.py kernels/tests/test_jfa_one_pass.py kernels/tests/test_gdpa.py kernels/tests/test_jfa_qkv.py -k "gpu and not window"
+  st kt "$(gpu_left)" python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa.py kernels/tests/test_jfa_one_pass.py kernels/tests/test_gdpa.py kernels/tests/test_jfa_qkv.py -k "gpu and not window"
   [ "$(gpu_left)" -gt 60 ] && st gab "$(gpu_left)" bash -c "cd kernels && python3 -m gem_kernels.bench.schedule --gdpa-bwd-ab 3 --iters 7"
 elif [ "${PART:-a}" != b ]; then  # a, c, ac
   case $PART in *a*) mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/ && echo "fa4a copied" > "$OUT/copy.log";; esac
