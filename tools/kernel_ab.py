@@ -39,7 +39,7 @@ def _lengths_pairs(lq: list[int], lk: list[int], causal: bool) -> int:
     return sum(sum(max(0, min(b, i + b - a + 1)) for i in range(a)) for a, b in zip(lq, lk))
 
 
-def run(tag: str, iters: int) -> None:
+def run(tag: str, iters: int, only: list[str] | None = None) -> None:
     from gem_kernels import generalized_dot_product_attention, jagged_flash_attention
     from gem_kernels.bench._common import bench_ms, issue_lengths, offsets_from_lengths, trainer_lengths
 
@@ -56,6 +56,8 @@ def run(tag: str, iters: int) -> None:
 
     def case(name: str, lq: list[int], lk: list[int], heads: int, causal: bool, op: str, bwd: bool,
              switches: dict[str, str]) -> None:
+        if only and not any(o in name for o in only):
+            return
         env(**switches)
         q, k, v, do = tensors(lq, lk, heads)
         qo, ko = offsets_from_lengths(lq, "cuda"), offsets_from_lengths(lk, "cuda")
@@ -124,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tag", default="run", help="the label of this tree's rows")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--summarize", nargs="+", metavar="LOG", help="summarize logs of earlier runs instead")
+    p.add_argument("--only", nargs="+", metavar="TEXT", help="only the cases whose name contains one of these")
     args = p.parse_args(argv)
     if args.summarize:
         summarize(args.summarize)
@@ -131,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("kernel_ab needs CUDA", file=sys.stderr)
         return 2
-    run(args.tag, args.iters)
+    run(args.tag, args.iters, args.only)
     return 0
 
 

@@ -12,6 +12,7 @@
 #   PART=d  (carries .ab/k_old: gem_kernels at 531dc4d, before the 32-bit offsets) the kernel A/B
 #           (`tools/kernel_ab.py`, the two trees alternating, 2 runs each: "ab"), then the
 #           kernels' GPU tests of the changed code ("kt"), and PART=c's one-pass A/B ("gab").
+#   PART=e  (carries .ab/k_old) PART=d's A/B on the trainer-shape cases only (a short call).
 #   PART=c  (no carry, any GPU) GDPA's one-pass backward (gem-kernels 0.3.8): its GPU tests and
 #           the tanh-sigmoid ones ("gt"), then `bench.schedule --gdpa-bwd-ab` ("gab").
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
@@ -27,7 +28,13 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
   [ -f "$OUT/gab.log" ] && sed -n '/^case/,$p' "$OUT/gab.log" | grep -v '^{' | cut -c1-200
   [ -f "$OUT/mfu.log" ] && { echo "=== mfu"; grep -E "^(seq_attention|seq_ffn|pooling|interaction|weighted|model e2e|e2e, layers)" "$OUT/mfu.log" | cut -c1-160; }; }
 gpu_begin "${WATCH:-400}"
-if [ "${PART:-a}" = d ]; then
+if [ "${PART:-a}" = e ]; then  # PART=d's A/B on three cases only, for a short call (carries .ab/k_old)
+  KP=$(echo "$PYTHONPATH" | tr : '\n' | grep -v '^kernels$' | paste -sd:)
+  for i in 1 2; do
+    st ab_new_$i 40 env PYTHONPATH=kernels:$KP python3 tools/kernel_ab.py --tag new --only "trainer FFN" "jfa fwd causal, trainer"
+    st ab_old_$i 40 env PYTHONPATH=.ab/k_old:$KP python3 tools/kernel_ab.py --tag old --only "trainer FFN" "jfa fwd causal, trainer"
+  done
+elif [ "${PART:-a}" = d ]; then
   KP=$(echo "$PYTHONPATH" | tr : '\n' | grep -v '^kernels$' | paste -sd:)
   for i in 1 2; do  # the first run of each tree also compiles its kernels
     st ab_new_$i $([ $i = 1 ] && echo 100 || echo 45) env PYTHONPATH=kernels:$KP python3 tools/kernel_ab.py --tag new
