@@ -540,7 +540,7 @@ def _jfa_fwd_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     m_valid = offs_m < lq
-    q = tl.load(Q + (q_start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+    q = tl.load((Q + q_start * stride_qt + h * stride_qh) + offs_m[:, None] * stride_qt + offs_d[None, :],
                 mask=m_valid[:, None], other=0.0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -566,9 +566,9 @@ def _jfa_fwd_kernel(
     out, lse2 = _softmax_finish(acc, l_i, m_i)
     O += tl.program_id(2) * stride_os
     LSE += tl.program_id(2) * stride_ls
-    tl.store(O + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+    tl.store((O + q_start * stride_ot + h * stride_oh) + offs_m[:, None] * stride_ot + offs_d[None, :],
              out.to(O.dtype.element_ty), mask=m_valid[:, None])
-    tl.store(LSE + (q_start + offs_m) * H + h, lse2, mask=m_valid)
+    tl.store((LSE + q_start * H + h) + offs_m * H, lse2, mask=m_valid)
 
 
 @triton.jit
@@ -676,9 +676,9 @@ def _jfa_bwd_dkdv_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     n_valid = offs_n < lk
-    k = tl.load(K + (kv_start + offs_n)[:, None] * stride_kt + h * stride_kh + offs_d[None, :],
+    k = tl.load((K + kv_start * stride_kt + h * stride_kh) + offs_n[:, None] * stride_kt + offs_d[None, :],
                 mask=n_valid[:, None], other=0.0)
-    v = tl.load(V + (kv_start + offs_n)[:, None] * stride_vt + h * stride_vh + offs_d[None, :],
+    v = tl.load((V + kv_start * stride_vt + h * stride_vh) + offs_n[:, None] * stride_vt + offs_d[None, :],
                 mask=n_valid[:, None], other=0.0)
     dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
@@ -744,9 +744,9 @@ def _jfa_bwd_dkdv_kernel(
                                 False, BLOCK_M, BLOCK_N, D, DOT_PREC, UPCAST, DQ_ATOMIC, DQ_TMA, TMA_LOADS)
 
     dk = dk * scale
-    tl.store(DK + (kv_start + offs_n)[:, None] * stride_dkt + h * stride_dkh + offs_d[None, :],
+    tl.store((DK + kv_start * stride_dkt + h * stride_dkh) + offs_n[:, None] * stride_dkt + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=n_valid[:, None])
-    tl.store(DV + (kv_start + offs_n)[:, None] * stride_dvt + h * stride_dvh + offs_d[None, :],
+    tl.store((DV + kv_start * stride_dvt + h * stride_dvh) + offs_n[:, None] * stride_dvt + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=n_valid[:, None])
 
 
@@ -796,12 +796,12 @@ def _jfa_bwd_dq_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     m_valid = offs_m < lq
-    q = tl.load(Q + (q_start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+    q = tl.load((Q + q_start * stride_qt + h * stride_qh) + offs_m[:, None] * stride_qt + offs_d[None, :],
                 mask=m_valid[:, None], other=0.0)
-    do = tl.load(DO + (q_start + offs_m)[:, None] * stride_dot + h * stride_doh + offs_d[None, :],
+    do = tl.load((DO + q_start * stride_dot + h * stride_doh) + offs_m[:, None] * stride_dot + offs_d[None, :],
                  mask=m_valid[:, None], other=0.0)
-    lse2 = tl.load(LSE + (q_start + offs_m) * H + h, mask=m_valid, other=float("inf"))
-    delta = tl.load(DELTA + (q_start + offs_m) * H + h, mask=m_valid, other=0.0)
+    lse2 = tl.load((LSE + q_start * H + h) + offs_m * H, mask=m_valid, other=float("inf"))
+    delta = tl.load((DELTA + q_start * H + h) + offs_m * H, mask=m_valid, other=0.0)
     dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     lo, f_lo, f_hi, hi = _kv_bounds(m_start, lk, shift, WINDOW, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW)
     lo, f_lo, f_hi, hi = _split_bounds(lo, f_lo, f_hi, hi, tl.program_id(2) * SPLIT, SPLIT)
@@ -822,7 +822,7 @@ def _jfa_bwd_dq_kernel(
 
     dq = dq * scale
     DQ += tl.program_id(2) * stride_dqs
-    tl.store(DQ + (q_start + offs_m)[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :],
+    tl.store((DQ + q_start * stride_dqt + h * stride_dqh) + offs_m[:, None] * stride_dqt + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=m_valid[:, None])
 
 

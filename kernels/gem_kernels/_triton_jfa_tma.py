@@ -250,7 +250,7 @@ def _jfa_tma_fwd_kernel(
     else:
         k_desc = K
         v_desc = V
-        q = tl.load(Q + (q_start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+        q = tl.load((Q + q_start * stride_qt + h * stride_qh) + offs_m[:, None] * stride_qt + offs_d[None, :],
                     mask=m_valid[:, None], other=0.0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -281,9 +281,9 @@ def _jfa_tma_fwd_kernel(
     if DEVICE_DESC:
         o_desc.store([(q_row + m_start).to(tl.int32), col], out.to(O.dtype.element_ty))
     else:
-        tl.store(O + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+        tl.store((O + q_start * stride_ot + h * stride_oh) + offs_m[:, None] * stride_ot + offs_d[None, :],
                  out.to(O.dtype.element_ty), mask=m_valid[:, None])
-    tl.store(LSE + (q_start + offs_m) * H + h, lse2, mask=m_valid)
+    tl.store((LSE + q_start * H + h) + offs_m * H, lse2, mask=m_valid)
 
 
 # The compiled kernel of the last TMA launch (None under the interpreter): the bench reads its
