@@ -487,7 +487,6 @@ def gdpa_backward_triton(
     b = q_offsets.numel() - 1
     if b == 0 or tq == 0 or tkv == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    dq = torch.empty_like(q)
     common = dict(D=d, ACT=activation, CAUSAL=causal, HAS_WINDOW=window is not None, PREC=_prec(q.dtype))
     t = gdpa_tiles(max_kv_len, d, kind="dq")
     if max_kv_len <= t.block_n and not _FORCE_SPLIT_BWD and not torch.are_deterministic_algorithms_enabled():
@@ -497,6 +496,7 @@ def gdpa_backward_triton(
         # Two separate buffers: returned outputs of a custom op must not alias.
         from gem_kernels._triton_gdpa import _gdpa_bwd_short_kernel
 
+        dq = torch.empty_like(q)
         dka = torch.zeros((tkv, h, d), dtype=torch.float32, device=q.device)
         dva = torch.zeros((tkv, h, d), dtype=torch.float32, device=q.device)
         chunk = t.block_m * t.q_tiles
@@ -514,6 +514,7 @@ def gdpa_backward_triton(
         dk, dv = _dkdv(t_kv, q, k, v, dout, dqa, q_offsets, kv_offsets, max_kv_len, scale, divisor, window, b,
                        common, dq_atomic=True)
         return dqa.to(q.dtype), dk, dv
+    dq = torch.empty_like(q)
     grid_q, sched, sc = _schedule(t, q_offsets, kv_offsets, tq, max_q_len, t.block_m, h)
     _gdpa_bwd_dq_kernel[grid_q](
         q, k, v, dout, dq, q_offsets, kv_offsets,
