@@ -32,16 +32,9 @@ import torch
 D = 128
 
 
-def _lengths_pairs(lq: list[int], lk: list[int], causal: bool) -> int:
-    if not causal:
-        return sum(a * b for a, b in zip(lq, lk))
-    # bottom-right aligned: query i of a sample sees keys j <= i + (lk - lq)
-    return sum(sum(max(0, min(b, i + b - a + 1)) for i in range(a)) for a, b in zip(lq, lk))
-
-
 def run(tag: str, iters: int, only: list[str] | None = None) -> None:
     from gem_kernels import generalized_dot_product_attention, jagged_flash_attention
-    from gem_kernels.bench._common import bench_ms, issue_lengths, offsets_from_lengths, trainer_lengths
+    from gem_kernels.bench._common import bench_ms, issue_lengths, offsets_from_lengths, trainer_lengths, visible_pairs
 
     def env(**kw: str) -> None:
         for k in ("GEM_JFA_FWD", "GEM_JFA_BWD", "GEM_GDPA_BWD"):
@@ -79,7 +72,7 @@ def run(tag: str, iters: int, only: list[str] | None = None) -> None:
         ms = bench_ms(fn, iters=iters)
         outs = fn()
         sums = [float(x.float().abs().sum()) for x in (outs if isinstance(outs, tuple) else (outs,))]
-        flops = 4.0 * _lengths_pairs(lq, lk, causal) * D * heads * (3.5 if bwd else 1.0)
+        flops = 4.0 * visible_pairs(lq, lk, causal=causal) * D * heads * (3.5 if bwd else 1.0)
         print(json.dumps({"tag": tag, "case": name, "ms": ms, "tflops": flops / ms / 1e9, "abs_sums": sums}),
               flush=True)
         env()

@@ -124,8 +124,8 @@ class GdpaTiles:
     # into an fp32 workspace with atomics and no dQ kernel runs: S and act'(S) are computed
     # once per tile pair instead of twice (5 matmuls instead of 7, half the special-function
     # work). The atomic sums make dQ's last bits order-dependent, so never under torch's
-    # deterministic algorithms. `GEM_GDPA_BWD=one_pass|two_pass` overrides the heuristic's
-    # choice (not forced tiles).
+    # deterministic algorithms. Read from forced tiles only (`force_tiles`); otherwise
+    # `GEM_GDPA_BWD=one_pass|two_pass` decides, else ONE_PASS_DEFAULT.
     one_pass: bool = False
 
     def __post_init__(self) -> None:
@@ -160,17 +160,15 @@ ONE_PASS_DEFAULT = False
 
 def _one_pass(t: GdpaTiles, forced: bool) -> bool:
     """Whether the long-kv backward is one-pass: never under torch's deterministic algorithms;
-    forced tiles as they say; else `GEM_GDPA_BWD`, else the heuristic's tiles."""
+    forced tiles as they say; else `GEM_GDPA_BWD`, else ONE_PASS_DEFAULT."""
+    from gem_kernels._triton_jfa import env_choice
+
     if torch.are_deterministic_algorithms_enabled():
         return False
     if forced:
         return t.one_pass
-    value = os.environ.get(BWD_ENV, "")
-    if value == "":
-        return t.one_pass
-    if value not in _BWD_CHOICES:
-        raise ValueError(f"{BWD_ENV}={value!r} must be one of {sorted(_BWD_CHOICES)} (or unset)")
-    return _BWD_CHOICES[value]
+    value = env_choice(BWD_ENV, tuple(_BWD_CHOICES))
+    return ONE_PASS_DEFAULT if value is None else _BWD_CHOICES[value]
 
 
 def gdpa_tiles(max_kv_len: int, head_dim: int, *, kind: str = "fwd") -> GdpaTiles:
@@ -183,8 +181,7 @@ def gdpa_tiles(max_kv_len: int, head_dim: int, *, kind: str = "fwd") -> GdpaTile
     if kind in _TILE_OVERRIDE:
         return _TILE_OVERRIDE[kind]
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return GdpaTiles(block_m=16, block_n=16, num_warps=4, num_stages=1, q_tiles=2,
-                         one_pass=kind == "dkdv" and ONE_PASS_DEFAULT)
+        return GdpaTiles(block_m=16, block_n=16, num_warps=4, num_stages=1, q_tiles=2)
     if max_kv_len <= 64:
         # 8 q tiles per program: forward 64-row tiles, 4 warps; backward 128-row, 8 warps. On
         # the trainer's shape (H=8, D=128, 32 keys per sample, H200) 0.38 ms forward and ~0.84 ms
@@ -205,8 +202,8 @@ def gdpa_tiles(max_kv_len: int, head_dim: int, *, kind: str = "fwd") -> GdpaTile
     if big:
         if kind == "dq":
             return GdpaTiles(block_m=64, block_n=32, num_warps=4, num_stages=3)
-        return GdpaTiles(block_m=32, block_n=64, num_warps=4, num_stages=3, one_pass=ONE_PASS_DEFAULT)
-    return GdpaTiles(block_m=64, block_n=128, num_warps=4, num_stages=2, one_pass=kind == "dkdv" and ONE_PASS_DEFAULT)
+        return GdpaTiles(block_m=32, block_n=64, num_warps=4, num_stages=3)
+    return GdpaTiles(block_m=64, block_n=128, num_warps=4, num_stages=2)
 
 
 def gdpa_reference(
