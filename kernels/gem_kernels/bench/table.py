@@ -224,8 +224,9 @@ def main_table(iters: int) -> list[dict[str, object]]:
         torch.cuda.empty_cache()
         bf, bn = min(((nf, "nested SDPA"), (pf, "padded cuDNN")), key=lambda x: math.inf if x[0] is None else x[0])
         ba, bna = min(((na, "nested SDPA"), (pa, "padded cuDNN")), key=lambda x: math.inf if x[0] is None else x[0])
-        add(f"JFA fwd {name}", fwd, f_fwd, bn, bf, err, path=jfa_path(b.q, b.k, b.off, b.max))
-        add(f"JFA fwd+bwd {name}", all_, f_all, bna, ba, err, path=jfa_path(b.q, b.k, b.off, b.max))
+        path = jfa_path(b.q, b.k, b.off, b.max)
+        add(f"JFA fwd {name}", fwd, f_fwd, bn, bf, err, path=path)
+        add(f"JFA fwd+bwd {name}", all_, f_all, bna, ba, err, path=path)
         if fa4:
             add(f"JFA fwd {name}, no flash-attn-4", fwd0, f_fwd, bn, bf, None, path=path0)
             add(f"JFA fwd+bwd {name}, no flash-attn-4", all0, f_all, bna, ba, None, path=path0)
