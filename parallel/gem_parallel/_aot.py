@@ -24,6 +24,16 @@ it per block kind:
 - a kind whose ahead-of-time compile fails (the API is experimental) runs through an
   ordinary `torch.compile` instead, with a warning and `stats.fallbacks`.
 
+With `background=True` a call that would compile runs its block eagerly instead, and the
+compile runs in a background thread (one at a time, in the order calls needed them); once it
+is done, the next call of that kind takes the compiled variant. The first step then comes in
+eager time rather than after a minute of compiling from an empty folder; the steps before the
+switch run eager code (the same maths, other rounding), and which step switches depends on
+how fast the compile went, so two such runs are not bit for bit the same. While a background
+compile runs, the compiler flags (`settings`) are set in the calling thread (torch 2.11 keeps
+them process-wide, so a thread cannot set them for itself alone; torch 2.13 per thread, and the
+job runs in a copy of the caller's context) and restored when the last one is done.
+
 Files live under `directory/<torch version>-<python>-<device>[-<tag>]/`, one per variant,
 written atomically. The compiled call is a block's `forward` alone, so a block with module hooks is
 refused rather than silently run without them. It is built and tested for one process;
@@ -33,12 +43,15 @@ running stale code.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import importlib
 import inspect
 import os
 import re
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -60,6 +73,7 @@ class AotStats:
     unreadable: int = 0  # files dropped: torch could not load them (corrupt, another torch/GPU)
     save_errors: int = 0
     fallbacks: int = 0  # kinds whose ahead-of-time compile failed: they run through torch.compile
+    eager_calls: int = 0  # background=True: block calls run eagerly while their kind compiled
     load_s: float = 0.0
     compile_s: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -71,6 +85,7 @@ class AotStats:
     def summary(self) -> dict[str, Any]:
         return {"loaded": self.loaded, "compiled": self.compiled, "stale": self.stale,
                 "unreadable": self.unreadable, "save_errors": self.save_errors, "fallbacks": self.fallbacks,
+                "eager_calls": self.eager_calls,
                 "load_s": round(self.load_s, 3), "compile_s": round(self.compile_s, 3),
                 "rejected": list(self.rejected)}
 
@@ -125,14 +140,19 @@ class AotBlocks:
         tag: names a sub-folder, so models of different shapes sharing `directory` neither
             load nor try each other's variants (`parallelize` passes a hash of the model's
             structure and precision).
+        background: compile in a background thread and run the blocks eagerly meanwhile
+            (see the module docstring); False: a call that needs a compile waits for it.
     """
 
     def __init__(self, directory: str, backend: str = "inductor",
-                 settings: Sequence[tuple[Any, str, Any]] = (), tag: str = "") -> None:
+                 settings: Sequence[tuple[Any, str, Any]] = (), tag: str = "",
+                 background: bool = False) -> None:
         if not isinstance(directory, str) or not directory:
             raise TypeError(f"directory={directory!r} must be a non-empty path")
         if os.path.exists(directory) and not os.path.isdir(directory):
             raise ValueError(f"directory={directory!r} exists and is not a directory")
+        if not isinstance(background, bool):
+            raise TypeError(f"background={background!r} must be a bool")
         if not hasattr(torch.compiler, "load_compiled_function"):
             raise RuntimeError(f"torch {torch.__version__} has no torch.compiler.load_compiled_function "
                                "(ahead-of-time compile); compile the blocks without a directory")
@@ -145,6 +165,12 @@ class AotBlocks:
         self._variants: dict[str, list[Any]] = {}  # kind -> variants loaded or compiled here
         self._pending: dict[str, list[str]] = {}  # kind -> its files not loaded yet, oldest first
         self._fallback: dict[str, Callable[..., Any]] = {}
+        self.background = background
+        self._jobs: dict[str, _Job] = {}  # kind -> its compile queued or running in the background
+        self._queue: list[_Job] = []
+        self._wake = threading.Condition()
+        self._worker: threading.Thread | None = None
+        self._held: list[tuple[Any, str, Any]] | None = None  # the flags' values before the jobs set them
 
     def install(self, units: Sequence[tuple[nn.ModuleList, int]]) -> None:
         """Routes each `parent[index]` block's calls through the store (the slot
@@ -167,6 +193,8 @@ class AotBlocks:
         return call
 
     def call(self, kind: str, block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self._jobs:
+            self._harvest()
         fallback = self._fallback.get(kind)
         if fallback is not None:
             return fallback(block, *args, **kwargs)
@@ -189,22 +217,103 @@ class AotBlocks:
             variants.append(v)
             if v.guard_check(block, *args, **kwargs):
                 return v.fn(block, *args, **kwargs)
+        if kind in self._jobs:  # (background) its compile is under way: eager meanwhile
+            self.stats.eager_calls += 1
+            return block.forward(*args, **kwargs)
         for i, v in enumerate(variants):
             if len(self.stats.rejected) < REJECTED_KEPT:
                 self.stats.rejected.append(f"compile {self.stats.compiled + 1} ({kind}): variant {i + 1} of "
                                            f"{len(variants)} failed {_why_not(v, block, args, kwargs)}")
+        if self.background:
+            self._submit(kind, block, args, kwargs)
+            self.stats.eager_calls += 1
+            return block.forward(*args, **kwargs)
         try:
             v = self._compile(kind, block, args, kwargs)
         except Exception as e:  # an experimental API: never let it stop a run
-            self._fallback[kind] = fallback = self._plain(block)
-            self.stats.fallbacks += 1
-            self.stats.notes.append(f"{kind}: ahead-of-time compile failed ({type(e).__name__}: {str(e)[:200]})")
-            warnings.warn(f"gem_parallel.AotBlocks: the ahead-of-time compile of {kind} failed "
-                          f"({type(e).__name__}: {str(e)[:200]}); its blocks run through torch.compile "
-                          "as without a folder", RuntimeWarning, stacklevel=2)
-            return fallback(block, *args, **kwargs)
+            return self._fall_back(kind, block, e)(block, *args, **kwargs)
         variants.append(v)
         return v.fn(block, *args, **kwargs)
+
+    def _fall_back(self, kind: str, block: nn.Module, e: BaseException) -> Callable[..., Any]:
+        self._fallback[kind] = fallback = self._plain(block)
+        self.stats.fallbacks += 1
+        self.stats.notes.append(f"{kind}: ahead-of-time compile failed ({type(e).__name__}: {str(e)[:200]})")
+        warnings.warn(f"gem_parallel.AotBlocks: the ahead-of-time compile of {kind} failed "
+                      f"({type(e).__name__}: {str(e)[:200]}); its blocks run through torch.compile "
+                      "as without a folder", RuntimeWarning, stacklevel=3)
+        return fallback
+
+    # The background compiles (background=True). Jobs are made and harvested by the calling
+    # thread only; one daemon thread runs them in order (a process exiting mid-compile loses
+    # that compile, never a file: saves are atomic).
+    def pending_compiles(self) -> list[str]:
+        """The kinds whose compile is queued or running in the background."""
+        return sorted(self._jobs)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Waits for the background compiles (at most `timeout` seconds) and takes their
+        variants; True when none is left."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for job in list(self._jobs.values()):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not job.done.wait(left):
+                break
+        self._harvest()
+        return not self._jobs
+
+    def _submit(self, kind: str, block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self._held is None:  # set the flags for the whole process while jobs run
+            flags = [*self.settings, (torch._dynamo.config, "enable_aot_compile", True)]
+            self._held = [(mod, name, getattr(mod, name)) for mod, name, _ in flags]
+            for mod, name, value in flags:
+                setattr(mod, name, value)
+        a, kw = torch.utils._pytree.tree_map_only(torch.Tensor, _detached, (args, kwargs))
+        # The job runs in a copy of this thread's context: torch 2.13 keeps config overrides
+        # per thread (in context variables), and a new thread would start from the defaults.
+        job = _Job(kind, block, a, kw, _CallState.capture(), contextvars.copy_context())
+        self._jobs[kind] = job
+        with self._wake:
+            self._queue.append(job)
+            self._wake.notify()
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._work, name="gem-aot-compile", daemon=True)
+            self._worker.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue:
+                    self._wake.wait()
+                job = self._queue.pop(0)
+            try:
+                job.result = job.context.run(self._run_job, job)
+            except BaseException as e:  # reported by the calling thread at its next call
+                job.error = e
+            finally:
+                job.args, job.kwargs = (), {}
+                job.done.set()
+
+    def _run_job(self, job: _Job) -> Any:
+        with job.state.applied():
+            return self._compile(job.kind, job.block, job.args, job.kwargs, flags=False)
+
+    def _harvest(self) -> None:
+        """Takes the finished background compiles: each variant joins its kind's, a failure
+        sends the kind to the plain torch.compile fallback (as a failed compile does in the
+        foreground); the flags are restored once no job is left."""
+        for kind, job in list(self._jobs.items()):
+            if not job.done.is_set():
+                continue
+            del self._jobs[kind]
+            if job.error is not None:
+                self._fall_back(kind, job.block, job.error)
+            else:
+                self._variants.setdefault(kind, []).append(job.result)
+        if not self._jobs and self._held is not None:
+            for mod, name, value in self._held:
+                setattr(mod, name, value)
+            self._held = None
 
     def _plain(self, block: nn.Module) -> Callable[..., Any]:
         """The kind's forward through an ordinary `torch.compile` (dynamo each process), with
@@ -249,9 +358,13 @@ class AotBlocks:
         finally:
             self.stats.load_s += time.perf_counter() - t
 
-    def _compile(self, kind: str, block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _compile(self, kind: str, block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 flags: bool = True) -> Any:
+        """Compiles, saves and returns one variant (`flags`: set the compiler flags around it;
+        a background job runs with them already set process-wide)."""
         t = time.perf_counter()
-        fn = with_flags(_aot_compile_forward, self.settings)(self.backend, block, args, kwargs)
+        compile_forward = with_flags(_aot_compile_forward, self.settings) if flags else _aot_compile_forward
+        fn = compile_forward(self.backend, block, args, kwargs)
         self.stats.compiled += 1
         path = os.path.join(self.directory, f"{kind}.{uuid.uuid4().hex[:12]}.bin")
         try:
@@ -261,6 +374,51 @@ class AotBlocks:
             self.stats.notes.append(f"{kind}: not saved: {type(e).__name__}: {str(e)[:120]}")
         self.stats.compile_s += time.perf_counter() - t
         return fn
+
+
+def _detached(t: torch.Tensor) -> torch.Tensor:
+    """A background job's copy of an input: the same storage and metadata, without the autograd
+    graph behind it (which would keep a whole step's activations alive while it compiles)."""
+    return t.detach().requires_grad_(t.requires_grad) if t.is_floating_point() or t.is_complex() else t.detach()
+
+
+@dataclass
+class _CallState:
+    """The calling thread's state that dynamo guards and a new thread would not inherit:
+    grad mode, autocast per device, the current CUDA device."""
+
+    grad: bool
+    autocast: list[tuple[str, torch.dtype, bool]]  # (device type, dtype, cache enabled), the enabled ones
+    cuda_device: int | None
+
+    @classmethod
+    def capture(cls) -> _CallState:
+        autocast = [(dev, torch.get_autocast_dtype(dev), torch.is_autocast_cache_enabled())
+                    for dev in ("cuda", "cpu") if torch.is_autocast_enabled(dev)]
+        cuda = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        return cls(torch.is_grad_enabled(), autocast, cuda)
+
+    def applied(self) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        if self.cuda_device is not None:
+            torch.cuda.set_device(self.cuda_device)
+        stack.enter_context(torch.set_grad_enabled(self.grad))
+        for dev, dtype, cache in self.autocast:
+            stack.enter_context(torch.autocast(dev, dtype=dtype, cache_enabled=cache))
+        return stack
+
+
+@dataclass
+class _Job:
+    kind: str
+    block: nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    state: _CallState
+    context: contextvars.Context
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    error: BaseException | None = None
 
 
 def _why_not(variant: Any, block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:

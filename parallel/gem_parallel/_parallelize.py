@@ -238,6 +238,7 @@ def parallelize(
     mp_policy: MixedPrecisionPolicy | None = BF16_MIXED,
     comms: str = "nccl",
     compile_aot: str | None = None,
+    compile_background: bool = False,
 ) -> Parallelized:
     """Applies precision → AC → compile → table sharding → HSDP to `model` (in place).
 
@@ -260,6 +261,10 @@ def parallelize(
             (`gem_parallel.AotBlocks`), so a later process loads them instead of tracing
             them again. Needs `compile`; refused with HSDP (FSDP works through hooks on
             the blocks, which an ahead-of-time call skips).
+        compile_background: with `compile_aot`, a block whose variant is not in the folder
+            runs eagerly while it compiles in a background thread (the first step comes in
+            eager time; which step switches to the compiled blocks depends on the compile's
+            speed, so such runs are not bit for bit repeatable). False: the call waits.
 
     Returns:
         `Parallelized` (the model, the converted linears, the parameters FSDP skipped).
@@ -277,6 +282,9 @@ def parallelize(
         raise TypeError(f"compile={compile!r} must be a bool or a backend name")
     if meshes is None and shard_tables is not None:
         raise ValueError("shard_tables needs meshes (a process group, even a world of one)")
+    if compile_background and compile_aot is None:
+        raise ValueError("compile_background=True needs compile_aot (a directory): it compiles the "
+                         "blocks' ahead-of-time variants in the background")
     if compile_aot is not None:
         if not compile:
             raise ValueError(f"compile_aot={compile_aot!r} needs compile (a backend name or True)")
@@ -295,7 +303,7 @@ def parallelize(
             # flags holds other code, and its guards do not cover the flags.
             settings = _compile_settings(precision)
             shape = hashlib.sha256(f"{model!r}|{precision}|{settings_tag(settings)}".encode()).hexdigest()[:12]
-            out.aot = AotBlocks(compile_aot, backend, settings, tag=shape)
+            out.aot = AotBlocks(compile_aot, backend, settings, tag=shape, background=compile_background)
             out.aot.install(units)
         else:
             compile_blocks(units, backend, precision=precision)

@@ -12,6 +12,10 @@ Checked on fresh random weights and inputs of varying sizes (dynamic shapes):
   runs, never the stale graph); a corrupt file is dropped and compiled again;
 - models of other shapes sharing the folder keep separate variants;
 - a kind torch cannot compile ahead of time runs through an ordinary torch.compile;
+- with `compile_background`, calls run eagerly (the eager model's bits) while the variants
+  compile in a thread under the calls' grad and autocast state; then the calls take them (no
+  compile again), the compiler flags set for the jobs are restored, and a later model loads
+  the files and computes the same bits; a failing background compile falls back as above;
 - bad arguments are refused with the argument named, and a block with module hooks (which
   the compiled forward would skip) is refused at install and at its next call.
 
@@ -25,6 +29,7 @@ import importlib
 import os
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
@@ -426,6 +431,10 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
         AotBlocks(str(afile))
     with pytest.raises(TypeError, match="directory="):
         AotBlocks("")
+    with pytest.raises(ValueError, match="compile_background=True needs compile_aot"):
+        parallelize(nn.Module(), compile=True, compile_background=True)
+    with pytest.raises(TypeError, match="background=.*must be a bool"):
+        AotBlocks(str(tmp_path / "s"), background=1)  # type: ignore[arg-type]
     assert net[0].weight.shape == (4, 4)
     hooked = nn.ModuleList([nn.Linear(4, 4)])
     handle = hooked[0].register_forward_hook(lambda m, a, out: None)
@@ -436,3 +445,105 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
     hooked[0].register_forward_pre_hook(lambda m, a: None)  # added after install: refused at the call
     with pytest.raises(ValueError, match="module hooks .*_forward_pre_hooks"):
         hooked[0](torch.randn(2, 4))
+
+
+def _held_compiles(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Holds every ahead-of-time compile until the returned event is set (so a test knows
+    which calls ran before any background compile finished)."""
+    import gem_parallel._aot as aot
+
+    gate, real = threading.Event(), aot._aot_compile_forward
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        assert gate.wait(120), "the test never released the compile"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(aot, "_aot_compile_forward", held)
+    return gate
+
+
+def test_background_compiles_run_eager_meanwhile_then_switch(
+        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = _module(src, "2.0")
+    seed = int(torch.randint(0, 1 << 30, ()).item())
+    torch.manual_seed(seed)
+    eager, net = mod.Net(), mod.Net()
+    net.load_state_dict(eager.state_dict())
+    store = tmp_path / "aot"
+    aot_before = torch._dynamo.config.enable_aot_compile
+    gate = _held_compiles(monkeypatch)
+    done = parallelize(net, compile=True, compile_aot=str(store), compile_background=True)
+    aot = done.aot
+    assert aot is not None and aot.background
+    flags_before = [getattr(m, n) for m, n, _ in aot.settings]
+
+    # Step 1: the first block's call queues its kind's compile; all three run eagerly: the
+    # eager model's bits. Meanwhile the flags are set process-wide.
+    want = _run(eager, (6,), seed, bf16=True)
+    got = _run(net, (6,), seed, bf16=True)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert aot.stats.eager_calls == 3 and aot.stats.compiled == 0 and len(aot.pending_compiles()) == 1
+    assert [getattr(m, n) for m, n, _ in aot.settings] == [v for _, _, v in aot.settings]
+    assert torch._dynamo.config.enable_aot_compile is True
+
+    # The compile (in the thread, under the step's autocast) done: the next step's first
+    # block runs it; the others need the variant with `extra`, compiled the same way.
+    gate.set()
+    assert aot.wait(timeout=300)
+    _run(net, (6,), seed, bf16=True)
+    assert aot.stats.compiled == 1 and aot.stats.eager_calls == 5, aot.stats
+    assert aot.wait(timeout=300)
+    assert aot.stats.compiled == 2 and aot.stats.fallbacks == 0, aot.stats
+    assert [getattr(m, n) for m, n, _ in aot.settings] == flags_before  # restored
+    assert torch._dynamo.config.enable_aot_compile is aot_before
+
+    # Steps from now on are all compiled: no eager call, no compile (the guards pass:
+    # the variants were traced under the calls' grad mode and autocast).
+    sizes = (5, 9)
+    got = _run(net, sizes, seed + 1, bf16=True)
+    assert aot.stats.compiled == 2 and aot.stats.eager_calls == 5 and not aot.pending_compiles(), aot.stats
+    want = _run(eager, sizes, seed + 1, bf16=True)
+    for a, b in zip(got, want):  # bf16: compiled and eager round differently
+        assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 1e-2
+    assert len(aot.files()) == 2
+
+    # A later model loads the two files and computes the same bits.
+    later = mod.Net()
+    later.load_state_dict(eager.state_dict())
+    again = parallelize(later, compile=True, compile_aot=str(store), compile_background=True)
+    again_got = _run(later, sizes, seed + 1, bf16=True)
+    assert again.aot is not None
+    assert again.aot.stats.loaded == 2 and again.aot.stats.compiled == 0 and again.aot.stats.eager_calls == 0
+    for a, b in zip(again_got, got):
+        assert torch.equal(a, b)
+
+
+def test_a_failing_background_compile_falls_back_to_torch_compile(
+        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gem_parallel._aot as aot_mod
+
+    gate = threading.Event()
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        assert gate.wait(120), "the test never released the compile"
+        raise RuntimeError("unsupported in this torch")
+
+    monkeypatch.setattr(aot_mod, "_aot_compile_forward", broken)
+    mod = _module(src, "2.0")
+    seed = int(torch.randint(0, 1 << 30, ()).item())
+    torch.manual_seed(seed)
+    eager, net = mod.Net(), mod.Net()
+    net.load_state_dict(eager.state_dict())
+    want = _run(eager, (6, 11), seed)
+    done = parallelize(net, compile=True, compile_aot=str(tmp_path / "aot"), compile_background=True)
+    assert done.aot is not None
+    first = _run(net, (6,), seed)
+    assert torch.equal(first[0], want[0]) and done.aot.stats.eager_calls == 3  # eager meanwhile
+    gate.set()
+    with pytest.warns(RuntimeWarning, match="ahead-of-time compile of .*failed.*unsupported"):
+        assert done.aot.wait(timeout=300)
+    got = _run(net, (6, 11), seed)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert done.aot.stats.fallbacks == 1 and done.aot.stats.compiled == 0 and done.aot.files() == []

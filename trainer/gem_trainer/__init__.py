@@ -11,12 +11,14 @@ from gem_trainer.config import multi as presets_multi
 from gem_trainer.config import tiny as presets_tiny
 
 
-def train(cfg: TrainConfig, *, step_hook: Callable[[int], None] | None = None) -> dict[str, object]:
-    """Runs one training job (see gem_trainer._loop.train); `step_hook(n)` is called after the
-    n-th completed step (e.g. a profiler's `step`)."""
+def train(cfg: TrainConfig, *, deterministic: bool | None = None,
+          step_hook: Callable[[int], None] | None = None) -> dict[str, object]:
+    """Runs one training job (see gem_trainer._loop.train); `deterministic`: torch's
+    deterministic algorithms (None: on for CPU, off for CUDA, as `--deterministic`);
+    `step_hook(n)` is called after the n-th completed step (e.g. a profiler's `step`)."""
     from gem_trainer._loop import train as _train
 
-    return _train(cfg, step_hook=step_hook)
+    return _train(cfg, deterministic=deterministic, step_hook=step_hook)
 
 
 __version__ = "0.2.21"

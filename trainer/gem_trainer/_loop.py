@@ -120,7 +120,8 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
     if world == 1 and not sharded:
         done = gem_parallel.parallelize(model, None, precision=precision, compile=cfg.compile,
                                         keep_bf16=keep_bf16_patterns(cfg), fp8_min_speedup=fp8_min_speedup,
-                                        compile_aot=cfg.compile_aot or None)
+                                        compile_aot=cfg.compile_aot or None,
+                                        compile_background=cfg.compile_background and bool(cfg.compile_aot))
         return done, build_optimizer(done.model, cfg)
     if world == 1 and not dist.is_initialized():
         # One process with torchrec tables: a world of one, so the code path (and the
@@ -146,7 +147,8 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
     done = gem_parallel.parallelize(model, meshes, precision=precision, compile=cfg.compile,
                                     shard_tables=shard_tables if sharded else None,
                                     mp_policy=policy, comms=cfg.comms, keep_bf16=keep_bf16_patterns(cfg),
-                                    fp8_min_speedup=fp8_min_speedup, compile_aot=cfg.compile_aot or None)
+                                    fp8_min_speedup=fp8_min_speedup, compile_aot=cfg.compile_aot or None,
+                                    compile_background=cfg.compile_background and bool(cfg.compile_aot))
     return done, build_optimizer(done.model, cfg, exclude=done.ignored_params)
 
 
@@ -188,6 +190,15 @@ def _compile_counts(aot: Any = None) -> dict[str, int]:
     return counts
 
 
+def _compiling(aot: Any, bk: Any) -> bool:
+    """Whether the blocks are still compiling in the background (`--compile-background`): a
+    compile pending, or a block run eagerly since the last step booked."""
+    if aot is None or not aot.background:
+        return False
+    calls, bk.eager_seen = bk.eager_seen, aot.stats.eager_calls
+    return bool(aot.pending_compiles()) or aot.stats.eager_calls != calls
+
+
 def _compile_summary(cfg: TrainConfig, timers: Timers, aot: Any = None) -> dict[str, Any]:
     """With --compile: graphs compiled and graph breaks (process-wide dynamo counters), and
     graphs compiled (or, with --compile-aot, loaded) after the warm-up steps and before the
@@ -196,9 +207,11 @@ def _compile_summary(cfg: TrainConfig, timers: Timers, aot: Any = None) -> dict[
     compiled, dropped as stale or unreadable, seconds, and the folder they are kept in)."""
     if not cfg.compile:
         return {}
-    extra = {"compile_aot": {**aot.stats.summary(), "dir": aot.directory}} if aot is not None else {}
+    extra: dict[str, Any] = {"compile_aot": {**aot.stats.summary(), "dir": aot.directory}} if aot is not None else {}
+    if aot is not None and aot.background:  # the first step run with compiled blocks only (None: not yet)
+        extra["compiled_from_step"] = timers.extra.get("compiled_from_step")
     counts = _compile_counts(aot)
-    late = timers.steps_done - WARMUP_STEPS
+    late = timers.steps_done - timers.warmup
     warm = timers.extra.get("warm_graphs")  # the graph count at the end of the warm-up steps
     trained = timers.extra.get("train_graphs", counts["graphs"])  # ... and at the end of training
     per100 = 100.0 * (trained - warm) / late if warm is not None and late > 0 else None
@@ -486,6 +499,11 @@ def _build(cfg: TrainConfig, deterministic: bool | None) -> _Run:
     _preflight.check_export(cfg, world)
     _preflight.check_compile_aot(cfg, world)
     det = _preflight.determinism(device, deterministic)
+    if det and cfg.compile_background and cfg.compile_aot:
+        # The step where compiled blocks take over would depend on the compile's speed.
+        _preflight.say("compile_background is off under deterministic algorithms: the blocks compile "
+                       "before the first step (two runs give the same bits)", rank)
+        cfg = dataclasses.replace(cfg, compile_background=False)
     for note in _preflight.slow_run_notices(cfg, device):
         _preflight.say(note, rank)
     if cfg.ckpt_writer == "process" and world > 1:
@@ -568,6 +586,7 @@ class _Booking:
         self.books = _Books(step=run.step)
         self.timers.start_step = run.step
         self.startup: dict[str, float] | None = None  # set when the first step completes
+        self.eager_seen = 0  # the blocks' eager calls at the last step booked (_compiling)
 
     def close(self) -> None:
         self.sync_debug.stop()
@@ -627,12 +646,16 @@ class _Booking:
         timers.opt_host_s.append(p.t3 - p.t2)
         timers.gc_s.append((gcw.pause_s if final else p.gc3) - p.gc0)  # collector pauses in the window
         timers.gpu_s.append(p.gpu_s())
-        if cfg.compile and timers.steps_done == WARMUP_STEPS:
+        if timers.steps_done == timers.warmup and _compiling(run.aot, self):
+            timers.warmup += 1  # eager blocks still ran or a background compile is pending
+        if cfg.compile and timers.steps_done == timers.warmup:
+            if run.aot is not None and run.aot.background:
+                timers.extra["compiled_from_step"] = timers.start_step + timers.steps_done + 1
             timers.extra["warm_graphs"] = _compile_counts(run.aot)["graphs"]
             self.save_compile_cache()
-        if cfg.gc_freeze and timers.steps_done == WARMUP_STEPS:
+        if cfg.gc_freeze and timers.steps_done == timers.warmup:
             gcw.freeze()  # between step windows: booked as the run's, not a step's
-        if timers.steps_done > WARMUP_STEPS:
+        if timers.steps_done > timers.warmup:
             timers.steady_flops += 3.0 * p.flops
             timers.steady_s += t_end - p.t0
         stopping = final and books.stop_signum
@@ -680,7 +703,7 @@ class _Booking:
             stall = time.perf_counter() - t4
             timers.ckpt_stall += stall
             timers.ckpt_saves.append(stall)
-            if timers.steps_done > WARMUP_STEPS:
+            if timers.steps_done > timers.warmup:
                 timers.steady_s += stall  # end to end: checkpoint stalls count
         if stopping:
             books.reason = f"signal {books.stop_signum}"
@@ -861,13 +884,15 @@ def _summary(run: _Run, bk: _Booking, tasks: dict[str, dict[str, float]]) -> dic
         "samples_per_s": timers.samples * world / busy if busy > 0 else 0.0,
         "tokens_per_s": timers.tokens * world / busy if busy > 0 else 0.0,
         "mfu": mfu(timers.model_flops * world, busy, ngpu),
-        # The same over the steps after the first WARMUP_STEPS (compilation excluded).
+        # The same over the steps after the warm-up (compilation excluded): the first
+        # WARMUP_STEPS, or until the background compiles are done (`warmup_steps`).
         "mfu_steady": mfu(timers.steady_flops * world, timers.steady_s, ngpu),
         "step_s_median": statistics.median(timers.step_s) if timers.step_s else None,
-        "step_gpu_s_median": _gpu_median(timers.gpu_s[WARMUP_STEPS:]),
+        "warmup_steps": timers.warmup,
+        "step_gpu_s_median": _gpu_median(timers.gpu_s[timers.warmup:]),
         # the steady steps over 1.5x the steady median (what a gap between mfu_steady and the
         # median step is made of)
-        "slow_steps": slow_steps(timers, WARMUP_STEPS),
+        "slow_steps": slow_steps(timers, timers.warmup),
         "data_wait_frac": timers.data_wait / busy if busy > 0 else 0.0,
         "ckpt_stall_s": timers.ckpt_stall,
         "ckpt_final_wait_s": timers.extra.get("ckpt_final_wait_s", 0.0),
@@ -875,7 +900,7 @@ def _summary(run: _Run, bk: _Booking, tasks: dict[str, dict[str, float]]) -> dic
         **_compile_summary(cfg, timers, run.aot),
         **run.ccache,
         **sync_debug.summary(),
-        **gcw.summary(timers.gc_s, WARMUP_STEPS, timers.start_step, cfg.gc_freeze),
+        **gcw.summary(timers.gc_s, timers.warmup, timers.start_step, cfg.gc_freeze),
         # steps on which a due save waited for the previous write (back-pressure, not a stall)
         "ckpt_delayed_steps": int(timers.extra.get("ckpt_delayed_steps", 0)),
         "compute_s": timers.compute,

@@ -34,7 +34,10 @@ class Timers:
     model_flops: float = 0.0
     bad_steps: int = 0
     steps_done: int = 0
-    # Steps after the first WARMUP_STEPS (Triton compilation, new-shape specialisations,
+    # The warm-up's steps: WARMUP_STEPS, or more while background compiles are pending
+    # (`--compile-background`: the steps run eager blocks until the compiled ones take over).
+    warmup: int = WARMUP_STEPS
+    # Steps after the warm-up (Triton compilation, new-shape specialisations,
     # allocator growth happen there): the steady-state MFU is computed over these.
     steady_flops: float = 0.0
     steady_s: float = 0.0

@@ -5,7 +5,9 @@ Two fresh processes train the tiny preset compiled, with the same store and the 
 cache folder (a second run on one machine): the first compiles and saves every variant, the
 second (`--compile-aot auto`, which must find the same folder through GEM_CACHE_DIR) loads them
 all, compiles none, and trains to the same losses and evaluation bit for bit (CPU,
-deterministic). "auto" resolves to the cache folder only where a run can use it, and an
+deterministic). With `--compile-background` the first steps run eager blocks while they
+compile in a thread, the warm-up lasts until the compiled blocks have taken over, and no step
+after it runs an eager block; under deterministic algorithms it is off. "auto" resolves to the cache folder only where a run can use it, and an
 unwritable cache turns it off with a notice instead of stopping the run. Bad settings are
 refused before anything is built.
 """
@@ -13,6 +15,7 @@ refused before anything is built.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -99,3 +102,69 @@ def test_auto_is_the_cache_folder_where_a_run_can_use_it(tmp_path: Path, monkeyp
     err = capsys.readouterr().err
     assert "auto" in err and "is off for this run" in err and str(blocker) in err, err
     assert blocker.read_text() == "keep me"
+
+
+def test_background_compile_trains_eagerly_until_the_blocks_are_compiled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gem_parallel._aot as aot_mod
+    from gem_trainer import train
+
+    made: list[Any] = []
+    real_init = aot_mod.AotBlocks.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        made.append(self)
+
+    eager_at: dict[int, int] = {}
+
+    def hook(n: int) -> None:
+        # Each step waits for the compiles it queued, so the switch comes at a known step.
+        for a in made:
+            assert a.wait(timeout=600)
+        eager_at[n] = made[0].stats.eager_calls
+
+    monkeypatch.setattr(aot_mod.AotBlocks, "__init__", init)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    steps = 12
+    cfg = presets_tiny(compile=True, compile_aot=str(tmp_path / "aot"), compile_background=True, steps=steps,
+                       batch_size=16, eval_batches=2, progress=False)
+    s = train(cfg, deterministic=False, step_hook=hook)
+    assert len(made) == 1 and made[0].background
+    aot = s["compile_aot"]
+    assert aot["eager_calls"] > 0 and aot["compiled"] >= 1 and aot["fallbacks"] == 0, s
+    warm = s["warmup_steps"]
+    assert 5 < warm < steps, s  # longer than the usual 5: the first steps ran eager blocks
+    assert eager_at[1] > 0 and eager_at[steps] == eager_at[warm], eager_at  # none after the warm-up
+    assert s["compiled_from_step"] == warm + 1, s
+    assert s["steps"] == steps and math.isfinite(s["loss"]), s
+    assert s["recompiles_per_100_steps"] == 0.0, s
+    assert len(list((tmp_path / "aot").rglob("*.bin"))) >= aot["compiled"]
+
+
+def test_background_compile_is_off_under_deterministic_algorithms(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import gem_parallel
+    from gem_trainer import train
+
+    got: dict[str, Any] = {}
+
+    class Stop(Exception):
+        pass
+
+    def parallelize(*args: Any, **kwargs: Any) -> Any:
+        got.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(gem_parallel, "parallelize", parallelize)
+    cfg = presets_tiny(compile=True, compile_aot=str(tmp_path / "aot"), compile_background=True, steps=2,
+                       progress=False)
+    with pytest.raises(Stop):
+        train(cfg, deterministic=True)
+    assert got["compile_background"] is False and got["compile_aot"] == str(tmp_path / "aot")
+    assert "compile_background is off under deterministic algorithms" in capsys.readouterr().err
+    with pytest.raises(Stop):
+        train(cfg, deterministic=False)
+    assert got["compile_background"] is True
+    with pytest.raises(ValueError, match="compile_background=True needs compile_aot"):
+        presets_tiny(compile=True, compile_background=True).validate()

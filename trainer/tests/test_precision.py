@@ -164,9 +164,12 @@ def test_compile_notice_on_gpu_only() -> None:
     assert msg is not None and "warm-up" in msg
     cli = cli_message(msg)
     assert cli.startswith("--compile:") and "--compile-cache" in cli and "--no-compile" in cli
-    aot = _preflight.compile_notice(h200(compile_aot="/x/aot"), cuda, False)
+    aot = _preflight.compile_notice(h200(compile_aot="/x/aot", compile_background=False), cuda, False)
     assert aot is not None and "warm-up" in aot and "'/x/aot'" in aot
     assert cli_message(aot).startswith("--compile, --compile-aot=") and "--no-compile" in cli_message(aot)
+    bg = _preflight.compile_notice(h200(compile_aot="/x/aot"), cuda, False)  # the preset's default
+    assert bg is not None and "eagerly while it compiles in the background" in bg and "'/x/aot'" in bg
+    assert cli_message(bg).startswith("--compile, --compile-aot=/x/aot, --compile-background:")
     loaded = _preflight.compile_notice(h200(), cuda, True)
     assert loaded is not None and "loaded" in loaded
 
