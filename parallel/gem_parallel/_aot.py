@@ -32,7 +32,9 @@ switch run eager code (the same maths, other rounding), and which step switches 
 how fast the compile went, so two such runs are not bit for bit the same. While a background
 compile runs, the compiler flags (`settings`) are set in the calling thread (torch 2.11 keeps
 them process-wide, so a thread cannot set them for itself alone; torch 2.13 per thread, and the
-job runs in a copy of the caller's context) and restored when the last one is done.
+job runs in a copy of the caller's context) and restored when the last one is done; so is
+the GIL's switch interval, lowered to `SWITCH_INTERVAL_S` (every torch op releases the GIL,
+and at Python's 5 ms each eager op waited up to 5 ms to take it back from the compile).
 
 Files live under `directory/<torch version>-<python>-<device>[-<tag>]/`, one per variant,
 written atomically. The compiled call is a block's `forward` alone, so a block with module hooks is
@@ -91,6 +93,13 @@ class AotStats:
 
 
 REJECTED_KEPT = 16
+
+# The GIL's switch interval while background compiles run (Python's default: 5 ms). Every
+# torch op releases the GIL, and taking it back from a busy thread waits up to one interval:
+# with a compile running beside it, an eager op cost ~6 ms at the default (2-core CPU box: 48
+# small ops/s, against ~3,500 at 50 us, while the busy thread's own pace was unchanged;
+# an eager h200 step took 3.5 s instead of 0.38 s on an H100).
+SWITCH_INTERVAL_S = 5e-5
 
 
 def _kind(block: nn.Module) -> str:
@@ -171,6 +180,7 @@ class AotBlocks:
         self._wake = threading.Condition()
         self._worker: threading.Thread | None = None
         self._held: list[tuple[Any, str, Any]] | None = None  # the flags' values before the jobs set them
+        self._interval = sys.getswitchinterval()  # the GIL's switch interval before the jobs set it
 
     def install(self, units: Sequence[tuple[nn.ModuleList, int]]) -> None:
         """Routes each `parent[index]` block's calls through the store (the slot
@@ -268,6 +278,8 @@ class AotBlocks:
             self._held = [(mod, name, getattr(mod, name)) for mod, name, _ in flags]
             for mod, name, value in flags:
                 setattr(mod, name, value)
+            self._interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(self._interval, SWITCH_INTERVAL_S))
         a, kw = torch.utils._pytree.tree_map_only(torch.Tensor, _detached, (args, kwargs))
         # The job runs in a copy of this thread's context: torch 2.13 keeps config overrides
         # per thread (in context variables), and a new thread would start from the defaults.
@@ -314,6 +326,7 @@ class AotBlocks:
             for mod, name, value in self._held:
                 setattr(mod, name, value)
             self._held = None
+            sys.setswitchinterval(self._interval)
 
     def _plain(self, block: nn.Module) -> Callable[..., Any]:
         """The kind's forward through an ordinary `torch.compile` (dynamo each process), with

@@ -14,7 +14,7 @@ Checked on fresh random weights and inputs of varying sizes (dynamic shapes):
 - a kind torch cannot compile ahead of time runs through an ordinary torch.compile;
 - with `compile_background`, calls run eagerly (the eager model's bits) while the variants
   compile in a thread under the calls' grad and autocast state; then the calls take them (no
-  compile again), the compiler flags set for the jobs are restored, and a later model loads
+  compile again), the compiler flags and the GIL switch interval set for the jobs are restored, and a later model loads
   the files and computes the same bits; a failing background compile falls back as above;
 - bad arguments are refused with the argument named, and a block with module hooks (which
   the compiled forward would skip) is refused at install and at its next call.
@@ -470,7 +470,9 @@ def test_background_compiles_run_eager_meanwhile_then_switch(
     eager, net = mod.Net(), mod.Net()
     net.load_state_dict(eager.state_dict())
     store = tmp_path / "aot"
-    aot_before = torch._dynamo.config.enable_aot_compile
+    import gem_parallel._aot as aot_mod
+
+    aot_before, interval = torch._dynamo.config.enable_aot_compile, sys.getswitchinterval()
     gate = _held_compiles(monkeypatch)
     done = parallelize(net, compile=True, compile_aot=str(store), compile_background=True)
     aot = done.aot
@@ -486,6 +488,7 @@ def test_background_compiles_run_eager_meanwhile_then_switch(
     assert aot.stats.eager_calls == 3 and aot.stats.compiled == 0 and len(aot.pending_compiles()) == 1
     assert [getattr(m, n) for m, n, _ in aot.settings] == [v for _, _, v in aot.settings]
     assert torch._dynamo.config.enable_aot_compile is True
+    assert sys.getswitchinterval() == pytest.approx(min(interval, aot_mod.SWITCH_INTERVAL_S))  # (stored in us)
 
     # The compile (in the thread, under the step's autocast) done: the next step's first
     # block runs it; the others need the variant with `extra`, compiled the same way.
@@ -497,6 +500,7 @@ def test_background_compiles_run_eager_meanwhile_then_switch(
     assert aot.stats.compiled == 2 and aot.stats.fallbacks == 0, aot.stats
     assert [getattr(m, n) for m, n, _ in aot.settings] == flags_before  # restored
     assert torch._dynamo.config.enable_aot_compile is aot_before
+    assert sys.getswitchinterval() == pytest.approx(interval)
 
     # Steps from now on are all compiled: no eager call, no compile (the guards pass:
     # the variants were traced under the calls' grad mode and autocast).

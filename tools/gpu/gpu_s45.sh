@@ -8,8 +8,9 @@
 #     - "warm": the same command again over the filled folder and caches (--steps 300): the
 #       warm first step and the steady MFU (issue 16's figures under gem-model 0.6.3);
 #     - the kernel A/B's first run a tree ("ab_*", tools/kernel_ab.py).
-#   PART=c (any box): the cold run again without --compile-background ("coldfg": the
-#     foreground compile on the same kind of box, its own empty caches), then the kernels' GPU
+#   PART=c (any box): the cold run again with gem-parallel 0.3.12's GIL switch interval
+#     ("cold"), then without --compile-background ("coldfg": the foreground compile on the same
+#     box, its own empty caches), then the kernels' GPU
 #     tests of the changed code with the rest of the call ("kt"; PART=b's limit cut them).
 #   PART=b (same box, carries .ab/k_old): the A/B's second runs, the kernels' GPU tests of the
 #     changed code ("kt"), GDPA's one-pass A/B ("gab"), and the model's local-MFU bench ("mfu").
@@ -17,7 +18,7 @@ export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHON
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
-  for f in cold coldfg warm; do [ -f "$OUT/$f.log" ] && { printf '%s ' $f; last_summary "$OUT/$f.log" model_version steps loss step_s_median step_gpu_s_median mfu_steady time_to_first_step_s warmup_steps compiled_from_step recompiles_per_100_steps data_wait_frac | cut -c1-460; grep -o '"compile_aot": {[^}]*}' "$OUT/$f.log" | tail -1 | cut -c1-300; }; done
+  for f in cold coldfg warm; do [ -f "$OUT/$f.log" ] && { printf '%s ' $f; last_summary "$OUT/$f.log" model_version steps loss step_s_median step_gpu_s_median mfu_steady mfu compute_s time_to_first_step_s warmup_steps compiled_from_step recompiles_per_100_steps data_wait_frac | cut -c1-520; grep -o '"compile_aot": {[^}]*}' "$OUT/$f.log" | tail -1 | cut -c1-300; }; done
   ls "$OUT"/ab_*.log >/dev/null 2>&1 && python3 tools/kernel_ab.py --summarize $(ls "$OUT"/ab_*.log)
   [ -f "$OUT/kt.log" ] && tail -3 "$OUT/kt.log"
   [ -f "$OUT/gab.log" ] && sed -n '/^case/,$p' "$OUT/gab.log" | grep -v '^{' | cut -c1-200
@@ -25,7 +26,8 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
 gpu_begin "${WATCH:-540}"
 KP=$(echo "$PYTHONPATH" | tr : '\n' | grep -v '^kernels$' | paste -sd:)
 if [ "${PART:-a}" = c ]; then
-  GEM_CACHE_DIR=/tmp/gemf TORCHINDUCTOR_CACHE_DIR=/tmp/gemf/ind TRITON_CACHE_DIR=/tmp/gemf/tri st coldfg 230 python3 $H200_TR --steps 200 --no-compile-background
+  GEM_CACHE_DIR=/tmp/gemb TORCHINDUCTOR_CACHE_DIR=/tmp/gemb/ind TRITON_CACHE_DIR=/tmp/gemb/tri st cold 200 python3 $H200_TR --steps 200
+  GEM_CACHE_DIR=/tmp/gemf TORCHINDUCTOR_CACHE_DIR=/tmp/gemf/ind TRITON_CACHE_DIR=/tmp/gemf/tri st coldfg 200 python3 $H200_TR --steps 200 --no-compile-background
   st kt "$(gpu_left)" python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa.py kernels/tests/test_jfa_one_pass.py kernels/tests/test_gdpa.py kernels/tests/test_jfa_qkv.py -k "gpu and not window"
 elif [ "${PART:-a}" = b ]; then
   st ab_new_2 45 env PYTHONPATH=kernels:$KP python3 tools/kernel_ab.py --tag new
