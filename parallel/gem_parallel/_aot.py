@@ -408,7 +408,8 @@ class _CallState:
     def capture(cls) -> _CallState:
         autocast = [(dev, torch.get_autocast_dtype(dev), torch.is_autocast_cache_enabled())
                     for dev in ("cuda", "cpu") if torch.is_autocast_enabled(dev)]
-        cuda = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        initialized = bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+        cuda = torch.cuda.current_device() if torch.cuda.is_available() and initialized else None
         return cls(torch.is_grad_enabled(), autocast, cuda)
 
     def applied(self) -> contextlib.ExitStack:

@@ -210,6 +210,7 @@ def _compile_summary(cfg: TrainConfig, timers: Timers, aot: Any = None) -> dict[
     extra: dict[str, Any] = {"compile_aot": {**aot.stats.summary(), "dir": aot.directory}} if aot is not None else {}
     if aot is not None and aot.background:  # the first step run with compiled blocks only (None: not yet)
         extra["compiled_from_step"] = timers.extra.get("compiled_from_step")
+        extra["compile_aot"]["pending"] = aot.pending_compiles()  # still compiling at the end (e.g. the evaluation's)
     counts = _compile_counts(aot)
     late = timers.steps_done - timers.warmup
     warm = timers.extra.get("warm_graphs")  # the graph count at the end of the warm-up steps

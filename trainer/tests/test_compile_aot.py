@@ -128,11 +128,12 @@ def test_background_compile_trains_eagerly_until_the_blocks_are_compiled(
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     steps = 12
     cfg = presets_tiny(compile=True, compile_aot=str(tmp_path / "aot"), compile_background=True, steps=steps,
-                       batch_size=16, eval_batches=2, progress=False)
+                       batch_size=16, eval_batches=0, progress=False)
     s = train(cfg, deterministic=False, step_hook=hook)
     assert len(made) == 1 and made[0].background
     aot = s["compile_aot"]
     assert aot["eager_calls"] > 0 and aot["compiled"] >= 1 and aot["fallbacks"] == 0, s
+    assert aot["pending"] == [] and made[0].wait(timeout=0), s  # (the process's flags are restored)
     warm = s["warmup_steps"]
     assert 5 < warm < steps, s  # longer than the usual 5: the first steps ran eager blocks
     assert eager_at[1] > 0 and eager_at[steps] == eager_at[warm], eager_at  # none after the warm-up
