@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The forty-fifth session's GPU plan, whatever GPU comes (an H200 is the issues' target; the
-# summary names the card):
+# summary names the card). Run: PART=a and PART=b on one H100; PART=c found no machine, and the
+# device time ran out (the next session: PART=c first).
 #   PART=a (carries .ab/k_old: gem_kernels at 531dc4d, before the 32-bit row offsets):
 #     - "cold": issue 16's command from empty caches and an empty --compile-aot folder, with
 #       the h200 preset's new default --compile-background (gem-trainer 0.2.22): the time to
