@@ -285,13 +285,19 @@ def test_other_compiler_flags_keep_their_own_variants(src: Path, tmp_path: Path,
     assert first.aot.directory == again.aot.directory
 
 
+@pytest.mark.parametrize("background", [False, True], ids=["foreground", "background"])
 def test_a_failing_ahead_of_time_compile_falls_back_to_torch_compile(
-        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, background: bool) -> None:
     # The API is experimental: if torch cannot compile a kind ahead of time, the run goes on
-    # through an ordinary torch.compile, says so, and writes nothing.
+    # through an ordinary torch.compile, says so, and writes nothing. In the background the
+    # calls run eagerly until the failure is known (held here until the first step is done),
+    # and the warning comes when it is taken.
     import gem_parallel._aot as aot
 
+    gate = threading.Event()
+
     def broken(*args: Any, **kwargs: Any) -> Any:
+        assert gate.wait(120), "the test never released the compile"
         raise RuntimeError("unsupported in this torch")
 
     monkeypatch.setattr(aot, "_aot_compile_forward", broken)
@@ -301,12 +307,21 @@ def test_a_failing_ahead_of_time_compile_falls_back_to_torch_compile(
     eager, net = mod.Net(), mod.Net()
     net.load_state_dict(eager.state_dict())
     want = _run(eager, (6, 11), seed)
-    done = parallelize(net, compile=True, compile_aot=str(tmp_path / "aot"))
-    with pytest.warns(RuntimeWarning, match="ahead-of-time compile of .*failed.*unsupported"):
+    done = parallelize(net, compile=True, compile_aot=str(tmp_path / "aot"), compile_background=background)
+    assert done.aot is not None
+    if background:
+        first = _run(net, (6,), seed)
+        assert torch.equal(first[0], want[0]) and done.aot.stats.eager_calls == 3  # eager meanwhile
+        gate.set()
+        with pytest.warns(RuntimeWarning, match="ahead-of-time compile of .*failed.*unsupported"):
+            assert done.aot.wait(timeout=300)
         got = _run(net, (6, 11), seed)
+    else:
+        gate.set()
+        with pytest.warns(RuntimeWarning, match="ahead-of-time compile of .*failed.*unsupported"):
+            got = _run(net, (6, 11), seed)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-    assert done.aot is not None
     assert done.aot.stats.fallbacks == 1 and done.aot.stats.compiled == 0 and done.aot.files() == []
 
 
@@ -508,8 +523,9 @@ def test_background_compiles_run_eager_meanwhile_then_switch(
     got = _run(net, sizes, seed + 1, bf16=True)
     assert aot.stats.compiled == 2 and aot.stats.eager_calls == 5 and not aot.pending_compiles(), aot.stats
     want = _run(eager, sizes, seed + 1, bf16=True)
-    for a, b in zip(got, want):  # bf16: compiled and eager round differently
-        assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 1e-2
+    for a, b in zip(got, want):  # bf16: compiled and eager round differently (up to ~2 % seen
+        # on a 16-element bias gradient); a wrong graph (an input dropped) is off by O(1)
+        assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 5e-2
     assert len(aot.files()) == 2
 
     # A later model loads the two files and computes the same bits.
@@ -522,32 +538,3 @@ def test_background_compiles_run_eager_meanwhile_then_switch(
     for a, b in zip(again_got, got):
         assert torch.equal(a, b)
 
-
-def test_a_failing_background_compile_falls_back_to_torch_compile(
-        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import gem_parallel._aot as aot_mod
-
-    gate = threading.Event()
-
-    def broken(*args: Any, **kwargs: Any) -> Any:
-        assert gate.wait(120), "the test never released the compile"
-        raise RuntimeError("unsupported in this torch")
-
-    monkeypatch.setattr(aot_mod, "_aot_compile_forward", broken)
-    mod = _module(src, "2.0")
-    seed = int(torch.randint(0, 1 << 30, ()).item())
-    torch.manual_seed(seed)
-    eager, net = mod.Net(), mod.Net()
-    net.load_state_dict(eager.state_dict())
-    want = _run(eager, (6, 11), seed)
-    done = parallelize(net, compile=True, compile_aot=str(tmp_path / "aot"), compile_background=True)
-    assert done.aot is not None
-    first = _run(net, (6,), seed)
-    assert torch.equal(first[0], want[0]) and done.aot.stats.eager_calls == 3  # eager meanwhile
-    gate.set()
-    with pytest.warns(RuntimeWarning, match="ahead-of-time compile of .*failed.*unsupported"):
-        assert done.aot.wait(timeout=300)
-    got = _run(net, (6, 11), seed)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-    assert done.aot.stats.fallbacks == 1 and done.aot.stats.compiled == 0 and done.aot.files() == []
