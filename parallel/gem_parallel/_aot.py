@@ -180,7 +180,7 @@ class AotBlocks:
         self._wake = threading.Condition()
         self._worker: threading.Thread | None = None
         self._held: list[tuple[Any, str, Any]] | None = None  # the flags' values before the jobs set them
-        self._interval = sys.getswitchinterval()  # the GIL's switch interval before the jobs set it
+        self._interval = 0.0  # the GIL's switch interval before the jobs set it (with _held)
 
     def install(self, units: Sequence[tuple[nn.ModuleList, int]]) -> None:
         """Routes each `parent[index]` block's calls through the store (the slot
@@ -258,7 +258,10 @@ class AotBlocks:
     # thread only; one daemon thread runs them in order (a process exiting mid-compile loses
     # that compile, never a file: saves are atomic).
     def pending_compiles(self) -> list[str]:
-        """The kinds whose compile is queued or running in the background."""
+        """The kinds whose compile is queued or running in the background (finished ones are
+        taken first, as a call would)."""
+        if self._jobs:
+            self._harvest()
         return sorted(self._jobs)
 
     def wait(self, timeout: float | None = None) -> bool:
