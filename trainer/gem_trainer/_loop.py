@@ -208,7 +208,7 @@ def _compile_summary(cfg: TrainConfig, timers: Timers, aot: Any = None) -> dict[
     if not cfg.compile:
         return {}
     extra: dict[str, Any] = {"compile_aot": {**aot.stats.summary(), "dir": aot.directory}} if aot is not None else {}
-    if aot is not None and aot.background:  # the first step run with compiled blocks only (None: not yet)
+    if aot is not None and aot.background:  # the first step after the warm-up (None: not reached)
         extra["compiled_from_step"] = timers.extra.get("compiled_from_step")
         extra["compile_aot"]["pending"] = aot.pending_compiles()  # still compiling at the end (e.g. the evaluation's)
     counts = _compile_counts(aot)
