@@ -227,23 +227,21 @@ class AotBlocks:
             variants.append(v)
             if v.guard_check(block, *args, **kwargs):
                 return v.fn(block, *args, **kwargs)
-        if kind in self._jobs:  # (background) its compile is under way: eager meanwhile
-            self.stats.eager_calls += 1
-            return block.forward(*args, **kwargs)
-        for i, v in enumerate(variants):
-            if len(self.stats.rejected) < REJECTED_KEPT:
-                self.stats.rejected.append(f"compile {self.stats.compiled + 1} ({kind}): variant {i + 1} of "
-                                           f"{len(variants)} failed {_why_not(v, block, args, kwargs)}")
-        if self.background:
+        if kind not in self._jobs:  # (background: a job under way runs the block eagerly meanwhile)
+            for i, v in enumerate(variants):
+                if len(self.stats.rejected) < REJECTED_KEPT:
+                    self.stats.rejected.append(f"compile {self.stats.compiled + 1} ({kind}): variant {i + 1} of "
+                                               f"{len(variants)} failed {_why_not(v, block, args, kwargs)}")
+            if not self.background:
+                try:
+                    v = self._compile(kind, block, args, kwargs)
+                except Exception as e:  # an experimental API: never let it stop a run
+                    return self._fall_back(kind, block, e)(block, *args, **kwargs)
+                variants.append(v)
+                return v.fn(block, *args, **kwargs)
             self._submit(kind, block, args, kwargs)
-            self.stats.eager_calls += 1
-            return block.forward(*args, **kwargs)
-        try:
-            v = self._compile(kind, block, args, kwargs)
-        except Exception as e:  # an experimental API: never let it stop a run
-            return self._fall_back(kind, block, e)(block, *args, **kwargs)
-        variants.append(v)
-        return v.fn(block, *args, **kwargs)
+        self.stats.eager_calls += 1
+        return block.forward(*args, **kwargs)
 
     def _fall_back(self, kind: str, block: nn.Module, e: BaseException) -> Callable[..., Any]:
         self._fallback[kind] = fallback = self._plain(block)
@@ -395,7 +393,7 @@ class AotBlocks:
 def _detached(t: torch.Tensor) -> torch.Tensor:
     """A background job's copy of an input: the same storage and metadata, without the autograd
     graph behind it (which would keep a whole step's activations alive while it compiles)."""
-    return t.detach().requires_grad_(t.requires_grad) if t.is_floating_point() or t.is_complex() else t.detach()
+    return t.detach().requires_grad_(t.requires_grad)
 
 
 @dataclass

@@ -117,11 +117,12 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
     precision = precision_recipe(cfg)
     fp8_min_speedup = cfg.fp8_min_speedup if cfg.precision.startswith("fp8_block") else 0.0
     apply_table_grads(model, cfg, world)  # (sparse: one process, unsharded tables)
+    compile_aot = cfg.compile_aot or None  # ("" after "auto" resolved it off)
+    background = cfg.compile_background and compile_aot is not None
     if world == 1 and not sharded:
         done = gem_parallel.parallelize(model, None, precision=precision, compile=cfg.compile,
                                         keep_bf16=keep_bf16_patterns(cfg), fp8_min_speedup=fp8_min_speedup,
-                                        compile_aot=cfg.compile_aot or None,
-                                        compile_background=cfg.compile_background and bool(cfg.compile_aot))
+                                        compile_aot=compile_aot, compile_background=background)
         return done, build_optimizer(done.model, cfg)
     if world == 1 and not dist.is_initialized():
         # One process with torchrec tables: a world of one, so the code path (and the
@@ -147,8 +148,8 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int,
     done = gem_parallel.parallelize(model, meshes, precision=precision, compile=cfg.compile,
                                     shard_tables=shard_tables if sharded else None,
                                     mp_policy=policy, comms=cfg.comms, keep_bf16=keep_bf16_patterns(cfg),
-                                    fp8_min_speedup=fp8_min_speedup, compile_aot=cfg.compile_aot or None,
-                                    compile_background=cfg.compile_background and bool(cfg.compile_aot))
+                                    fp8_min_speedup=fp8_min_speedup, compile_aot=compile_aot,
+                                    compile_background=background)
     return done, build_optimizer(done.model, cfg, exclude=done.ignored_params)
 
 
