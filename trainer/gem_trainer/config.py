@@ -70,8 +70,9 @@ class TrainConfig:
             instead of after a minute or more of compiling. The warm-up (and so the steady
             MFU's window) lasts until no compile is pending. Which step switches depends on
             how fast the compile goes, so two cold runs are not bit for bit the same; off
-            under --deterministic, and without effect when the folder already holds the
-            blocks (a warm start loads them).
+            under --deterministic and without a compile_aot folder ("" or "auto" resolved
+            off: the blocks then compile before the first step), and without effect when the
+            folder already holds the blocks (a warm start loads them).
         progress: show a progress bar when stdout is a terminal.
         gc_freeze: after the warm-up steps, one full garbage collection and `gc.freeze()`, so
             later collections skip the warm-up's long-lived objects (compiled graphs, kernels,
@@ -195,9 +196,6 @@ class TrainConfig:
             raise ValueError(f"compile_cache={self.compile_cache!r} needs compile=True (it caches compiled graphs)")
         if self.compile_aot and self.compile_aot != AOT_AUTO and not self.compile:
             raise ValueError(f"compile_aot={self.compile_aot!r} needs compile=True (it keeps compiled blocks)")
-        if self.compile_background and not self.compile_aot:
-            raise ValueError("compile_background=True needs compile_aot (a folder, or 'auto'): it compiles "
-                             "the blocks ahead of time in the background")
         if self.export_teacher and self.sparse_sharding != "none":
             # torchrec's sharded tables are not a plain GEMModel state dict (save_teacher's format)
             raise ValueError(f"export_teacher={self.export_teacher!r} needs sparse_sharding='none' "
