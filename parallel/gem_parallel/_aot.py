@@ -24,10 +24,11 @@ it per block kind:
 - a kind whose ahead-of-time compile fails (the API is experimental) runs through an
   ordinary `torch.compile` instead, with a warning and `stats.fallbacks`.
 
-With `background=True` a call that would compile runs its block eagerly instead, and the
-compile runs in a background thread (one at a time, in the order calls needed them); once it
-is done, the next call of that kind takes the compiled variant. The first step then comes in
-eager time rather than after a minute of compiling from an empty folder; the steps before the
+With `background=True` a call that would load or compile runs its block eagerly instead, and
+the loading (then, if no file fits, the compile) runs in a background thread (one kind at a
+time, in the order calls needed them); once it is done, the next call of that kind takes the
+variant. The first step then comes in eager time rather than after a minute of compiling from
+an empty folder, or after the ~1.4 s a file of loading from a full one; the steps before the
 switch run eager code (the same maths, other rounding), and which step switches depends on
 how fast the compile went, so two such runs are not bit for bit the same. While a background
 compile runs, the compiler flags (`settings`) are set in the calling thread (torch 2.11 keeps
@@ -212,36 +213,42 @@ class AotBlocks:
         for v in variants:
             if v.guard_check(block, *args, **kwargs):
                 return v.fn(block, *args, **kwargs)
-        # Files are loaded one at a time, oldest first, until one fits: a process loads the
-        # variants its calls need, when they first need them. An earlier run compiled them in
-        # the order its calls met them, so the first step loads only its own (on the H200 each
-        # file takes ~1.2 s: a start need not pay for variants a later batch or the
-        # evaluation will use).
-        pending = self._pending.get(kind)
-        if pending is None:
-            pending = self._pending[kind] = self._files_oldest_first(kind)
+        if kind not in self._pending:
+            self._pending[kind] = self._files_oldest_first(kind)
+        if kind not in self._jobs:  # (background: a job under way runs the block eagerly meanwhile)
+            if not self.background:
+                try:
+                    self._obtain(kind, block, args, kwargs, variants)
+                except Exception as e:  # an experimental API: never let it stop a run
+                    return self._fall_back(kind, block, e)(block, *args, **kwargs)
+                return variants[-1].fn(block, *args, **kwargs)
+            self._submit(kind, block, args, kwargs)
+        self.stats.eager_calls += 1
+        return block.forward(*args, **kwargs)
+
+    def _obtain(self, kind: str, block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                into: list[Any], flags: bool = True) -> None:
+        """Appends to `into` the kind's files not loaded yet, loaded one at a time, oldest
+        first, until one's guards pass these inputs; when none does, a variant compiled for
+        them. The one that fits is appended last. (Loading stops at the first fit: a process
+        loads the variants its calls need, when they first need them; an earlier run compiled
+        them in the order its calls met them, so the first step loads only its own, and a
+        start need not pay ~1.2 s a file on the H200 for variants a later batch or the
+        evaluation will use.) A background job runs this in its thread, with its own `into`."""
+        pending = self._pending[kind]
         while pending:
             v = self._load_one(pending.pop(0))
             if v is None:
                 continue
-            variants.append(v)
+            into.append(v)
             if v.guard_check(block, *args, **kwargs):
-                return v.fn(block, *args, **kwargs)
-        if kind not in self._jobs:  # (background: a job under way runs the block eagerly meanwhile)
-            for i, v in enumerate(variants):
-                if len(self.stats.rejected) < REJECTED_KEPT:
-                    self.stats.rejected.append(f"compile {self.stats.compiled + 1} ({kind}): variant {i + 1} of "
-                                               f"{len(variants)} failed {_why_not(v, block, args, kwargs)}")
-            if not self.background:
-                try:
-                    v = self._compile(kind, block, args, kwargs)
-                except Exception as e:  # an experimental API: never let it stop a run
-                    return self._fall_back(kind, block, e)(block, *args, **kwargs)
-                variants.append(v)
-                return v.fn(block, *args, **kwargs)
-            self._submit(kind, block, args, kwargs)
-        self.stats.eager_calls += 1
-        return block.forward(*args, **kwargs)
+                return
+        known = self._variants.get(kind, []) + ([] if into is self._variants.get(kind) else into)
+        for i, v in enumerate(known):
+            if len(self.stats.rejected) < REJECTED_KEPT:
+                self.stats.rejected.append(f"compile {self.stats.compiled + 1} ({kind}): variant {i + 1} of "
+                                           f"{len(known)} failed {_why_not(v, block, args, kwargs)}")
+        into.append(self._compile(kind, block, args, kwargs, flags=flags))
 
     def _fall_back(self, kind: str, block: nn.Module, e: BaseException) -> Callable[..., Any]:
         self._fallback[kind] = fallback = self._plain(block)
@@ -300,16 +307,16 @@ class AotBlocks:
                     self._wake.wait()
                 job = self._queue.pop(0)
             try:
-                job.result = job.context.run(self._run_job, job)
+                job.context.run(self._run_job, job)
             except BaseException as e:  # reported by the calling thread at its next call
                 job.error = e
             finally:
                 job.args, job.kwargs = (), {}
                 job.done.set()
 
-    def _run_job(self, job: _Job) -> Any:
+    def _run_job(self, job: _Job) -> None:
         with job.state.applied():
-            return self._compile(job.kind, job.block, job.args, job.kwargs, flags=False)
+            self._obtain(job.kind, job.block, job.args, job.kwargs, job.variants, flags=False)
 
     def _harvest(self) -> None:
         """Takes the finished background compiles: each variant joins its kind's, a failure
@@ -319,10 +326,9 @@ class AotBlocks:
             if not job.done.is_set():
                 continue
             del self._jobs[kind]
+            self._variants.setdefault(kind, []).extend(job.variants)  # (those loaded before a failed compile too)
             if job.error is not None:
                 self._fall_back(kind, job.block, job.error)
-            else:
-                self._variants.setdefault(kind, []).append(job.result)
         if not self._jobs and self._held is not None:
             for mod, name, value in self._held:
                 setattr(mod, name, value)
@@ -432,7 +438,7 @@ class _Job:
     state: _CallState
     context: contextvars.Context
     done: threading.Event = field(default_factory=threading.Event)
-    result: Any = None
+    variants: list[Any] = field(default_factory=list)  # loaded, then maybe compiled: the fitting one last
     error: BaseException | None = None
 
 

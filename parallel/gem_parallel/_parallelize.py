@@ -261,10 +261,11 @@ def parallelize(
             (`gem_parallel.AotBlocks`), so a later process loads them instead of tracing
             them again. Needs `compile`; refused with HSDP (FSDP works through hooks on
             the blocks, which an ahead-of-time call skips).
-        compile_background: with `compile_aot`, a block whose variant is not in the folder
-            runs eagerly while it compiles in a background thread (the first step comes in
-            eager time; which step switches to the compiled blocks depends on the compile's
-            speed, so such runs are not bit for bit repeatable). False: the call waits.
+        compile_background: with `compile_aot`, a block whose variant is not loaded yet
+            runs eagerly while a background thread loads it from the folder, or compiles it
+            when none there fits (the first step comes in eager time; which step switches to
+            the compiled blocks depends on the thread's speed, so such runs are not bit for
+            bit repeatable). False: the call waits for the load or the compile.
 
     Returns:
         `Parallelized` (the model, the converted linears, the parameters FSDP skipped).

@@ -14,8 +14,9 @@ Checked on fresh random weights and inputs of varying sizes (dynamic shapes):
 - a kind torch cannot compile ahead of time runs through an ordinary torch.compile;
 - with `compile_background`, calls run eagerly (the eager model's bits) while the variants
   compile in a thread under the calls' grad and autocast state; then the calls take them (no
-  compile again), the compiler flags and the GIL switch interval set for the jobs are restored, and a later model loads
-  the files and computes the same bits; a failing background compile falls back as above;
+  compile again), the compiler flags and the GIL switch interval set for the jobs are restored;
+  a later model runs eagerly while it loads the files in the thread, then computes the first
+  model's bits; a failing background compile falls back as above;
 - bad arguments are refused with the argument named, and a block with module hooks (which
   the compiled forward would skip) is refused at install and at its next call.
 
@@ -528,13 +529,24 @@ def test_background_compiles_run_eager_meanwhile_then_switch(
         assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 5e-2
     assert len(aot.files()) == 2
 
-    # A later model loads the two files and computes the same bits.
+    # A later model loads the two files in the background too: its first step runs eagerly
+    # (the eager model's bits) while the thread loads the oldest file, which fits the first
+    # block; the next step's other blocks wait for the second file the same way. Once both
+    # are loaded, no compile and no eager call: the same bits as the first model's variants.
     later = mod.Net()
     later.load_state_dict(eager.state_dict())
+    gate.clear()  # (a compile would hang until the test's timeout: none may happen)
     again = parallelize(later, compile=True, compile_aot=str(store), compile_background=True)
-    again_got = _run(later, sizes, seed + 1, bf16=True)
     assert again.aot is not None
-    assert again.aot.stats.loaded == 2 and again.aot.stats.compiled == 0 and again.aot.stats.eager_calls == 0
+    for a, b in zip(_run(later, (6,), seed, bf16=True), _run(eager, (6,), seed, bf16=True)):
+        assert torch.equal(a, b)
+    assert again.aot.stats.eager_calls == 3 and again.aot.wait(timeout=300)
+    assert again.aot.stats.loaded == 1, again.aot.stats
+    _run(later, (6,), seed, bf16=True)
+    assert again.aot.stats.eager_calls == 5 and again.aot.wait(timeout=300)
+    again_got = _run(later, sizes, seed + 1, bf16=True)
+    assert again.aot.stats.loaded == 2 and again.aot.stats.compiled == 0 and again.aot.stats.eager_calls == 5, \
+        again.aot.stats
     for a, b in zip(again_got, got):
         assert torch.equal(a, b)
-
+    assert sys.getswitchinterval() == pytest.approx(interval)

@@ -46,9 +46,10 @@ def compile_notice(cfg: TrainConfig, device: torch.device, cache_loaded: bool) -
     if cache_loaded:
         msg = "compile=True: compiling with the loaded compile_cache (~25 s to the first step on an H200)"
     elif cfg.compile_aot and cfg.compile_background:
-        msg = (f"compile=True, compile_aot={cfg.compile_aot!r}, compile_background=True: blocks an earlier "
-               "run kept there load before the first step (on an H200 ~7-8 s); a block kind not kept there "
-               "runs eagerly while it compiles in the background, and its compiled blocks take over when ready")
+        msg = (f"compile=True, compile_aot={cfg.compile_aot!r}, compile_background=True: the first steps run "
+               "eager blocks while a background thread loads the compiled blocks an earlier run kept there "
+               "(~1.4 s a kind on an H100) or compiles those not kept there (a minute or more); the compiled "
+               "blocks take over when ready")
     elif cfg.compile_aot:
         msg = (f"compile=True, compile_aot={cfg.compile_aot!r}: the first step comes after a warm-up "
                "that loads the blocks an earlier run compiled there (on an H200 ~7-8 s; ~16 s on a "

@@ -143,6 +143,16 @@ def test_background_compile_trains_eagerly_until_the_blocks_are_compiled(
     assert s["recompiles_per_100_steps"] == 0.0, s
     assert len(list((tmp_path / "aot").rglob("*.bin"))) >= aot["compiled"]
 
+    # A second run over the filled folder compiles nothing: its first steps run eager blocks
+    # while the thread loads the files, then the loaded blocks take over.
+    made.clear()
+    eager_at.clear()
+    again = train(cfg, deterministic=False, step_hook=hook)
+    aot2 = again["compile_aot"]
+    assert aot2["compiled"] == 0 and aot2["loaded"] >= 1 and aot2["eager_calls"] > 0, again
+    assert aot2["pending"] == [] and aot2["fallbacks"] == 0, again
+    assert eager_at[again["warmup_steps"]] == eager_at[steps] and again["steps"] == steps, (eager_at, again)
+
 
 def test_background_compile_is_off_under_deterministic_algorithms(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

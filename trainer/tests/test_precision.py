@@ -168,7 +168,7 @@ def test_compile_notice_on_gpu_only() -> None:
     assert aot is not None and "warm-up" in aot and "'/x/aot'" in aot
     assert cli_message(aot).startswith("--compile, --compile-aot=") and "--no-compile" in cli_message(aot)
     bg = _preflight.compile_notice(h200(compile_aot="/x/aot"), cuda, False)  # the preset's default
-    assert bg is not None and "eagerly while it compiles in the background" in bg and "'/x/aot'" in bg
+    assert bg is not None and "eager blocks while a background thread loads" in bg and "'/x/aot'" in bg
     assert cli_message(bg).startswith("--compile, --compile-aot=/x/aot, --compile-background:")
     loaded = _preflight.compile_notice(h200(), cuda, True)
     assert loaded is not None and "loaded" in loaded
