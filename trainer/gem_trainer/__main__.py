@@ -160,12 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     # kernels at first use; its on-disk cache spares a later run that time. Read when the
     # package is imported (at the first attention call); an explicit setting wins.
     os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
-    _preflight.render = cli_message  # notices name flags, like the errors
+    render, _preflight.render = _preflight.render, cli_message  # notices name flags, like the errors
     try:
         summary = train(cfg, deterministic=deterministic)
     except ValueError as e:
         print(f"gem: error: {cli_message(str(e))}", file=sys.stderr)
         return 2
+    finally:  # (main called in a process that goes on, e.g. a test: its later notices name fields)
+        _preflight.render = render
     _release_process_group()
     if summary.get("world_size", 1) == 1 or _rank() == 0:
         for task, m in summary["tasks"].items():
