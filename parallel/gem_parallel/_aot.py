@@ -46,6 +46,7 @@ running stale code.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import hashlib
@@ -288,7 +289,8 @@ class AotBlocks:
                 setattr(mod, name, value)
             self._interval = sys.getswitchinterval()
             sys.setswitchinterval(min(self._interval, SWITCH_INTERVAL_S))
-        a, kw = torch.utils._pytree.tree_map_only(torch.Tensor, _detached, (args, kwargs))
+        memo: dict[int, torch.Tensor] = {}
+        a, kw = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: _detached(t, memo), (args, kwargs))
         # The job runs in a copy of this thread's context: torch 2.13 keeps config overrides
         # per thread (in context variables), and a new thread would start from the defaults.
         job = _Job(kind, block, a, kw, _CallState.capture(), contextvars.copy_context())
@@ -299,6 +301,24 @@ class AotBlocks:
         if self._worker is None:
             self._worker = threading.Thread(target=self._work, name="gem-aot-compile", daemon=True)
             self._worker.start()
+            atexit.register(self._at_exit)
+
+    def _at_exit(self) -> None:
+        """At interpreter exit: drops the queued jobs and waits for the one running. A daemon
+        thread stopped inside the compiler's C++ code at finalisation aborts the process
+        ("terminate called without an active exception", exit 134 after a good run); a job
+        left to finish also keeps its variant for the next run."""
+        with self._wake:
+            self._queue.clear()
+        running = [j for j in self._jobs.values() if j.started.is_set() and not j.done.is_set()]
+        for job in running:
+            print(f"gem_parallel: waiting for the background load or compile of {job.kind} to finish "
+                  f"before exiting (what it makes is kept in {self.directory})", file=sys.stderr, flush=True)
+            job.done.wait()
+            if job.error is not None:
+                print(f"gem_parallel: the background load or compile of {job.kind} stopped at the exit "
+                      f"({type(job.error).__name__}: {str(job.error)[:200]}); nothing of it is kept "
+                      "(call wait() before exiting to keep it)", file=sys.stderr, flush=True)
 
     def _work(self) -> None:
         while True:
@@ -306,6 +326,7 @@ class AotBlocks:
                 while not self._queue:
                     self._wake.wait()
                 job = self._queue.pop(0)
+                job.started.set()
             try:
                 job.context.run(self._run_job, job)
             except BaseException as e:  # reported by the calling thread at its next call
@@ -396,10 +417,24 @@ class AotBlocks:
         return fn
 
 
-def _detached(t: torch.Tensor) -> torch.Tensor:
+def _detached(t: torch.Tensor, memo: dict[int, torch.Tensor]) -> torch.Tensor:
     """A background job's copy of an input: the same storage and metadata, without the autograd
-    graph behind it (which would keep a whole step's activations alive while it compiles)."""
-    return t.detach().requires_grad_(t.requires_grad)
+    graph behind it (which would keep a whole step's activations alive while it compiles).
+    What dynamo guards on is kept, so a variant's guards judge the copy as they would the
+    input: one copy per tensor (`memo`: inputs that are one tensor stay one), and a view stays
+    a view of (the copy of) its base (a variant traced from a view guards on its `_base`; a
+    plain detached copy has none, and the guard fails)."""
+    if id(t) in memo:
+        return memo[id(t)]
+    d = None
+    if t._base is not None:
+        view = _detached(t._base, memo).as_strided(t.size(), t.stride(), t.storage_offset())
+        if view.requires_grad == t.requires_grad:
+            d = view
+    if d is None:
+        d = t.detach().requires_grad_(t.requires_grad)
+    memo[id(t)] = d
+    return d
 
 
 @dataclass
@@ -437,6 +472,7 @@ class _Job:
     kwargs: dict[str, Any]
     state: _CallState
     context: contextvars.Context
+    started: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
     variants: list[Any] = field(default_factory=list)  # loaded, then maybe compiled: the fitting one last
     error: BaseException | None = None

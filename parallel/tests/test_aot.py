@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 import sys
 import textwrap
 import threading
@@ -550,3 +551,81 @@ def test_background_compiles_run_eager_meanwhile_then_switch(
     for a, b in zip(again_got, got):
         assert torch.equal(a, b)
     assert sys.getswitchinterval() == pytest.approx(interval)
+
+
+def test_background_loads_judge_views_and_non_leaf_inputs_as_the_call_does(
+        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The thread checks a loaded variant's guards against its own copies of the call's inputs
+    # (detached, so a step's graph is not kept alive). A model's inputs are views (`extra` a
+    # slice of a bigger tensor, as the trainer's layout holds slices) and non-leaf tensors
+    # with a graph behind them; variants compiled in the foreground guard on such views'
+    # bases. The copies must pass those guards wherever the inputs themselves do: a later
+    # background model loads both files and compiles nothing.
+    import gem_parallel._aot as aot_mod
+
+    mod = _module(src, "2.0")
+    seed = int(torch.randint(0, 1 << 30, ()).item())
+    torch.manual_seed(seed)
+    eager = mod.Net()
+
+    def run(net: nn.Module, n: int) -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(seed + n)
+        leaf = torch.randn(n, 16, generator=g, requires_grad=True)
+        big = torch.randn(8, 16, generator=g)
+        out = net(leaf * 1.5, big[2:5])  # a non-leaf input and a view
+        out.square().sum().backward()
+        got = [out.detach().clone(), leaf.grad.clone()] + [p.grad.clone() for p in net.parameters()]  # type: ignore[union-attr]
+        net.zero_grad(set_to_none=True)
+        return got
+
+    store = str(tmp_path / "aot")
+    first = mod.Net()
+    first.load_state_dict(eager.state_dict())
+    done = parallelize(first, compile=True, compile_aot=store)
+    want = run(first, 7)
+    assert done.aot is not None and done.aot.stats.compiled == 2 and len(done.aot.files()) == 2
+
+    def no_compile(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a kept variant should have been used")
+
+    monkeypatch.setattr(aot_mod, "_aot_compile_forward", no_compile)
+    later = mod.Net()
+    later.load_state_dict(eager.state_dict())
+    again = parallelize(later, compile=True, compile_aot=store, compile_background=True)
+    assert again.aot is not None
+    for _ in range(2):  # the first block's file, then the others' (one job loads both when
+        run(later, 7)    # the files' times tie and the other block's file comes first)
+        assert again.aot.wait(timeout=300)
+    eager_calls = again.aot.stats.eager_calls
+    got = run(later, 7)
+    stats = again.aot.stats
+    assert stats.fallbacks == 0 and stats.compiled == 0 and stats.loaded == 2, stats
+    assert stats.eager_calls == eager_calls and eager_calls in (3, 5), stats
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_a_process_exiting_mid_compile_exits_cleanly(src: Path, tmp_path: Path) -> None:
+    # A process that ends while the thread compiles (a short run) must not abort: a daemon
+    # thread stopped inside the compiler's C++ code at interpreter exit ended such a process
+    # with "terminate called without an active exception" (exit 134) after a good run. The
+    # store waits for the running job at exit and says so.
+    _module(src, "2.0")
+    script = tmp_path / "short_run.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {str(src)!r})
+        from gem_aot_test_blocks import Net
+        from gem_parallel import parallelize
+        net = Net()
+        done = parallelize(net, compile=True, compile_aot={str(tmp_path / "aot")!r}, compile_background=True)
+        net(torch.randn(5, 16), torch.randn(3, 16)).sum().backward()
+        assert done.aot.pending_compiles(), "the compile should still be running"
+        print("step done", flush=True)
+    """))
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert "step done" in proc.stdout
+    assert "waiting for the background load or compile of gem_aot_test_blocks.Block" in proc.stderr, proc.stderr[-2000:]

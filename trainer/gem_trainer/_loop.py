@@ -861,9 +861,24 @@ def train(cfg: TrainConfig, *, deterministic: bool | None = None,
         bk.save_compile_cache()  # a run shorter than the warm-up
         tasks = evaluate(run.model, run.cfg, run.dcfg, run.rank, run.world, run.device,
                          autocast_device(run.cfg, run.device))
-        return _summary(run, bk, tasks)
+        summary = _summary(run, bk, tasks)
+        _finish_background(run.aot, run.rank)
+        return summary
     finally:
         bk.log.close()  # also when the loop, a checkpoint or the evaluation raised
+
+
+def _finish_background(aot: Any, rank: int) -> None:
+    """Waits for the blocks' background loads and compiles still running at the end (a run
+    shorter than its compile): what they make is kept for the next run, and the process
+    exits cleanly (the summary's `compile_aot.pending` names them)."""
+    if aot is None or not aot.background or not aot.pending_compiles():
+        return
+    from gem_trainer import _preflight
+
+    _preflight.say(f"waiting for the background compile of {', '.join(aot.pending_compiles())} to finish: "
+                   f"its blocks are kept in {aot.directory} for the next run", rank)
+    aot.wait()
 
 
 def _summary(run: _Run, bk: _Booking, tasks: dict[str, dict[str, float]]) -> dict[str, Any]:
