@@ -6,8 +6,8 @@
 #   PART=a  "cold": issue 16's command from empty inductor/Triton/--compile-aot folders (the
 #           preset's default --compile-background), 200 steps; "warm": again over the filled
 #           folders, 300 steps (gem-parallel 0.3.13: the kept variants load in the background);
-#           "warmfg": 60 steps with --no-compile-background (they load before the first step); "ckpt": warm, 300 steps with --ckpt-every 50; "hop": the Hopper
-#           FP8 linears against bf16 (`gem_precision.bench.hopper --quick --no-mxfp8`).
+#           "warmfg": 60 steps with --no-compile-background (they load before the first step);
+#           "warm2" / "warmfg2": the pair again; "ckpt": warm, 300 steps with --ckpt-every 50 (the time left).
 #   PART=b  "table": issue 15's table and length-mix sweep (`gem_kernels.bench.table`); "kt":
 #           every kernel GPU test (`pytest kernels/tests -k gpu`, not stopping at a failure).
 #   PART=c  "fp8": issue 16's command with --precision fp8_block_wgrad_bf16 (its own compiled
@@ -16,7 +16,7 @@ export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHON
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
-  for f in cold warm warmfg ckpt fp8; do [ -f "$OUT/$f.log" ] && { printf '%s ' $f; last_summary "$OUT/$f.log" model_version steps loss step_s_median step_gpu_s_median mfu_steady mfu time_to_first_step_s warmup_steps compiled_from_step recompiles_per_100_steps data_wait_frac ckpt_saves ckpt_stall_s ckpt_stall_frac ckpt_stall_per_save_s ckpt_final_wait_s ckpt_state_gb ckpt_delayed_steps | cut -c1-800; grep -o '"compile_aot": {[^}]*}' "$OUT/$f.log" | tail -1 | cut -c1-300; }; done
+  for f in cold warm warmfg warm2 warmfg2 ckpt fp8; do [ -f "$OUT/$f.log" ] && { printf '%s ' $f; last_summary "$OUT/$f.log" model_version steps loss step_s_median step_gpu_s_median mfu_steady mfu time_to_first_step_s startup_s warmup_steps compiled_from_step recompiles_per_100_steps data_wait_frac ckpt_saves ckpt_stall_s ckpt_stall_frac ckpt_stall_per_save_s ckpt_final_wait_s ckpt_state_gb ckpt_delayed_steps | cut -c1-800; grep -o '"compile_aot": {[^}]*}' "$OUT/$f.log" | tail -1 | cut -c1-300; }; done
   [ -f "$OUT/hop.log" ] && tail -25 "$OUT/hop.log" | cut -c1-200
   [ -f "$OUT/mfu.log" ] && { echo "=== mfu"; grep -E "^(seq_attention|seq_ffn|pooling|interaction|weighted|model e2e|whole|e2e, layers)" "$OUT/mfu.log" | cut -c1-160; }
   [ -f "$OUT/table.log" ] && sed -n '/^case/,$p' "$OUT/table.log" | grep -v '^{' | cut -c1-250
@@ -27,8 +27,9 @@ a) export GEM_CACHE_DIR=/tmp/gemc TORCHINDUCTOR_CACHE_DIR=/tmp/gemc/ind TRITON_C
    st cold 190 python3 $H200_TR --steps 200
    st warm 120 python3 $H200_TR --steps 300
    st warmfg 70 python3 $H200_TR --steps 60 --no-compile-background
-   rm -rf /tmp/ck; st ckpt 140 python3 $H200_TR --steps 300 --ckpt-every 50 --ckpt-dir /tmp/ck
-   [ "$(gpu_left)" -gt 30 ] && st hop "$(gpu_left)" bash -c "cd precision && python3 -m gem_precision.bench.hopper --quick --no-mxfp8";;
+   st warm2 70 python3 $H200_TR --steps 60
+   st warmfg2 70 python3 $H200_TR --steps 60 --no-compile-background
+   rm -rf /tmp/ck; [ "$(gpu_left)" -gt 60 ] && st ckpt "$(gpu_left)" python3 $H200_TR --steps 300 --ckpt-every 50 --ckpt-dir /tmp/ck;;
 c) export GEM_CACHE_DIR=/tmp/gemc TORCHINDUCTOR_CACHE_DIR=/tmp/gemc/ind TRITON_CACHE_DIR=/tmp/gemc/tri
    st fp8 220 python3 $H200_TR --steps 200 --precision fp8_block_wgrad_bf16
    unset GEM_CACHE_DIR TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
