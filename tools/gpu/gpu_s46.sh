@@ -16,7 +16,7 @@ export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHON
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
-  for f in cold warm warmfg warm2 warmfg2 ckpt fp8; do [ -f "$OUT/$f.log" ] && { printf '%s ' $f; last_summary "$OUT/$f.log" model_version steps loss step_s_median step_gpu_s_median mfu_steady mfu time_to_first_step_s startup_s warmup_steps compiled_from_step recompiles_per_100_steps data_wait_frac ckpt_saves ckpt_stall_s ckpt_stall_frac ckpt_stall_per_save_s ckpt_final_wait_s ckpt_state_gb ckpt_delayed_steps | cut -c1-800; grep -o '"compile_aot": {[^}]*}' "$OUT/$f.log" | tail -1 | cut -c1-300; }; done
+  for f in cold warm warmfg warm2 warmfg2 ckpt fp8; do [ -f "$OUT/$f.log" ] && { printf '%s ' $f; last_summary "$OUT/$f.log" model_version steps loss step_s_median step_gpu_s_median mfu_steady mfu time_to_first_step_s startup_s warmup_steps compiled_from_step recompiles_per_100_steps data_wait_frac ckpt_saves ckpt_stall_s ckpt_stall_frac ckpt_stall_per_save_s ckpt_final_wait_s ckpt_state_gb ckpt_delayed_steps | cut -c1-1200; grep -o '"compile_aot": {[^}]*}' "$OUT/$f.log" | tail -1 | cut -c1-300; }; done
   [ -f "$OUT/hop.log" ] && tail -25 "$OUT/hop.log" | cut -c1-200
   [ -f "$OUT/mfu.log" ] && { echo "=== mfu"; grep -E "^(seq_attention|seq_ffn|pooling|interaction|weighted|model e2e|whole|e2e, layers)" "$OUT/mfu.log" | cut -c1-160; }
   [ -f "$OUT/table.log" ] && sed -n '/^case/,$p' "$OUT/table.log" | grep -v '^{' | cut -c1-250
