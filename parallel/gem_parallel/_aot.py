@@ -264,8 +264,8 @@ class AotBlocks:
     # thread only; one daemon thread runs them in order (a process exiting mid-compile loses
     # that compile, never a file: saves are atomic).
     def pending_compiles(self) -> list[str]:
-        """The kinds whose compile is queued or running in the background (finished ones are
-        taken first, as a call would)."""
+        """The kinds whose background job (a load, then a compile if no file fits) is queued or
+        running (finished ones are taken first, as a call would)."""
         if self._jobs:
             self._harvest()
         return sorted(self._jobs)

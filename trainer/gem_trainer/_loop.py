@@ -872,11 +872,12 @@ def _finish_background(aot: Any, rank: int) -> None:
     """Waits for the blocks' background loads and compiles still running at the end (a run
     shorter than its compile): what they make is kept for the next run, and the process
     exits cleanly (the summary's `compile_aot.pending` names them)."""
-    if aot is None or not aot.background or not aot.pending_compiles():
+    pending = aot.pending_compiles() if aot is not None and aot.background else []
+    if not pending:
         return
     from gem_trainer import _preflight
 
-    _preflight.say(f"waiting for the background compile of {', '.join(aot.pending_compiles())} to finish: "
+    _preflight.say(f"waiting for the background compile of {', '.join(pending)} to finish: "
                    f"its blocks are kept in {aot.directory} for the next run", rank)
     aot.wait()
 
