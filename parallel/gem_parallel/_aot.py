@@ -49,6 +49,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import contextvars
+import copy
 import hashlib
 import importlib
 import inspect
@@ -80,7 +81,7 @@ class AotStats:
     eager_calls: int = 0  # background=True: block calls run eagerly while their kind compiled
     load_s: float = 0.0
     compile_s: float = 0.0
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # why a file was dropped or not saved, a fallback's error
     # Why each compile was needed: the first failing guard of every variant it had (e.g.
     # "GLOBAL_STATE changed: grad_mode", a size guard), so a run shows which inputs make new
     # variants without TORCH_LOGS=recompiles. At most REJECTED_KEPT entries.
@@ -91,7 +92,7 @@ class AotStats:
                 "unreadable": self.unreadable, "save_errors": self.save_errors, "fallbacks": self.fallbacks,
                 "eager_calls": self.eager_calls,
                 "load_s": round(self.load_s, 3), "compile_s": round(self.compile_s, 3),
-                "rejected": list(self.rejected)}
+                "rejected": list(self.rejected), "notes": self.notes[:REJECTED_KEPT]}
 
 
 REJECTED_KEPT = 16
@@ -405,7 +406,7 @@ class AotBlocks:
         a background job runs with them already set process-wide)."""
         t = time.perf_counter()
         compile_forward = with_flags(_aot_compile_forward, self.settings) if flags else _aot_compile_forward
-        fn = compile_forward(self.backend, block, args, kwargs)
+        fn = compile_forward(self.backend, _shadow(block), args, kwargs)
         self.stats.compiled += 1
         path = os.path.join(self.directory, f"{kind}.{uuid.uuid4().hex[:12]}.bin")
         try:
@@ -435,6 +436,23 @@ def _detached(t: torch.Tensor, memo: dict[int, torch.Tensor]) -> torch.Tensor:
         d = t.detach().requires_grad_(t.requires_grad)
     memo[id(t)] = d
     return d
+
+
+def _shadow(block: nn.Module) -> nn.Module:
+    """The block a background job compiles: a copy whose parameters share the block's storage
+    but have no `.grad`. A variant's file records the `.grad` of each tensor its guards read,
+    and torch 2.11-2.13 write a gradient that is not itself guarded as a placeholder the load
+    then refuses ("assigned grad expected to be a Tensor or None but got grad of type
+    _Missing"): a compile between a step's backward and its `zero_grad` (where a background
+    job mostly runs; a foreground compile too, when a call first needs a variant after a
+    backward) made files no later process could load. The variant then runs on the block
+    itself. Buffers are shared as they are; other attributes are copied."""
+    memo: dict[int, Any] = {}
+    for p in block.parameters():
+        memo[id(p)] = nn.Parameter(p.detach(), requires_grad=p.requires_grad)
+    for b in block.buffers():
+        memo[id(b)] = b
+    return copy.deepcopy(block, memo)
 
 
 @dataclass

@@ -479,6 +479,21 @@ def _held_compiles(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     return gate
 
 
+def _held_loads(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Holds every file load of a background job until the returned event is set (a load
+    takes milliseconds: unheld, a job could finish between two blocks' calls of one step)."""
+    real = AotBlocks._load_one
+
+    def held(self: AotBlocks, path: str) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            assert gate.wait(120), "the test never released the load"
+        return real(self, path)
+
+    gate = threading.Event()
+    monkeypatch.setattr(AotBlocks, "_load_one", held)
+    return gate
+
+
 def test_background_compiles_run_eager_meanwhile_then_switch(
         src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mod = _module(src, "2.0")
@@ -537,13 +552,17 @@ def test_background_compiles_run_eager_meanwhile_then_switch(
     later = mod.Net()
     later.load_state_dict(eager.state_dict())
     gate.clear()  # (a compile would hang until the test's timeout: none may happen)
+    loads = _held_loads(monkeypatch)  # (each step's loads wait for it to end)
     again = parallelize(later, compile=True, compile_aot=str(store), compile_background=True)
     assert again.aot is not None
     for a, b in zip(_run(later, (6,), seed, bf16=True), _run(eager, (6,), seed, bf16=True)):
         assert torch.equal(a, b)
+    loads.set()
     assert again.aot.stats.eager_calls == 3 and again.aot.wait(timeout=300)
     assert again.aot.stats.loaded == 1, again.aot.stats
+    loads.clear()
     _run(later, (6,), seed, bf16=True)
+    loads.set()
     assert again.aot.stats.eager_calls == 5 and again.aot.wait(timeout=300)
     again_got = _run(later, sizes, seed + 1, bf16=True)
     assert again.aot.stats.loaded == 2 and again.aot.stats.compiled == 0 and again.aot.stats.eager_calls == 5, \
@@ -629,3 +648,64 @@ def test_a_process_exiting_mid_compile_exits_cleanly(src: Path, tmp_path: Path) 
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     assert "step done" in proc.stdout
     assert "waiting for the background load or compile of gem_aot_test_blocks.Block" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_variant_compiled_while_the_parameters_hold_gradients_loads_in_the_next_process(
+        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A background job compiles while the training step goes on: mostly between a backward and
+    # the next `zero_grad`, when the parameters hold `.grad`. torch writes the gradient of each
+    # tensor the guards read into the file, as a placeholder the load refuses ("assigned grad
+    # expected to be a Tensor or None but got grad of type _Missing"): every file the thread
+    # wrote was unreadable, and each warm start compiled again. The variant must fit the calls
+    # in its own process (no second compile) and load in the next one. The inputs are as a
+    # trainer's layer gets them: a non-leaf tensor, and a view of a non-leaf tensor.
+    import gem_parallel._aot as aot_mod
+
+    mod = _module(src, "2.0")
+    seed = int(torch.randint(0, 1 << 30, ()).item())
+    torch.manual_seed(seed)
+    eager = mod.Net()
+
+    def run(net: nn.Module, n: int, zero: bool = True) -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(seed + n)
+        leaf = torch.randn(n, 16, generator=g, requires_grad=True)
+        side = torch.randn(16, 3, generator=g, requires_grad=True)
+        out = net(leaf * 1.5, (side * 2.0).t())
+        out.square().sum().backward()
+        got = [out.detach().clone(), leaf.grad.clone(), side.grad.clone()]  # type: ignore[union-attr]
+        got += [p.grad.clone() for p in net.parameters()]  # type: ignore[union-attr]
+        if zero:
+            net.zero_grad(set_to_none=True)
+        return got
+
+    want = run(eager, 7)
+    store = str(tmp_path / "aot")
+    first = mod.Net()
+    first.load_state_dict(eager.state_dict())
+    done = parallelize(first, compile=True, compile_aot=store, compile_background=True)
+    assert done.aot is not None
+    for _ in range(3):  # the first block's variant, then the later blocks' (one job at a time),
+        run(first, 7, zero=False)  # each compiled while the parameters hold gradients
+        assert done.aot.wait(timeout=300)
+        first.zero_grad(set_to_none=True)
+    stats = done.aot.stats
+    compiled, eager_calls = stats.compiled, stats.eager_calls
+    assert compiled == 2 and stats.fallbacks == 0 and stats.save_errors == 0, stats.summary()
+    got = run(first, 7)
+    assert stats.compiled == compiled and stats.eager_calls == eager_calls, stats.summary()
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+    def no_compile(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a kept variant should have been used")
+
+    monkeypatch.setattr(aot_mod, "_aot_compile_forward", no_compile)
+    later = mod.Net()
+    later.load_state_dict(eager.state_dict())
+    again = parallelize(later, compile=True, compile_aot=store)
+    got = run(later, 7)
+    assert again.aot is not None
+    s = again.aot.stats
+    assert s.loaded == 2 and s.unreadable == 0 and s.compiled == 0 and s.fallbacks == 0, s.summary()
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
