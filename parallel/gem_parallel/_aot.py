@@ -60,6 +60,7 @@ import threading
 import time
 import uuid
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -141,6 +142,19 @@ def sources_current(fn: Any) -> bool:
     return True
 
 
+# The stores that have started a background job: one exit hook for all of them, holding
+# none alive (a store a process dropped needs no wait).
+_STORES: weakref.WeakSet[AotBlocks] = weakref.WeakSet()
+
+
+def _at_exit_all() -> None:
+    for store in list(_STORES):
+        store._at_exit()
+
+
+atexit.register(_at_exit_all)
+
+
 class AotBlocks:
     """Installs ahead-of-time compiled calls on blocks; see the module docstring.
 
@@ -180,8 +194,8 @@ class AotBlocks:
         self.background = background
         self._jobs: dict[str, _Job] = {}  # kind -> its compile queued or running in the background
         self._queue: list[_Job] = []
-        self._wake = threading.Condition()
-        self._worker: threading.Thread | None = None
+        self._lock = threading.Lock()  # guards _queue and _worker
+        self._worker: threading.Thread | None = None  # while jobs are queued or running
         self._held: list[tuple[Any, str, Any]] | None = None  # the flags' values before the jobs set them
         self._interval = 0.0  # the GIL's switch interval before the jobs set it (with _held)
 
@@ -296,20 +310,19 @@ class AotBlocks:
         # per thread (in context variables), and a new thread would start from the defaults.
         job = _Job(kind, block, a, kw, _CallState.capture(), contextvars.copy_context())
         self._jobs[kind] = job
-        with self._wake:
+        _STORES.add(self)
+        with self._lock:
             self._queue.append(job)
-            self._wake.notify()
-        if self._worker is None:
-            self._worker = threading.Thread(target=self._work, name="gem-aot-compile", daemon=True)
-            self._worker.start()
-            atexit.register(self._at_exit)
+            if self._worker is None:  # (a worker ends once the queue is empty)
+                self._worker = threading.Thread(target=self._work, name="gem-aot-compile", daemon=True)
+                self._worker.start()
 
     def _at_exit(self) -> None:
         """At interpreter exit: drops the queued jobs and waits for the one running. A daemon
         thread stopped inside the compiler's C++ code at finalisation aborts the process
         ("terminate called without an active exception", exit 134 after a good run); a job
         left to finish also keeps its variant for the next run."""
-        with self._wake:
+        with self._lock:
             self._queue.clear()
         running = [j for j in self._jobs.values() if j.started.is_set() and not j.done.is_set()]
         for job in running:
@@ -322,10 +335,13 @@ class AotBlocks:
                       "(call wait() before exiting to keep it)", file=sys.stderr, flush=True)
 
     def _work(self) -> None:
+        """The worker: runs the queued jobs in order, and ends when none is left (so no thread
+        outlives its work, or keeps the store and its model alive after it)."""
         while True:
-            with self._wake:
-                while not self._queue:
-                    self._wake.wait()
+            with self._lock:
+                if not self._queue:
+                    self._worker = None
+                    return
                 job = self._queue.pop(0)
                 job.started.set()
             try:

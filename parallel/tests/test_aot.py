@@ -709,3 +709,35 @@ def test_a_variant_compiled_while_the_parameters_hold_gradients_loads_in_the_nex
     assert s.loaded == 2 and s.unreadable == 0 and s.compiled == 0 and s.fallbacks == 0, s.summary()
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_background_store_leaves_no_thread_and_is_not_kept_alive(src: Path, tmp_path: Path) -> None:
+    # The worker thread ends once its queue is empty, and the exit hook holds its stores
+    # weakly: a process that builds and drops models (a notebook, a sweep) keeps neither a
+    # waiting thread per store nor the stores' models. (Before gem-parallel 0.3.14 each store's
+    # thread waited for jobs for the life of the process, and the hook kept each store.)
+    import gc
+    import time
+    import weakref
+
+    mod = _module(src, "2.0")
+    net = mod.Net()
+    done = parallelize(net, compile=True, compile_aot=str(tmp_path / "aot"), compile_background=True)
+    assert done.aot is not None
+    seed = int(torch.randint(0, 1 << 30, ()).item())
+    for _ in range(3):  # (each block kind's variants, one job at a time)
+        _run(net, (6,), seed)
+        assert done.aot.wait(timeout=300)
+    assert done.aot.stats.compiled == 2 and not done.aot.pending_compiles(), done.aot.stats
+
+    def workers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "gem-aot-compile"]
+
+    deadline = time.monotonic() + 30
+    while workers() and time.monotonic() < deadline:  # (it ends just after its last job)
+        time.sleep(0.01)
+    assert not workers()
+    store = weakref.ref(done.aot)
+    del done, net
+    gc.collect()
+    assert store() is None
