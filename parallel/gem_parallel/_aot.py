@@ -422,7 +422,13 @@ class AotBlocks:
         a background job runs with them already set process-wide)."""
         t = time.perf_counter()
         compile_forward = with_flags(_aot_compile_forward, self.settings) if flags else _aot_compile_forward
-        fn = compile_forward(self.backend, _shadow(block), args, kwargs)
+        try:
+            traced = _shadow(block)
+        except Exception as e:  # a block holding what cannot be copied (a lock, a stream)
+            traced = block  # (its file may then not load if the parameters hold gradients)
+            self.stats.notes.append(f"{kind}: compiled from the block itself: its copy failed "
+                                    f"({type(e).__name__}: {str(e)[:120]})")
+        fn = compile_forward(self.backend, traced, args, kwargs)
         self.stats.compiled += 1
         path = os.path.join(self.directory, f"{kind}.{uuid.uuid4().hex[:12]}.bin")
         try:

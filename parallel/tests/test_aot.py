@@ -741,3 +741,23 @@ def test_a_background_store_leaves_no_thread_and_is_not_kept_alive(src: Path, tm
     del done, net
     gc.collect()
     assert store() is None
+
+
+def test_a_block_that_cannot_be_copied_compiles_from_itself(src: Path, tmp_path: Path) -> None:
+    # A variant is compiled from a gradient-free copy of its block; a block holding something
+    # deepcopy refuses (here a lock) is compiled from itself instead, with a note, and runs.
+    mod = _module(src, "2.0")
+    seed = int(torch.randint(0, 1 << 30, ()).item())
+    torch.manual_seed(seed)
+    eager, net = mod.Net(), mod.Net()
+    net.load_state_dict(eager.state_dict())
+    for b in net.blocks:
+        b.lock = threading.Lock()
+    done = parallelize(net, compile=True, compile_aot=str(tmp_path / "aot"))
+    assert done.aot is not None
+    got, want = _run(net, (5, 9), seed), _run(eager, (5, 9), seed)
+    stats = done.aot.stats
+    assert stats.compiled == 2 and stats.fallbacks == 0, stats.summary()
+    assert len(stats.notes) == 2 and all("its copy failed (TypeError" in n for n in stats.notes), stats.notes
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
