@@ -83,6 +83,15 @@ class GEMModel(nn.Module):
         for i, layer in enumerate(self.layers):
             if stream is None:  # only the last layer may return no stream (`last_rows`)
                 raise RuntimeError(f"layer {i - 1} returned no token stream, but is not the last layer")
+            if pooled is not None:
+                # A fresh tensor for each layer, however the previous layer ran: an eager
+                # pooling's output is a view (of a transpose or reshape) where a compiled
+                # layer's is not, and a skip layer hands on its input. A block compiled ahead
+                # of time from one guards on its `_base` and does not fit the other, so a
+                # layer compiled in the background while its predecessor still ran eagerly
+                # was compiled again once the predecessor ran compiled. (Values unchanged: a
+                # copy of [B, seeds, d], strides kept.)
+                pooled = pooled.clone()
             x, stream, s_sum, pooled = layer(x, stream, lay, pooled)
         return self.heads(x, s_sum, batch.domain)  # type: ignore[no-any-return]
 
