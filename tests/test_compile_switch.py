@@ -18,20 +18,24 @@ import torch
 import torch.nn.functional as F
 
 import gem_parallel
-from gem_model import GEMModel
+from gem_data import SyntheticSource, presets as data_presets
+from gem_model import GEMModel, presets
 
-from test_compile_blocks import make_batch, tiny_config
-
-# The h200 preset's layer structure: pooling in layers 0 and 2, computation skip in 1 and 3,
-# the last layer attending from the rows it reads.
+_DATA = data_presets.tiny(seq_len_mean=12.0, seq_len_min=0, seq_len_cap=40)
+# The h200 preset's layer structure at the tiny sizes: pooling in layers 0 and 2, computation
+# skip in 1 and 3, the last layer attending from the rows it reads.
 _H200_SHAPE = dict(num_layers=4, gdpa_ffn=True, hierarchical_pooling=True, computation_skip=True,
                    stream_bias=False)
 
 
+def _model() -> GEMModel:
+    return GEMModel(presets.tiny(**presets.feature_sizes(_DATA), **_H200_SHAPE))
+
+
 def _step(model: torch.nn.Module, seed: int) -> list[torch.Tensor]:
-    batch = make_batch(16, seed)
+    batch = SyntheticSource(_DATA, block_size=16).batch(seed, sparse_kind="native")
     out = model(batch)
-    F.binary_cross_entropy_with_logits(out, batch.labels).backward()  # type: ignore[attr-defined]
+    F.binary_cross_entropy_with_logits(out, batch.labels).backward()  # type: ignore[attr-defined,no-untyped-call]
     got = [out.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]  # type: ignore[union-attr]
     model.zero_grad(set_to_none=True)
     return got
@@ -47,7 +51,7 @@ def _only(model: GEMModel, keep: set[int]) -> None:
 def test_a_layer_compiled_beside_an_eager_predecessor_fits_it_compiled(tmp_path: object) -> None:
     seed = int(torch.randint(0, 1 << 30, ()).item())
     torch.manual_seed(seed)
-    eager = GEMModel(tiny_config(**_H200_SHAPE))
+    eager = _model()
     assert eager.layers[0].pooling is not None and eager.layers[1].pooling is None
     store = str(tmp_path) + "/aot"
 
