@@ -479,6 +479,16 @@ def _held_compiles(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     return gate
 
 
+def _forbid_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Makes any ahead-of-time compile fail the test: a kept variant must be used."""
+    import gem_parallel._aot as aot
+
+    def no_compile(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a kept variant should have been used")
+
+    monkeypatch.setattr(aot, "_aot_compile_forward", no_compile)
+
+
 def _held_loads(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """Holds every file load of a background job until the returned event is set (a load
     takes milliseconds: unheld, a job could finish between two blocks' calls of one step)."""
@@ -580,8 +590,6 @@ def test_background_loads_judge_views_and_non_leaf_inputs_as_the_call_does(
     # with a graph behind them; variants compiled in the foreground guard on such views'
     # bases. The copies must pass those guards wherever the inputs themselves do: a later
     # background model loads both files and compiles nothing.
-    import gem_parallel._aot as aot_mod
-
     mod = _module(src, "2.0")
     seed = int(torch.randint(0, 1 << 30, ()).item())
     torch.manual_seed(seed)
@@ -604,10 +612,7 @@ def test_background_loads_judge_views_and_non_leaf_inputs_as_the_call_does(
     want = run(first, 7)
     assert done.aot is not None and done.aot.stats.compiled == 2 and len(done.aot.files()) == 2
 
-    def no_compile(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("a kept variant should have been used")
-
-    monkeypatch.setattr(aot_mod, "_aot_compile_forward", no_compile)
+    _forbid_compiles(monkeypatch)
     later = mod.Net()
     later.load_state_dict(eager.state_dict())
     again = parallelize(later, compile=True, compile_aot=store, compile_background=True)
@@ -659,8 +664,6 @@ def test_a_variant_compiled_while_the_parameters_hold_gradients_loads_in_the_nex
     # wrote was unreadable, and each warm start compiled again. The variant must fit the calls
     # in its own process (no second compile) and load in the next one. The inputs are as a
     # trainer's layer gets them: a non-leaf tensor, and a view of a non-leaf tensor.
-    import gem_parallel._aot as aot_mod
-
     mod = _module(src, "2.0")
     seed = int(torch.randint(0, 1 << 30, ()).item())
     torch.manual_seed(seed)
@@ -696,10 +699,7 @@ def test_a_variant_compiled_while_the_parameters_hold_gradients_loads_in_the_nex
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
-    def no_compile(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("a kept variant should have been used")
-
-    monkeypatch.setattr(aot_mod, "_aot_compile_forward", no_compile)
+    _forbid_compiles(monkeypatch)
     later = mod.Net()
     later.load_state_dict(eager.state_dict())
     again = parallelize(later, compile=True, compile_aot=store)
