@@ -14,10 +14,13 @@ from gem_trainer.__main__ import main
 
 hold = float(sys.argv.pop(1))
 work = aot_mod.AotBlocks._work
+waited: list[bool] = []  # (from gem-parallel 0.3.14 a new worker starts with each burst of jobs)
 
 
 def held(self: aot_mod.AotBlocks) -> None:
-    time.sleep(hold)
+    if not waited:
+        waited.append(True)
+        time.sleep(hold)
     work(self)
 
 
