@@ -318,12 +318,20 @@ class AotBlocks:
                 self._worker.start()
 
     def _at_exit(self) -> None:
-        """At interpreter exit: drops the queued jobs and waits for the one running. A daemon
+        """At interpreter exit: drops the queued jobs (saying so) and waits for the one running. A daemon
         thread stopped inside the compiler's C++ code at finalisation aborts the process
         ("terminate called without an active exception", exit 134 after a good run); a job
         left to finish also keeps its variant for the next run."""
         with self._lock:
-            self._queue.clear()
+            dropped, self._queue = self._queue, []
+        for job in dropped:  # done, as a failed job: none is left pending for ever
+            job.args, job.kwargs = (), {}
+            job.error = RuntimeError("dropped at interpreter exit before it started")
+            job.done.set()
+        if dropped:
+            print(f"gem_parallel: dropping the queued background load or compile of "
+                  f"{', '.join(j.kind for j in dropped)} at exit: the next run makes it again "
+                  "(call wait() before exiting to keep it)", file=sys.stderr, flush=True)
         running = [j for j in self._jobs.values() if j.started.is_set() and not j.done.is_set()]
         for job in running:
             print(f"gem_parallel: waiting for the background load or compile of {job.kind} to finish "

@@ -660,6 +660,51 @@ def test_a_process_exiting_mid_compile_exits_cleanly(src: Path, tmp_path: Path) 
     assert "waiting for the background load or compile of gem_aot_test_blocks.Block" in proc.stderr, proc.stderr[-2000:]
 
 
+def test_the_exit_waits_for_the_running_job_and_names_the_queued_ones_it_drops(
+        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # Two kinds of block: the worker holds the first kind's compile while the second's job
+    # waits in the queue. The exit hook waits for the first and drops the second, saying so;
+    # the dropped job ends as a failure (the store has nothing left pending).
+    mod = _module(src, "2.0")
+
+    class Other(mod.Block):  # type: ignore[misc, name-defined]
+        pass
+
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = nn.ModuleList([mod.Block(16)])
+            self.second = nn.ModuleList([Other(16)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.second[0](self.first[0](x))
+            return out
+
+    gate = _held_compiles(monkeypatch)
+    net = Two()
+    done = parallelize(net, compile=True, compile_aot=str(tmp_path / "aot"), compile_background=True)
+    aot = done.aot
+    assert aot is not None
+    net(torch.randn(4, 16)).sum().backward()
+    kinds = aot.pending_compiles()
+    first = "gem_aot_test_blocks.Block"
+    assert len(kinds) == 2 and first in kinds, kinds
+    second = next(k for k in kinds if k != first)
+    assert aot._jobs[first].started.wait(60), "the worker never took the first job"
+    assert not aot._jobs[second].started.is_set()
+    release = threading.Timer(0.5, gate.set)
+    release.start()
+    aot._at_exit()
+    release.join()
+    err = capsys.readouterr().err
+    assert f"dropping the queued background load or compile of {second} at exit" in err, err
+    assert f"waiting for the background load or compile of {first} to finish" in err, err
+    assert "stopped at the exit" not in err, err  # (the held compile finished normally)
+    with pytest.warns(RuntimeWarning, match="dropped at interpreter exit"):
+        assert aot.wait(timeout=60)  # the flags the jobs set are restored
+    assert aot.stats.compiled == 1 and not aot.pending_compiles(), aot.stats
+
+
 def test_a_variant_compiled_while_the_parameters_hold_gradients_loads_in_the_next_process(
         src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A background job compiles while the training step goes on: mostly between a backward and
