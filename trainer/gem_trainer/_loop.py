@@ -877,7 +877,7 @@ def _finish_background(aot: Any, rank: int) -> None:
         return
     from gem_trainer import _preflight
 
-    _preflight.say(f"waiting for the background compile of {', '.join(pending)} to finish: "
+    _preflight.say(f"waiting for the background load or compile of {', '.join(pending)} to finish: "
                    f"its blocks are kept in {aot.directory} for the next run", rank)
     aot.wait()
 

@@ -210,4 +210,4 @@ def test_a_run_shorter_than_its_background_compile_waits_for_it_and_keeps_it(
     assert s["compile_aot"]["compiled"] == 0 and s["compile_aot"]["eager_calls"] > 0, s["compile_aot"]
     assert len(made) == 1 and made[0].pending_compiles() == [] and made[0].stats.compiled >= 1
     assert len(list((tmp_path / "aot").rglob("*.bin"))) == made[0].stats.compiled
-    assert "waiting for the background compile of" in capsys.readouterr().err
+    assert "waiting for the background load or compile of" in capsys.readouterr().err
