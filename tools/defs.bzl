@@ -59,6 +59,7 @@ def gem_module(
         mypy_modules = None):
     pkg = _pkg(name)
     _check_deps(name, deps + test_deps)
+    native.exports_files(["README.md"], visibility = ["//tests:__pkg__"])  # its examples run in //tests
     if visibility == None:
         visibility = _INTERNAL_USERS.get(name, ["//visibility:public"])
     native.py_library(
