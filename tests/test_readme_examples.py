@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-MODULES = ["data", "kernels", "precision", "comms", "parallel", "model", "checkpoint", "transfer"]
+MODULES = ["data", "kernels", "precision", "comms", "parallel", "model", "checkpoint", "transfer", "trainer"]
 _TORCHRUN = re.compile(r"# torchrun --nproc-per-node (\d+)$")
 
 
