@@ -5,7 +5,9 @@ directory: with `python`, or, when its first line reads `# torchrun --nproc-per-
 through `torch.distributed.run` with N processes. The examples carry their own asserts
 (shapes, the names a conversion returns, a bitwise resume, ...), so a README whose API or
 claims drifted from the code fails here. On a CPU machine they take their CPU paths (gloo,
-the kernels' references, the FP8 emulation); where a GPU is visible, their CUDA paths.
+the kernels' references, the FP8 emulation); where GPUs are visible (one per rank for the
+distributed ones), their CUDA paths. CI runs the CPU paths; the CUDA paths have not yet run
+on a GPU machine (which has no torchrec, so the parallel example cannot run there as is).
 """
 from __future__ import annotations
 
