@@ -613,12 +613,15 @@ def test_background_loads_judge_views_and_non_leaf_inputs_as_the_call_does(
     assert done.aot is not None and done.aot.stats.compiled == 2 and len(done.aot.files()) == 2
 
     _forbid_compiles(monkeypatch)
-    later = mod.Net()
+    loads = _held_loads(monkeypatch)  # (each step's loads wait for it to end: unheld, a job
+    later = mod.Net()                 # ending between two blocks' calls gave 4 eager calls)
     later.load_state_dict(eager.state_dict())
     again = parallelize(later, compile=True, compile_aot=store, compile_background=True)
     assert again.aot is not None
     for _ in range(2):  # the first block's file, then the others' (one job loads both when
-        run(later, 7)    # the files' times tie and the other block's file comes first)
+        loads.clear()    # the files' times tie and the other block's file comes first)
+        run(later, 7)
+        loads.set()
         assert again.aot.wait(timeout=300)
     eager_calls = again.aot.stats.eager_calls
     got = run(later, 7)
