@@ -325,9 +325,7 @@ class AotBlocks:
         with self._lock:
             dropped, self._queue = self._queue, []
         for job in dropped:  # done, as a failed job: none is left pending for ever
-            job.args, job.kwargs = (), {}
-            job.error = RuntimeError("dropped at interpreter exit before it started")
-            job.done.set()
+            job.finish(RuntimeError("dropped at interpreter exit before it started"))
         if dropped:
             print(f"gem_parallel: dropping the queued background load or compile of "
                   f"{', '.join(j.kind for j in dropped)} at exit: the next run makes it again "
@@ -352,13 +350,13 @@ class AotBlocks:
                     return
                 job = self._queue.pop(0)
                 job.started.set()
+            error: BaseException | None = None
             try:
                 job.context.run(self._run_job, job)
             except BaseException as e:  # reported by the calling thread at its next call
-                job.error = e
+                error = e
             finally:
-                job.args, job.kwargs = (), {}
-                job.done.set()
+                job.finish(error)
 
     def _run_job(self, job: _Job) -> None:
         with job.state.applied():
@@ -524,6 +522,13 @@ class _Job:
     done: threading.Event = field(default_factory=threading.Event)
     variants: list[Any] = field(default_factory=list)  # loaded, then maybe compiled: the fitting one last
     error: BaseException | None = None
+
+    def finish(self, error: BaseException | None) -> None:
+        """Ends the job (run, failed, or dropped at exit): its inputs are let go (they hold a
+        step's tensors) and a waiter sees `done` with `error` already set."""
+        self.error = error
+        self.args, self.kwargs = (), {}
+        self.done.set()
 
 
 def _why_not(variant: Any, block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
