@@ -50,11 +50,10 @@ def test_the_example_runs(module: str, index: int, code: str, tmp_path: Path) ->
     script = tmp_path / f"{module}_{index}.py"
     script.write_text(code)
     launch = _TORCHRUN.match(code.splitlines()[0])
-    cmd = [sys.executable, str(script)]
-    if launch:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={launch.group(1)}", str(script)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-           "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1"), "OMP_NUM_THREADS": "1"}
+    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={launch.group(1)}"] if launch else []
+    cmd = [sys.executable, *torchrun, str(script)]
+    # (TRITON_INTERPRET as the caller set it: Bazel sets it for every test, and forcing it
+    # here would run a GPU machine's kernels in the interpreter)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{module}/README.md example {index} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
