@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The forty-ninth session's GPU plan (tools/stage.sh: summary.txt + all.tgz), for an H200
+# (runs on what comes). gem-model 0.6.4 and gem-parallel 0.3.15 have not run on a GPU before.
+# PART=h (carries .fa4a): copies the compiler library to /tmp/fa4a, then issue 16's figures
+#   without flash-attn-4: "cold" 100 steps from empty inductor/Triton/--compile-aot folders,
+#   "ckpt" 300 steps with --ckpt-every 50 over them, "steady" 300 steps, "warmfg" with time left
+#   (--no-compile-background: the kept variants load before the first step; none compiles).
+# PART=m (carries .fa4b, on the same warm box): installs flash-attn-4 (tools/fa4_setup.sh);
+#   "mfu": `python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph`;
+#   "fa4": issue 16's command, 300 steps, over PART=h's caches, with flash-attn-4.
+# PART=b: issue 15's table (`gem_kernels.bench.table`), then every kernel GPU test.
+export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
+. tools/stage.sh
+summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
+  for f in cold ckpt steady warmfg fa4; do [ -f "$OUT/$f.log" ] && { printf '%s ' $f; last_summary "$OUT/$f.log" steps loss step_s_median mfu_steady time_to_first_step_s startup_s warmup_steps compiled_from_step recompiles_per_100_steps ckpt_saves ckpt_stall_frac ckpt_stall_per_save_s ckpt_final_wait_s ckpt_state_gb | cut -c1-700; grep -o '"compile_aot": {[^}]*}' "$OUT/$f.log" | tail -1 | sed 's/"rejected": \[[^]]*\], //' | cut -c1-300; }; done
+  [ -f "$OUT/mfu.log" ] && grep -E "^(GEM local|seq_attention|seq_ffn|pooling|interaction|weighted|model e2e|e2e, layers|whole)" "$OUT/mfu.log" | cut -c1-160
+  [ -f "$OUT/table.log" ] && sed -n '/^case/,$p' "$OUT/table.log" | grep -v '^{' | cut -c1-250
+  [ -f "$OUT/kt.log" ] && { grep -E "FAILED|ERROR" "$OUT/kt.log" | head -20; tail -3 "$OUT/kt.log"; }; }
+gpu_begin "${WATCH:-530}"
+export GEM_CACHE_DIR=/tmp/gemc TORCHINDUCTOR_CACHE_DIR=/tmp/gemc/ind TRITON_CACHE_DIR=/tmp/gemc/tri
+case ${PART:-h} in
+h) mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/
+   st cold 170 python3 $H200_TR --steps 100
+   rm -rf /tmp/ck; st ckpt 110 python3 $H200_TR --steps 300 --ckpt-every 50 --ckpt-dir /tmp/ck
+   st steady 100 python3 $H200_TR --steps 300
+   [ "$(gpu_left)" -gt 35 ] && st warmfg "$(gpu_left)" python3 $H200_TR --steps 60 --no-compile-background;;
+m) st setup 60 bash tools/fa4_setup.sh
+   export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
+   st mfu 260 python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph
+   [ "$(gpu_left)" -gt 60 ] && st fa4 "$(gpu_left)" python3 $H200_TR --steps 300;;
+b) st table 220 bash -c "cd kernels && python3 -m gem_kernels.bench.table --iters 7"
+   st kt "$(gpu_left)" python3 -m pytest -q -p no:cacheprovider kernels/tests -k gpu;;
+esac
+gpu_end
