@@ -8,6 +8,8 @@
 # PART=m (carries .fa4b, on the same warm box): installs flash-attn-4 (tools/fa4_setup.sh);
 #   "mfu": `python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph`;
 #   "fa4": issue 16's command, 300 steps, over PART=h's caches, with flash-attn-4.
+# PART=t (carries .fa4a; then PART=m2 on the same box): copies the compiler library, then issue
+#   15's table without flash-attn-4 (our kernels). PART=m2 (carries .fa4b): flash-attn-4, "mfu" only.
 # PART=b: issue 15's table (`gem_kernels.bench.table`), then every kernel GPU test.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
@@ -29,6 +31,11 @@ m) st setup 60 bash tools/fa4_setup.sh
    export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
    st mfu 260 python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph
    [ "$(gpu_left)" -gt 60 ] && st fa4 "$(gpu_left)" python3 $H200_TR --steps 300;;
+t) mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/
+   st table "$(gpu_left)" bash -c "cd kernels && python3 -m gem_kernels.bench.table --iters 7";;
+m2) st setup 60 bash tools/fa4_setup.sh
+   export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
+   st mfu "$(gpu_left)" python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph;;
 b) st table 220 bash -c "cd kernels && python3 -m gem_kernels.bench.table --iters 7"
    st kt "$(gpu_left)" python3 -m pytest -q -p no:cacheprovider kernels/tests -k gpu;;
 esac
