@@ -121,25 +121,27 @@ def _pow2_clamp(n: int, lo: int, hi: int) -> int:
 
 
 # The backward the heuristic picks; `GEM_JFA_BWD` overrides it per process (GPU benches,
-# trainer A/B runs). One-pass from ONE_PASS_MIN_LEN keys on (the longest sequence of the
-# batch): on the H200 (kernels/BENCHMARKS.md, 2026-11-30) one-pass is 0.95-0.96x two-pass on
-# the issue batch (64 sequences, max 4,787, 4 heads), 1.10x on the trainer's batch (max
-# 13,613; the compiled h200 step 0.2755 s vs 0.2946 s) and 1.12x on a long mix (max 16,384).
-# The h200 trainer's own batches (~270 sequences, max 5,000-8,192, 8 heads) run 1.7 % faster
-# per step with one-pass on all of them than with the earlier 8,192 threshold (0.2745 s vs
-# 0.2793 s, trainer/BENCHMARKS.md), hence 4,096: the issue batch's backward pays ~4 % for it.
-# Never while torch's deterministic algorithms are on: its dQ atomics make dQ's last bits
-# order-dependent.
+# trainer A/B runs). Two-pass, except one-pass where every query sequence is short (at most
+# ONE_PASS_MAX_Q_LEN rows: the model's pooling seeds, its last layer's query slots), where
+# two-pass's dQ kernel re-reads all of K and V for a few queries. On an H100 (gem-kernels
+# 0.3.8, `gem_kernels.bench.bwd`, kernels/BENCHMARKS.md 2026-12-07) two-pass was the fastest
+# of ours on all 10 self-attention mixes (1.07-1.22x one-pass, also on the long ones that
+# the earlier rule, one-pass from 4,096 keys, gave to one-pass), and one-pass 1.37x two-pass
+# on the pooling's 32 queries per sample. Never one-pass while torch's deterministic
+# algorithms are on: its dQ atomics make dQ's last bits order-dependent.
 ONE_PASS_DEFAULT = True
-ONE_PASS_MIN_LEN = 4096
+ONE_PASS_MAX_Q_LEN = 32
 BWD_ENV = "GEM_JFA_BWD"
 _BWD_CHOICES = {"one_pass": True, "two_pass": False}
-# Where it runs (`_flash2.unavailable_reason`), the backward is torch's FlashAttention-2
-# varlen kernel fed with our forward's output and lse: on the H200 the fastest backward on 6
-# of 7 and 9 of 10 length mixes in two runs, and the compiled h200 trainer step 0.2505 s with
-# it against 0.2578 s with our one-pass (kernels/ and trainer/BENCHMARKS.md, 2026-12-01).
-# `GEM_JFA_BWD=flash` asks for it whatever FLASH_DEFAULT says; one_pass / two_pass ask for ours.
-FLASH_DEFAULT = True
+# torch's FlashAttention-2 varlen backward fed with our forward's output and lse
+# (`_flash2`): the default from the seventh session (on the H200 then 1.03-1.16x our
+# backwards) until gem-kernels 0.3.9. Since 0.3.8's 32-bit row offsets ours are faster: on the
+# H100, two-pass beat it on all 10 self-attention mixes of `bench.bwd` (1.16-1.41x; the issue
+# batch 1.741 vs 2.110 ms, the trainer's lengths 22.43 vs 27.21 ms), and the eager h200
+# trainer step was 0.2407-0.2418 s with two-pass against 0.2571-0.2584 s with it. It stays
+# available: `GEM_JFA_BWD=flash` asks for it where it runs (FLASH_DEFAULT=True makes it the
+# default again).
+FLASH_DEFAULT = False
 BWD_FLASH = "flash"
 # FlashAttention-4's Hopper/Blackwell backward (`_flash4`, the optional flash-attn-4 package)
 # comes first where it runs (`GEM_JFA_BWD=flash4` asks for it; unset, FLASH4_DEFAULT): on the
@@ -169,16 +171,16 @@ def _default_two_pass_reason() -> str | None:
     return None if ONE_PASS_DEFAULT else "the default"
 
 
-def bwd_one_pass_from_env(max_kv_len: int | None = None) -> bool:
+def bwd_one_pass_from_env(max_q_len: int | None = None) -> bool:
     """Which of *our* backwards runs: `GEM_JFA_BWD=one_pass|two_pass`; unset, empty or `flash`
-    (where flash cannot run): the default rule, `ONE_PASS_DEFAULT` and `max_kv_len >=
-    ONE_PASS_MIN_LEN` (None: length not known, the rule's length test passes) and torch's
+    (where flash cannot run): the default rule, `ONE_PASS_DEFAULT` and `max_q_len <=
+    ONE_PASS_MAX_Q_LEN` (the longest query sequence; None: not known, two-pass) and torch's
     deterministic algorithms off."""
     value = env_choice(BWD_ENV, _ENV_VALUES)
     if value in _BWD_CHOICES:
         return _BWD_CHOICES[value]
-    long_enough = max_kv_len is None or max_kv_len >= ONE_PASS_MIN_LEN
-    return long_enough and _default_two_pass_reason() is None
+    short = max_q_len is not None and max_q_len <= ONE_PASS_MAX_Q_LEN
+    return short and _default_two_pass_reason() is None
 
 
 def bwd_uses_flash4(q: torch.Tensor, k: torch.Tensor, window: int | None) -> bool:
@@ -224,7 +226,7 @@ def bwd_rule() -> str:
 
 def _rule_without_flash4(value: str | None) -> str:
     why = _default_two_pass_reason()
-    ours = f"one_pass from {ONE_PASS_MIN_LEN} keys, two_pass below"
+    ours = f"one_pass up to {ONE_PASS_MAX_Q_LEN} queries per sequence, two_pass above"
     if why == "the default":
         ours = "two_pass"
     elif why is not None:
@@ -253,7 +255,7 @@ def pick_config(max_q_len: int, max_kv_len: int, d: int, dtype: torch.dtype) -> 
     one-pass TMA flags by `GEM_JFA_TMA`)."""
     if _FORCED:
         return _FORCED[-1]
-    cfg = _heuristic_config(max_q_len, max_kv_len, d, dtype, bwd_one_pass_from_env(max_kv_len))
+    cfg = _heuristic_config(max_q_len, max_kv_len, d, dtype, bwd_one_pass_from_env(max_q_len))
     tma, loads = bwd_tma_from_env()
     if cfg.one_pass and (tma or loads):
         cfg = dataclasses.replace(cfg, tma=tma, tma_loads=loads)

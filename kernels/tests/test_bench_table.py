@@ -91,15 +91,15 @@ def test_jfa_path_names_the_kernels_the_switches_pick(monkeypatch: pytest.Monkey
     from gem_kernels.bench.flash4 import switches
 
     b = table.Batch([17, 3, 40], "cpu", heads=1)
-    long_max = _triton_jfa.ONE_PASS_MIN_LEN
+    short_max = _triton_jfa.ONE_PASS_MAX_Q_LEN  # (self-attention: the queries' longest is b.max)
     monkeypatch.delenv("GEM_JFA_FWD", raising=False)
     monkeypatch.delenv("GEM_JFA_BWD", raising=False)
-    assert table.jfa_path(b.q, b.k, b.off, b.max) == "triton / triton two-pass"
-    assert table.jfa_path(b.q, b.k, b.off, long_max) == "triton / triton one-pass"
+    assert b.max > short_max and table.jfa_path(b.q, b.k, b.off, b.max) == "triton / triton two-pass"
+    assert table.jfa_path(b.q, b.k, b.off, short_max) == "triton / triton one-pass"
     with switches("flash4", "flash4"):  # asked for, but flash-attn-4 cannot run on CPU
-        assert table.jfa_path(b.q, b.k, b.off, long_max) == "triton / triton one-pass"
+        assert table.jfa_path(b.q, b.k, b.off, short_max) == "triton / triton one-pass"
     with switches("pointer", "two_pass"):
-        assert table.jfa_path(b.q, b.k, b.off, long_max) == "triton / triton two-pass"
+        assert table.jfa_path(b.q, b.k, b.off, short_max) == "triton / triton two-pass"
     with switches("pointer", "bogus"), pytest.raises(ValueError, match="GEM_JFA_BWD"):
         table.jfa_path(b.q, b.k, b.off, b.max)
     assert "GEM_JFA_BWD" not in os.environ  # the switches are restored, also after an error

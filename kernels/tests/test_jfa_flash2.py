@@ -49,7 +49,7 @@ def test_conversions_against_fa2_contract(monkeypatch: pytest.MonkeyPatch, causa
     attention, empty sequences on either side, and (causal, lq > lk) rows that see no key."""
     monkeypatch.setattr(_flash2, "_fa2_backward", _fa2_stand_in)
     monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
-    monkeypatch.delenv(BWD_ENV, raising=False)
+    monkeypatch.setenv(BWD_ENV, "flash")  # torch's FlashAttention-2 backward (asked for: not the default)
     monkeypatch.setenv(_jfa.FWD_ENV, "pointer")  # our forward (the lengths are short)
     calls = _count_calls(monkeypatch, _flash2, "flash_backward")
     lq, lk = [17, 0, 1, 16, 15, 33], [33, 15, 16, 0, 3, 17]
@@ -106,12 +106,12 @@ def test_forward_conversions_against_fa2_contract(monkeypatch: pytest.MonkeyPatc
 
 @needs_triton
 def test_forward_stand_in_vs_ours_self_attention(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nine self-attention sequences through the GPU tests' check: the default path on short
-    sequences (both FlashAttention-2 stand-ins, forward and backward) vs our Triton forward +
-    two-pass backward, and vs the fp32 reference on the first 8 samples."""
+    """Nine self-attention sequences through the GPU tests' check: FlashAttention-2's path on
+    short sequences (the default forward, the backward asked for; both stand-ins) vs our
+    Triton forward + two-pass backward, and vs the fp32 reference on the first 8 samples."""
     monkeypatch.setattr(_flash2, "_fa2_forward", _fa2_fwd_stand_in)
     monkeypatch.setattr(_flash2, "_fa2_backward", _fa2_stand_in)
-    monkeypatch.delenv(BWD_ENV, raising=False)
+    monkeypatch.setenv(BWD_ENV, "flash")  # torch's FlashAttention-2 backward (asked for: not the default)
     monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
     monkeypatch.delenv(_jfa.FWD_ENV, raising=False)
     lengths = [5, 17, 0, 33, 1, 16, 9, 20, 3]
@@ -149,12 +149,15 @@ def test_when_flash_forward_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_when_flash_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Flash where it can run, unless GEM_JFA_BWD names one of ours or a config is forced."""
+    """Flash where it can run when asked for (`GEM_JFA_BWD=flash`, or unset with FLASH_DEFAULT,
+    off since gem-kernels 0.3.9), unless GEM_JFA_BWD names one of ours or a config is forced."""
     q = torch.zeros(4, 2, 16)
     monkeypatch.delenv(BWD_ENV, raising=False)
     assert not _triton_jfa.bwd_uses_flash(q, None)  # CPU: cannot run
     monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
-    assert _triton_jfa.FLASH_DEFAULT and _triton_jfa.bwd_uses_flash(q, None)
+    assert not _triton_jfa.FLASH_DEFAULT and not _triton_jfa.bwd_uses_flash(q, None)
+    monkeypatch.setattr(_triton_jfa, "FLASH_DEFAULT", True)
+    assert _triton_jfa.bwd_uses_flash(q, None)
     with force_config(TWO):
         assert not _triton_jfa.bwd_uses_flash(q, None)
     for ours in ("one_pass", "two_pass"):
@@ -165,10 +168,10 @@ def test_when_flash_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _triton_jfa.bwd_uses_flash(q, None)
     monkeypatch.delenv(BWD_ENV)
     assert not _triton_jfa.bwd_uses_flash(q, None)
-    # flash in the environment where it cannot run: our rule's pick (by length)
+    # flash in the environment where it cannot run: our rule's pick (by the queries' length)
     monkeypatch.setenv(BWD_ENV, "flash")
-    assert _triton_jfa.bwd_one_pass_from_env(_triton_jfa.ONE_PASS_MIN_LEN)
-    assert not _triton_jfa.bwd_one_pass_from_env(_triton_jfa.ONE_PASS_MIN_LEN - 1)
+    assert _triton_jfa.bwd_one_pass_from_env(_triton_jfa.ONE_PASS_MAX_Q_LEN)
+    assert not _triton_jfa.bwd_one_pass_from_env(_triton_jfa.ONE_PASS_MAX_Q_LEN + 1)
 
 
 # --- GPU: torch's real kernel ---------------------------------------------------------------------
@@ -176,10 +179,11 @@ def test_when_flash_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.skipif(not CUDA, reason="GPU test")
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_real_size_default_is_flash(monkeypatch: pytest.MonkeyPatch, causal: bool) -> None:
-    """64 log-normal lengths up to 4,096, H=8, D=128, bf16: the default backward is flash, within
-    1e-2 of our two-pass backward and 2e-2 of the fp32 reference on the first 8 samples."""
-    monkeypatch.delenv(BWD_ENV, raising=False)
+def test_gpu_real_size_flash_backward(monkeypatch: pytest.MonkeyPatch, causal: bool) -> None:
+    """64 log-normal lengths up to 4,096, H=8, D=128, bf16: GEM_JFA_BWD=flash runs torch's
+    backward, within 1e-2 of our two-pass backward and 2e-2 of the fp32 reference on the first
+    8 samples."""
+    monkeypatch.setenv(BWD_ENV, "flash")
     lengths = _lognormal()
     q, k, v, dout, off, _ = _case(lengths, lengths, h=8, d=128, dtype=torch.bfloat16, seed=3)
     assert _triton_jfa.bwd_uses_flash(q, None)
@@ -189,10 +193,34 @@ def test_gpu_real_size_default_is_flash(monkeypatch: pytest.MonkeyPatch, causal:
 
 
 @pytest.mark.skipif(not CUDA, reason="GPU test")
+def test_gpu_default_backward_is_ours(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset GEM_JFA_BWD where torch's FlashAttention-2 backward could run (a GPU, bf16, no
+    window): ours runs (faster since gem-kernels 0.3.8, kernels/BENCHMARKS.md), two-pass for
+    long query sequences (the same bits as asking for it: no atomics) and one-pass for short
+    ones (a pooling's 32 seeds), never flash_backward."""
+    monkeypatch.delenv(BWD_ENV, raising=False)
+    calls = _count_calls(monkeypatch, _flash2, "flash_backward")
+    lengths = _lognormal(16, 2048, seed=int(torch.randint(0, 10**6, ())))
+    q, k, v, dout, off, _ = _case(lengths, lengths, h=8, d=128, dtype=torch.bfloat16, seed=6)
+    assert _flash2.unavailable_reason(q, None) is None and not _triton_jfa.bwd_uses_flash(q, None)
+    got = _grads(q, k, v, dout, off, off, True)
+    base = _ours(monkeypatch, q, k, v, dout, off, off, True)
+    for a, b in zip(got, base):
+        assert torch.equal(a, b)
+    seeds = [32] * len(lengths)
+    q, _, _, dout, qo, _ = _case(seeds, seeds, h=8, d=128, dtype=torch.bfloat16, seed=7)
+    got = _grads(q, k, v, dout, qo, off, False)
+    base = _ours(monkeypatch, q, k, v, dout, qo, off, False)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, base):  # one-pass: dQ by atomics
+        assert _rel(a, b) <= 1e-2, f"pooling {name}: {_rel(a, b):.3g}"
+    assert not calls
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU test")
 def test_gpu_strided_cross_and_empty(monkeypatch: pytest.MonkeyPatch) -> None:
     """q/k/v as views of one fused [T, 3, H, D] projection (the model's layout), and cross
     attention with empty sequences and (causal) rows that see no key: flash vs two-pass."""
-    monkeypatch.delenv(BWD_ENV, raising=False)
+    monkeypatch.setenv(BWD_ENV, "flash")
     lengths = _lognormal(16, 2048, seed=5)
     off = _offsets(lengths)
     g = torch.Generator(device=DEVICE).manual_seed(int(torch.randint(0, 10**6, ())))
@@ -218,8 +246,8 @@ def test_gpu_strided_cross_and_empty(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.skipif(not CUDA, reason="GPU test")
 def test_gpu_compiled_step_uses_flash(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch.compile (the custom op path) takes the same backward, with the same gradients."""
-    monkeypatch.delenv(BWD_ENV, raising=False)
+    """torch.compile (the custom op path) takes the backward asked for, with the same gradients."""
+    monkeypatch.setenv(BWD_ENV, "flash")
     calls = _count_calls(monkeypatch, _flash2, "flash_backward")
     lengths = _lognormal(8, 1024, seed=11)
     q, k, v, dout, off, _ = _case(lengths, lengths, h=8, d=128, dtype=torch.bfloat16, seed=2)

@@ -126,7 +126,7 @@ def test_flash2_backward_copied_into_dkv(monkeypatch: pytest.MonkeyPatch) -> Non
     into dkv's halves, equal to the unpacked call's stack and near the reference."""
     monkeypatch.setattr(_flash2, "_fa2_backward", _fa2_stand_in)
     monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
-    monkeypatch.delenv(BWD_ENV, raising=False)
+    monkeypatch.setenv(BWD_ENV, "flash")  # torch's FlashAttention-2 backward (asked for: not the default)
     monkeypatch.setenv(_jfa.FWD_ENV, "pointer")  # our forward (the lengths are short)
     calls = _count_calls(monkeypatch, _flash2, "flash_backward")
     q, kv, dout, qo, ko = _case(*CROSS)
@@ -323,7 +323,7 @@ def test_rope_keys_through_the_flash_backwards(monkeypatch: pytest.MonkeyPatch, 
     if flash == "flash2":
         monkeypatch.setattr(_flash2, "_fa2_backward", _fa2_stand_in)
         monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
-        monkeypatch.delenv(BWD_ENV, raising=False)
+        monkeypatch.setenv(BWD_ENV, "flash")
         seen = _count_calls(monkeypatch, _flash2, "flash_backward")
     else:
         seen = _use_recording_fa4_bwd(monkeypatch)

@@ -26,7 +26,7 @@ import torch
 
 from gem_kernels import jagged_flash_attention
 from gem_kernels import _triton_jfa
-from gem_kernels._triton_jfa import (BWD_ENV, ONE_PASS_DEFAULT, ONE_PASS_MIN_LEN, JfaConfig, JfaTiles,
+from gem_kernels._triton_jfa import (BWD_ENV, ONE_PASS_DEFAULT, ONE_PASS_MAX_Q_LEN, JfaConfig, JfaTiles,
                                      bwd_one_pass_from_env, force_config, pick_config)
 
 CUDA = torch.cuda.is_available()
@@ -200,23 +200,25 @@ def test_no_visible_key_gives_zero_dq() -> None:
 
 def test_config_and_env_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(BWD_ENV, raising=False)
-    assert bwd_one_pass_from_env() is ONE_PASS_DEFAULT
-    # the default rule: one-pass from ONE_PASS_MIN_LEN keys on, two-pass below it and whenever
-    # torch's deterministic algorithms are on (one-pass's dQ atomics are order-dependent)
-    assert ONE_PASS_DEFAULT and ONE_PASS_MIN_LEN > 2048
+    assert not bwd_one_pass_from_env()  # query length not known: two-pass
+    # the default rule: one-pass where every query sequence has at most ONE_PASS_MAX_Q_LEN rows
+    # (pooling seeds over long key sequences), two-pass above it whatever the keys' length, and
+    # whenever torch's deterministic algorithms are on (one-pass's dQ atomics are order-dependent)
+    assert ONE_PASS_DEFAULT and ONE_PASS_MAX_Q_LEN >= 12  # the h200 model's last-layer query slots
     assert not pick_config(2048, 2048, 128, torch.bfloat16).one_pass
-    assert pick_config(ONE_PASS_MIN_LEN, ONE_PASS_MIN_LEN, 128, torch.bfloat16).one_pass
-    assert not pick_config(ONE_PASS_MIN_LEN - 1, ONE_PASS_MIN_LEN - 1, 128, torch.bfloat16).one_pass
+    assert not pick_config(13613, 13613, 128, torch.bfloat16).one_pass  # long self-attention: two-pass
+    assert pick_config(ONE_PASS_MAX_Q_LEN, 13613, 128, torch.bfloat16).one_pass
+    assert not pick_config(ONE_PASS_MAX_Q_LEN + 1, 13613, 128, torch.bfloat16).one_pass
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        assert not pick_config(13613, 13613, 128, torch.bfloat16).one_pass
+        assert not pick_config(32, 13613, 128, torch.bfloat16).one_pass
         monkeypatch.setenv(BWD_ENV, "one_pass")  # an explicit choice wins over determinism
         assert pick_config(13613, 13613, 128, torch.bfloat16).one_pass
         monkeypatch.delenv(BWD_ENV)
     finally:
         torch.use_deterministic_algorithms(was)
-    assert pick_config(13613, 13613, 128, torch.bfloat16).one_pass
+    assert pick_config(32, 13613, 128, torch.bfloat16).one_pass
     monkeypatch.setenv(BWD_ENV, "one_pass")
     cfg = pick_config(2048, 2048, 128, torch.bfloat16)
     assert cfg.one_pass and (cfg.dkdv.block_m, cfg.dkdv.block_n, cfg.dkdv.num_warps) == (32, 128, 8)
@@ -460,14 +462,18 @@ def test_backward_rule_in_words(monkeypatch: pytest.MonkeyPatch) -> None:
     from gem_kernels import jfa_backward_rule
 
     monkeypatch.delenv(BWD_ENV, raising=False)
-    ours = f"one_pass from {ONE_PASS_MIN_LEN} keys, two_pass below"
+    ours = f"one_pass up to {ONE_PASS_MAX_Q_LEN} queries per sequence, two_pass above"
     flash = "flash (torch's FlashAttention-2 backward) on CUDA fp16/bf16 without a window; else "
     from gem_kernels import _flash4
 
     here = "imports here" if _flash4._import_error() is None else "does not import here"
     flash4 = ("flash4 (FlashAttention-4's backward) on CUDA fp16/bf16 SM90/SM100 without a window where "
               f"flash-attn-4 imports (it {here}); else ")
-    assert _triton_jfa.FLASH4_DEFAULT and jfa_backward_rule() == flash4 + flash + ours
+    # torch's FlashAttention-2 backward only when asked for (FLASH_DEFAULT off since 0.3.9)
+    assert _triton_jfa.FLASH4_DEFAULT and not _triton_jfa.FLASH_DEFAULT
+    assert jfa_backward_rule() == flash4 + ours
+    monkeypatch.setattr(_triton_jfa, "FLASH_DEFAULT", True)
+    assert jfa_backward_rule() == flash4 + flash + ours
     monkeypatch.setattr(_triton_jfa, "FLASH4_DEFAULT", False)
     assert jfa_backward_rule() == flash + ours
     monkeypatch.setattr(_triton_jfa, "FLASH_DEFAULT", False)

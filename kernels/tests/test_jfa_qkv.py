@@ -123,7 +123,7 @@ def test_flash2_backward_rotated_into_dqkv(monkeypatch: pytest.MonkeyPatch) -> N
     the one rotation pass moves them into dqkv (v copied), near the reference."""
     monkeypatch.setattr(_flash2, "_fa2_backward", _fa2_stand_in)
     monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **kw: None)
-    monkeypatch.delenv(BWD_ENV, raising=False)
+    monkeypatch.setenv(BWD_ENV, "flash")  # torch's FlashAttention-2 backward (asked for: not the default)
     monkeypatch.setenv(_jfa.FWD_ENV, "pointer")
     calls = _count_calls(monkeypatch, _flash2, "flash_backward")
     qkv, dout, off, tables = _case(LENGTHS)

@@ -139,12 +139,14 @@ def test_run_info_says_how_the_jfa_backward_is_picked(monkeypatch: pytest.Monkey
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: False)
     assert "jfa_backward" not in _preflight.run_info(cfg, torch.device("cpu"), True, None)
     info = _preflight.run_info(cfg, torch.device("cuda"), False, None)
-    from gem_kernels._triton_jfa import ONE_PASS_MIN_LEN
+    from gem_kernels._triton_jfa import ONE_PASS_MAX_Q_LEN
 
-    # FlashAttention-4 first (where flash-attn-4 imports), then torch's FlashAttention-2, then ours
+    # FlashAttention-4 first (where flash-attn-4 imports), then ours (torch's FlashAttention-2
+    # backward only when GEM_JFA_BWD=flash asks for it)
     assert info["jfa_backward"].startswith("flash4 (FlashAttention-4's backward)")
-    assert "; else flash (torch's FlashAttention-2 backward)" in info["jfa_backward"]
-    assert info["jfa_backward"].endswith(f"else one_pass from {ONE_PASS_MIN_LEN} keys, two_pass below")
+    assert "FlashAttention-2" not in info["jfa_backward"]
+    assert info["jfa_backward"].endswith(
+        f"else one_pass up to {ONE_PASS_MAX_Q_LEN} queries per sequence, two_pass above")
     monkeypatch.setenv("GEM_JFA_BWD", "two_pass")
     info = _preflight.run_info(cfg, torch.device("cuda"), False, None)
     assert info["jfa_backward"] == "two_pass (GEM_JFA_BWD, two_pass)"

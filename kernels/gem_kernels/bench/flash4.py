@@ -5,7 +5,8 @@
 Needs the optional `flash-attn-4` package (`pip install gem-kernels[flash4]`); without it or
 without CUDA it prints why and emits a JSON line saying so. Per case, in the same run: the
 forward of ours (Triton, `GEM_JFA_FWD=pointer`), torch's FlashAttention-2 and FlashAttention-4;
-forward+backward of the default (`ours fwd + FA2 bwd`), of FlashAttention-4 for both, and of
+forward+backward of the default without flash-attn-4 (`ours fwd + our two-pass bwd`; until
+kernels 0.3.9 FlashAttention-2's backward), of FlashAttention-4 for both, and of
 ours forward + FlashAttention-4's backward. Eager calls through `jagged_flash_attention`
 (so the lse conversions are timed too), warm-up (FlashAttention-4 JIT-compiles on first use),
 CUDA events, median. Useful FLOPs: 4 * visible pairs * D * H forward, x3.5 forward+backward;
@@ -33,8 +34,10 @@ from gem_kernels.bench._common import (bench_ms, emit_json, env_info, issue_leng
 
 D = 128
 DT = torch.bfloat16
-# (forward switch, backward switch) per path; "" = unset (the default rule)
-PATHS = {"default": ("pointer", "flash"), "fa4": ("flash4", "flash4"), "ours+fa4bwd": ("pointer", "flash4")}
+# (forward switch, backward switch) per path. "default": what runs without flash-attn-4 on
+# self-attention (kernels 0.3.9: our forward and two-pass backward; the rule's one-pass is for
+# query sequences of at most 32 rows). `GEM_JFA_BWD=flash` is FlashAttention-2's backward.
+PATHS = {"default": ("pointer", "two_pass"), "fa4": ("flash4", "flash4"), "ours+fa4bwd": ("pointer", "flash4")}
 
 
 @contextmanager

@@ -20,7 +20,7 @@ one JSON line; `--out` also writes the JSON there.
 names it (forward / backward: "triton", "flash2" for torch's FlashAttention-2, "flash4" for
 FlashAttention-4). With the optional flash-attn-4 installed the default on the issue batch is
 FlashAttention-4's, a public kernel, so the table then also times the path without it
-(rows "..., no flash-attn-4": our forward, FlashAttention-2's backward) in the same run.
+(rows "..., no flash-attn-4": our forward and two-pass backward) in the same run.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def main_table(iters: int) -> list[dict[str, object]]:
 
     # With flash-attn-4 installed the default JFA path on this batch is FlashAttention-4's (a
     # public kernel): its rows say so in `path`, and the rows "..., no flash-attn-4" time the
-    # default without it (our forward, torch's FlashAttention-2 backward) in the same run.
+    # default without it (our forward and two-pass backward) in the same run.
     fa4 = flash4_unavailable(b.q, None, k=b.k) is None
     for causal in (False, True):
         name = "causal" if causal else "full"
