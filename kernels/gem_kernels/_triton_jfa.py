@@ -125,7 +125,7 @@ def _pow2_clamp(n: int, lo: int, hi: int) -> int:
 # ONE_PASS_MAX_Q_LEN rows: the model's pooling seeds, its last layer's query slots), where
 # two-pass's dQ kernel re-reads all of K and V for a few queries. On an H100 (gem-kernels
 # 0.3.8, `gem_kernels.bench.bwd`, kernels/BENCHMARKS.md 2026-12-07) two-pass was the fastest
-# of ours on all 10 self-attention mixes (1.07-1.22x one-pass, also on the long ones that
+# of ours on all 10 self-attention mixes (1.08-1.29x one-pass, also on the long ones that
 # the earlier rule, one-pass from 4,096 keys, gave to one-pass), and one-pass 1.37x two-pass
 # on the pooling's 32 queries per sample. Never one-pass while torch's deterministic
 # algorithms are on: its dQ atomics make dQ's last bits order-dependent.
@@ -136,7 +136,7 @@ _BWD_CHOICES = {"one_pass": True, "two_pass": False}
 # torch's FlashAttention-2 varlen backward fed with our forward's output and lse
 # (`_flash2`): the default from the seventh session (on the H200 then 1.03-1.16x our
 # backwards) until gem-kernels 0.3.9. Since 0.3.8's 32-bit row offsets ours are faster: on the
-# H100, two-pass beat it on all 10 self-attention mixes of `bench.bwd` (1.16-1.41x; the issue
+# H100, two-pass beat it on all 10 self-attention mixes of `bench.bwd` (1.20-1.49x; the issue
 # batch 1.741 vs 2.110 ms, the trainer's lengths 22.43 vs 27.21 ms), and the eager h200
 # trainer step was 0.2407-0.2418 s with two-pass against 0.2571-0.2584 s with it. It stays
 # available: `GEM_JFA_BWD=flash` asks for it where it runs (FLASH_DEFAULT=True makes it the
