@@ -9,7 +9,7 @@ access), so gem_kernels does not use it. Rerun this on a newer torch before tryi
 
 1. Correctness on a small mix with edge lengths (1, block +- 1, > D), H=8, D=128, bf16,
    full and causal self-attention, against the fp32 reference (`backend="reference"`):
-   torch's FlashAttention-2 backward (today's default), cuDNN's backward fed with our
+   torch's FlashAttention-2 backward (the default until gem-kernels 0.3.9), cuDNN's backward fed with our
    forward's out/lse (`cudnn_backward`), cuDNN forward + backward, and the raw op on
    strided q/k/v views (does its ragged path honour the token stride?).
 2. Timing (CUDA events, median) on the trainer's mix (H=8) and the issue batch (H=4).
