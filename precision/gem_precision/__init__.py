@@ -7,7 +7,7 @@ from gem_precision._linear import MXFP8Linear, MXLinearConfig
 from gem_precision._quant import to_mx, to_mx_2d_both
 from gem_precision._recipes import MXRecipe, convert, convert_to_mxfp8, default_module_filter, mx_recipe_config
 
-__version__ = "0.3.6"
+__version__ = "0.3.7"
 __all__ = [
     "FP8BlockConfig",
     "FP8BlockLinear",

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from gem_precision._fp8_cost import H200_BF16_TFLOPS, H200_FP8_TFLOPS, H200_QUANT_GBPS, fp8_block_speedup
-from gem_precision._quant import interpreting, weight_rows
+from gem_precision._quant import interpreting, output_dtype, weight_rows
 
 BLOCK = 128
 E4M3 = torch.float8_e4m3fn
@@ -272,7 +272,7 @@ class _FP8BlockFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 wgrad_bf16: bool, be: Literal["cublas", "reference"], compile_quant: bool,
-                fused: bool) -> torch.Tensor:
+                fused: bool, out_dtype: torch.dtype) -> torch.Tensor:
         with torch.autocast(device_type=x.device.type, enabled=False):
             K, N = x.shape[-1], weight.shape[0]
             x2 = x.reshape(-1, K)
@@ -303,7 +303,8 @@ class _FP8BlockFn(torch.autograd.Function):
             ctx.save_for_backward(*saved)
             ctx.cfg = (wgrad_bf16, be, compile_quant, fused, M, x.shape, _grad_dtype(x.dtype), weight.dtype,
                        bias is not None)
-            return y[:M].reshape(*x.shape[:-1], N)  # (the padded rows' outputs dropped)
+            y = y[:M].reshape(*x.shape[:-1], N)  # (the padded rows' outputs dropped)
+            return y if out_dtype == torch.bfloat16 else y.to(out_dtype)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -339,7 +340,7 @@ class _FP8BlockFn(torch.autograd.Function):
                 # fp32 accumulation reading dY as it is: no fp32 copy of dY (on the H200 the
                 # copy and a fp32 sum were 4.2 of 13.7 ms of a 262k x 1024->4096 fwd+bwd)
                 db = dy2.sum(0, dtype=torch.float32).to(w_dtype)
-            return dx, dw, db, None, None, None, None
+            return dx, dw, db, None, None, None, None, None
 
 
 _SM: dict[int, tuple[int, int]] = {}
@@ -376,8 +377,10 @@ def _resolve(backend: str, x: torch.Tensor) -> Literal["cublas", "reference"]:
 class FP8BlockLinear(nn.Linear):
     """nn.Linear whose forward, input-gradient and weight-gradient GEMMs run in blockwise FP8.
 
-    Parameters stay in their own dtype (fp32 or bf16 master weights); the output is bf16.
-    Input [..., in_features] -> [..., out_features]; both feature counts multiples of 128.
+    Parameters stay in their own dtype (fp32 or bf16 master weights). The output dtype is
+    nn.Linear's: the autocast dtype under autocast, else x's (the GEMM writes bf16, then a cast;
+    before gem-precision 0.3.7 always bf16). Input [..., in_features] -> [..., out_features];
+    both feature counts multiples of 128.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
@@ -415,7 +418,8 @@ class FP8BlockLinear(nn.Linear):
             raise ValueError(f"{x.shape=} must end in in_features={self.in_features}")
         c = self.config
         out: torch.Tensor = _FP8BlockFn.apply(  # type: ignore[no-untyped-call]
-            x, weight, bias, c.wgrad_bf16, _resolve(c.backend, x), c.compile_quant, _fused(c.quant, x))
+            x, weight, bias, c.wgrad_bf16, _resolve(c.backend, x), c.compile_quant, _fused(c.quant, x),
+            output_dtype(x))
         return out
 
     def extra_repr(self) -> str:

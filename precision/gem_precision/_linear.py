@@ -19,7 +19,7 @@ from torch import nn
 
 from gem_precision._formats import MXTensor, ScaleMode
 from gem_precision._gemm import mx_mm
-from gem_precision._quant import Backend, resolve_backend, to_mx, to_mx_2d_both, weight_rows
+from gem_precision._quant import Backend, output_dtype, resolve_backend, to_mx, to_mx_2d_both, weight_rows
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -64,7 +64,8 @@ class _MXLinearFn(torch.autograd.Function):
     # they arrive in.
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                elem: torch.dtype, grad_elem: torch.dtype, mode: ScaleMode, wgrad_bf16: bool, be: Backend) -> torch.Tensor:
+                elem: torch.dtype, grad_elem: torch.dtype, mode: ScaleMode, wgrad_bf16: bool, be: Backend,
+                out_dtype: torch.dtype) -> torch.Tensor:
         with torch.autocast(device_type=x.device.type, enabled=False):
             K = x.shape[-1]
             x2 = x.reshape(-1, K)
@@ -90,7 +91,8 @@ class _MXLinearFn(torch.autograd.Function):
             ctx.save_for_backward(*saved)
             ctx.elem, ctx.grad_elem, ctx.mode, ctx.wgrad_bf16, ctx.be = elem, grad_elem, mode, wgrad_bf16, be
             ctx.x_shape, ctx.w_dtype, ctx.has_bias = x.shape, weight.dtype, bias is not None
-            return y.reshape(*x.shape[:-1], weight.shape[0])
+            y = y.reshape(*x.shape[:-1], weight.shape[0])
+            return y if out_dtype == torch.bfloat16 else y.to(out_dtype)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -121,14 +123,15 @@ class _MXLinearFn(torch.autograd.Function):
                 dw = (dy2.to(torch.bfloat16).t() @ x2.to(torch.bfloat16)).to(ctx.w_dtype)
             if ctx.has_bias and ctx.needs_input_grad[2]:
                 db = dy2.float().sum(0).to(ctx.w_dtype)
-            return dx, dw, db, None, None, None, None, None
+            return dx, dw, db, None, None, None, None, None, None
 
 
 class MXFP8Linear(nn.Linear):
     """nn.Linear whose forward, input-gradient and weight-gradient GEMMs run in MXFP8.
 
-    Parameters stay in their own dtype (fp32 or bf16 master weights); the output is bf16.
-    Input [..., in_features] -> [..., out_features].
+    Parameters stay in their own dtype (fp32 or bf16 master weights). The output dtype is
+    nn.Linear's: the autocast dtype under autocast, else x's (the GEMM writes bf16, then a cast;
+    before gem-precision 0.3.7 always bf16). Input [..., in_features] -> [..., out_features].
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
@@ -169,7 +172,7 @@ class MXFP8Linear(nn.Linear):
         c = self.config
         be = resolve_backend(c.backend, x)
         out: torch.Tensor = _MXLinearFn.apply(  # type: ignore[no-untyped-call]
-            x, weight, bias, c.elem_dtype, c.grad_elem_dtype, c.scale_mode, c.wgrad_bf16, be)
+            x, weight, bias, c.elem_dtype, c.grad_elem_dtype, c.scale_mode, c.wgrad_bf16, be, output_dtype(x))
         return out
 
     def extra_repr(self) -> str:

@@ -38,6 +38,14 @@ def resolve_backend(backend: str, t: torch.Tensor) -> Literal["triton", "referen
     raise ValueError(f"{backend=} must be 'auto', 'triton' or 'reference'")
 
 
+def output_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a low-precision linear returns: nn.Linear's (the autocast dtype where autocast
+    is on for x's device, else x's dtype). The GEMMs write bf16, and a cast gives the rest
+    (inside the autograd function, so its backward receives dY in that dtype, unrounded)."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
 def weight_rows(lin: torch.nn.Linear, start: int, stop: int, block: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`lin`'s weight and bias rows `start:stop` for its `forward_slice`, after checking the
     bounds: 0 <= start < stop <= out_features, both multiples of the recipe's block (so the

@@ -108,8 +108,9 @@ def test_emulation_follows_the_formulas() -> None:
     w = lin.weight.detach()
     wq = deq(_ref_tiles(w), tiles=True)
     y_ref = deq(_ref_rows(x2)) @ wq.t() + lin.bias.detach().to(torch.bfloat16).float()
-    assert y.dtype == torch.bfloat16
-    assert torch.allclose(y.reshape(200, 384).float(), y_ref, rtol=2.0**-8, atol=1e-6)
+    assert y.dtype == torch.float32  # x's dtype (no autocast), as nn.Linear; the values bf16's
+    assert torch.equal(y, y.to(torch.bfloat16).float())
+    assert torch.allclose(y.reshape(200, 384), y_ref, rtol=2.0**-8, atol=1e-6)
     dx_ref = deq(_ref_rows(dy2)) @ wq
     assert torch.allclose(x.grad.reshape(200, 256), dx_ref, rtol=1e-5, atol=1e-5)
     # wgrad: dY^T and X^T blocked along the tokens (the 56 padding rows are zeros)

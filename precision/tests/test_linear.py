@@ -39,8 +39,8 @@ def test_emulation_follows_the_formulas(mode: str) -> None:
     y_ref = (_q(x2, mode) @ _q(w, mode).t() + lin.bias.detach()).to(torch.bfloat16)
     dx_ref = (_q(dy2, mode) @ _q(w.t(), mode).t()).to(torch.bfloat16)
     dw_ref = _q(dy2.t(), mode) @ _q(x2.t(), mode).t()
-    assert y.dtype == torch.bfloat16 and y.shape == (2, 32, 96)
-    assert torch.equal(y.reshape(-1, 96), y_ref)
+    assert y.dtype == torch.float32 and y.shape == (2, 32, 96)  # x's dtype (no autocast): nn.Linear's
+    assert torch.equal(y.reshape(-1, 96), y_ref.float())  # the GEMM's bf16 values, cast
     assert torch.equal(x.grad.reshape(-1, 64), dx_ref.float())  # type: ignore[union-attr]
     assert torch.allclose(lin.weight.grad, dw_ref, rtol=1e-6, atol=1e-6)  # type: ignore[arg-type]
     assert torch.allclose(lin.bias.grad, dy2.float().sum(0))  # type: ignore[arg-type]
@@ -146,3 +146,32 @@ def test_training_parity_bf16_vs_mxfp8() -> None:
         assert time.time() - t0 < 40
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_block"])
+def test_output_dtype_is_nn_linears(recipe: str) -> None:
+    """A converted linear returns what nn.Linear would: x's dtype without autocast (fp32 or
+    bf16), the autocast dtype under autocast; the values are the recipe's bf16 GEMM output, and
+    the gradients reach x and the weights in their own dtypes. (Before gem-precision 0.3.7 the
+    output was bf16 whatever x was, so a converted fp32 model fed bf16 to its next layers.)"""
+    from gem_precision import FP8BlockConfig, FP8BlockLinear
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    lin = nn.Linear(128, 256)
+    m: nn.Module = (MXFP8Linear.from_linear(lin, MXLinearConfig(backend="reference")) if recipe == "mxfp8"
+                    else FP8BlockLinear.from_linear(lin, FP8BlockConfig(backend="reference")))
+    x = torch.randn(3, 40, 128, generator=g)
+    cases = [(x, False, torch.float32), (x.to(torch.bfloat16), False, torch.bfloat16), (x, True, torch.bfloat16)]
+    outs = []
+    for inp, autocast, want in cases:
+        inp = inp.detach().requires_grad_()
+        lin.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = m(inp)
+        assert y.dtype == want, (inp.dtype, autocast, y.dtype)
+        y.float().square().sum().backward()
+        assert inp.grad is not None and inp.grad.dtype == inp.dtype and torch.isfinite(inp.grad).all()
+        assert lin.weight.grad is not None and lin.weight.grad.dtype == torch.float32
+        outs.append(y.detach())
+    # fp32 x with and without autocast: the same codes, the same bf16 GEMM output, one cast apart
+    assert torch.equal(outs[0], outs[2].float())

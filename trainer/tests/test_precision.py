@@ -232,11 +232,13 @@ def test_h200_fp8_defaults_convert_the_wide_stream_linears() -> None:
 
 @pytest.mark.parametrize("precision", ["fp8_block", "mxfp8_rceil"])
 def test_a_recipe_on_cpu_runs_the_kunlun_blocks_under_bf16_autocast(precision: str) -> None:
-    """A converted linear returns bf16. In the h200 structure (hierarchical pooling) a
-    converted pooling `wo` feeds the plain token mix `down`, which fails on fp32 weights
-    without autocast: the trainer's step on a CPU raised a dtype error for every recipe that
-    converted `wo` (seen at d_model 1024). `autocast_device` puts the recipes' CPU step under
-    bf16 autocast, as on the GPU; fp32 and plain bf16 stay fp32 on a CPU."""
+    """Until gem-precision 0.3.7 a converted linear returned bf16 whatever its input. In the
+    h200 structure (hierarchical pooling) a converted pooling `wo` feeds the plain token mix
+    `down`, which then failed on fp32 weights without autocast: the trainer's step on a CPU
+    raised a dtype error for every recipe that converted `wo` (seen at d_model 1024). Since
+    0.3.7 a converted linear returns nn.Linear's dtype, so the fp32 step runs too; the trainer
+    still puts the recipes' CPU step under bf16 autocast (`autocast_device`), as on the GPU;
+    fp32 and plain bf16 stay fp32 on a CPU."""
     import dataclasses
 
     from gem_trainer._loop import autocast, autocast_device
@@ -253,8 +255,8 @@ def test_a_recipe_on_cpu_runs_the_kunlun_blocks_under_bf16_autocast(precision: s
     done = gem_parallel.parallelize(model, precision=precision, mxfp8_min_features=128, fp8_min_speedup=0.0)
     assert "layers.0.pooling.wo" in done.mxfp8_converted and "layers.0.pooling.down" not in done.mxfp8_converted
     batch = next(iter(make_loader(cfg, dcfg, 0, 1, cpu)))
-    with pytest.raises(RuntimeError, match="dtype"):  # the failure the autocast removes
-        model(batch)
+    out = model(batch)  # fp32, no autocast: converted outputs are fp32 (a dtype error before 0.3.7)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
     with autocast(autocast_device(cfg, cpu)):
         out = model(batch)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(out.float(), batch.labels.float())
