@@ -72,8 +72,8 @@ def _count(gm: torch.fx.GraphModule, name: str) -> int:
 
 
 def _model(seed: int, recipe: MXRecipe, keep_last: bool) -> nn.Module:
-    """3-layer MLP, MXFP8 hidden layers; the last stays nn.Linear if keep_last (needs autocast:
-    MXFP8Linear outputs bf16)."""
+    """3-layer MLP, MXFP8 hidden layers; the last stays nn.Linear if keep_last (the tests run
+    that one under autocast)."""
     torch.manual_seed(seed)
     m = nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 64), nn.GELU(), nn.Linear(64, 32))
     names = convert_to_mxfp8(m, recipe, min_features=32, keep_bf16=["4"] if keep_last else [])
