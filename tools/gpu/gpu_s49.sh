@@ -15,13 +15,17 @@
 #   session): `gem_kernels.bench.bwd` (all three on 11 cases, one process), then the h200
 #   trainer eager (--no-compile, 60 steps) with GEM_JFA_BWD=flash / two_pass / one_pass / unset
 #   (the rule: flash where it runs), alternating, two rounds.
+# PART=k (next session; not yet run): the compiled h200 trainer under gem-kernels 0.3.9's
+#   default backward against GEM_JFA_BWD=flash (0.3.8's): "cold" 100 steps to fill the caches,
+#   then 300-step runs alternating default / flash while time is left (the backward is chosen
+#   at run time inside the custom op, so both arms load the same compiled blocks).
 # PART=b: issue 15's table (`gem_kernels.bench.table`), then every kernel GPU test.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
   for f in cold ckpt steady warmfg fa4; do [ -f "$OUT/$f.log" ] && { printf '%s ' $f; last_summary "$OUT/$f.log" steps loss step_s_median mfu_steady time_to_first_step_s startup_s warmup_steps compiled_from_step recompiles_per_100_steps ckpt_saves ckpt_stall_frac ckpt_stall_per_save_s ckpt_final_wait_s ckpt_state_gb | cut -c1-700; grep -o '"compile_aot": {[^}]*}' "$OUT/$f.log" | tail -1 | sed 's/"rejected": \[[^]]*\], //' | cut -c1-300; }; done
-  for f in "$OUT"/e_*.log; do [ -f "$f" ] && { printf '%s ' "$(basename "$f" .log)"; last_summary "$f" steps loss step_s_median step_gpu_s_median mfu_steady; }; done
+  for f in "$OUT"/e_*.log "$OUT"/k_*.log; do [ -f "$f" ] && { printf '%s ' "$(basename "$f" .log)"; last_summary "$f" steps loss step_s_median step_gpu_s_median mfu_steady; }; done
   [ -f "$OUT/bwd.log" ] && sed -n '/^JFA backward paths/,$p' "$OUT/bwd.log" | grep -v '^{' | cut -c1-250
   [ -f "$OUT/mfu.log" ] && grep -E "^(GEM local|seq_attention|seq_ffn|pooling|interaction|weighted|model e2e|e2e, layers|whole)" "$OUT/mfu.log" | cut -c1-160
   [ -f "$OUT/table.log" ] && sed -n '/^case/,$p' "$OUT/table.log" | grep -v '^{' | cut -c1-250
@@ -46,6 +50,9 @@ m2) st setup 60 bash tools/fa4_setup.sh
 w) st bwd 150 bash -c "cd kernels && python3 -m gem_kernels.bench.bwd --iters 7"
    for r in 1 2; do for a in flash two_pass one_pass; do
      [ "$(gpu_left)" -gt 40 ] && st e_${a}_$r 40 env GEM_JFA_BWD=$a python3 $H200_TR --steps 60 --no-compile; done; done;;
+k) st cold 170 python3 $H200_TR --steps 100
+   for r in 1 2; do for a in default flash; do
+     [ "$(gpu_left)" -gt 90 ] && st k_${a}_$r 90 env $([ $a = flash ] && echo GEM_JFA_BWD=flash) python3 $H200_TR --steps 300; done; done;;
 b) st table 220 bash -c "cd kernels && python3 -m gem_kernels.bench.table --iters 7"
    st kt "$(gpu_left)" python3 -m pytest -q -p no:cacheprovider kernels/tests -k gpu;;
 esac
