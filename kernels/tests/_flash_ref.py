@@ -188,15 +188,9 @@ def _lognormal(n: int = 64, cap: int = 4096, seed: int = 62) -> list[int]:
 
 def _ours(monkeypatch: pytest.MonkeyPatch, *args: Any) -> list[torch.Tensor]:
     """`_grads(*args)` through our two-pass backward; `GEM_JFA_BWD` is then as it was."""
-    was = os.environ.get(BWD_ENV)
-    monkeypatch.setenv(BWD_ENV, "two_pass")
-    try:
+    with monkeypatch.context() as mp:
+        mp.setenv(BWD_ENV, "two_pass")
         return _grads(*args)
-    finally:
-        if was is None:
-            monkeypatch.delenv(BWD_ENV)
-        else:
-            monkeypatch.setenv(BWD_ENV, was)
 
 
 def _check_vs_ours_and_reference(got: list[torch.Tensor], base: list[torch.Tensor], qkvd: tuple[torch.Tensor, ...],

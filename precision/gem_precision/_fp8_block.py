@@ -303,8 +303,7 @@ class _FP8BlockFn(torch.autograd.Function):
             ctx.save_for_backward(*saved)
             ctx.cfg = (wgrad_bf16, be, compile_quant, fused, M, x.shape, _grad_dtype(x.dtype), weight.dtype,
                        bias is not None)
-            y = y[:M].reshape(*x.shape[:-1], N)  # (the padded rows' outputs dropped)
-            return y if out_dtype == torch.bfloat16 else y.to(out_dtype)
+            return y[:M].reshape(*x.shape[:-1], N).to(out_dtype)  # (the padded rows' outputs dropped)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:

@@ -91,8 +91,7 @@ class _MXLinearFn(torch.autograd.Function):
             ctx.save_for_backward(*saved)
             ctx.elem, ctx.grad_elem, ctx.mode, ctx.wgrad_bf16, ctx.be = elem, grad_elem, mode, wgrad_bf16, be
             ctx.x_shape, ctx.w_dtype, ctx.has_bias = x.shape, weight.dtype, bias is not None
-            y = y.reshape(*x.shape[:-1], weight.shape[0])
-            return y if out_dtype == torch.bfloat16 else y.to(out_dtype)
+            return y.reshape(*x.shape[:-1], weight.shape[0]).to(out_dtype)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:

@@ -13,8 +13,8 @@
 # PART=w: which JFA backward is fastest now (gem-kernels 0.3.8's faster Triton backwards against
 #   torch's FlashAttention-2 backward, the default without flash-attn-4 since the seventh
 #   session): `gem_kernels.bench.bwd` (all three on 11 cases, one process), then the h200
-#   trainer eager (--no-compile, 60 steps) with GEM_JFA_BWD=flash / two_pass / one_pass / unset
-#   (the rule: flash where it runs), alternating, two rounds.
+#   trainer eager (--no-compile, 60 steps) with GEM_JFA_BWD=flash / two_pass / one_pass,
+#   alternating, two rounds.
 # PART=k (next session; not yet run): the compiled h200 trainer under gem-kernels 0.3.9's
 #   default backward against GEM_JFA_BWD=flash (0.3.8's): "cold" 100 steps to fill the caches,
 #   then 300-step runs alternating default / flash while time is left (the backward is chosen
@@ -30,22 +30,25 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
   [ -f "$OUT/mfu.log" ] && grep -E "^(GEM local|seq_attention|seq_ffn|pooling|interaction|weighted|model e2e|e2e, layers|whole)" "$OUT/mfu.log" | cut -c1-160
   [ -f "$OUT/table.log" ] && sed -n '/^case/,$p' "$OUT/table.log" | grep -v '^{' | cut -c1-250
   [ -f "$OUT/kt.log" ] && { grep -E "FAILED|ERROR" "$OUT/kt.log" | head -20; tail -3 "$OUT/kt.log"; }; }
+# The flash-attn-4 wheels come in two calls on one box: `fa4a` (a call carrying .fa4a) keeps
+# the compiler library in /tmp/fa4a; `fa4b` (a later call carrying .fa4b) installs the package.
+fa4a() { mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/; }
+fa4b() { st setup 60 bash tools/fa4_setup.sh
+  export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1; }
 gpu_begin "${WATCH:-530}"
 export GEM_CACHE_DIR=/tmp/gemc TORCHINDUCTOR_CACHE_DIR=/tmp/gemc/ind TRITON_CACHE_DIR=/tmp/gemc/tri
 case ${PART:-h} in
-h) mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/
+h) fa4a
    st cold 170 python3 $H200_TR --steps 100
    rm -rf /tmp/ck; st ckpt 110 python3 $H200_TR --steps 300 --ckpt-every 50 --ckpt-dir /tmp/ck
    st steady 100 python3 $H200_TR --steps 300
    [ "$(gpu_left)" -gt 35 ] && st warmfg "$(gpu_left)" python3 $H200_TR --steps 60 --no-compile-background;;
-m) st setup 60 bash tools/fa4_setup.sh
-   export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
+m) fa4b
    st mfu 260 python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph
    [ "$(gpu_left)" -gt 60 ] && st fa4 "$(gpu_left)" python3 $H200_TR --steps 300;;
-t) mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/
+t) fa4a
    st table "$(gpu_left)" bash -c "cd kernels && python3 -m gem_kernels.bench.table --iters 7";;
-m2) st setup 60 bash tools/fa4_setup.sh
-   export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
+m2) fa4b
    st mfu "$(gpu_left)" python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph;;
 w) st bwd 150 bash -c "cd kernels && python3 -m gem_kernels.bench.bwd --iters 7"
    for r in 1 2; do for a in flash two_pass one_pass; do

@@ -5,7 +5,8 @@ length-mix sweep.
 
 Why: `jfa_backward` can run our two-pass Triton backward, our one-pass one (dQ by atomics), or
 torch's FlashAttention-2 varlen backward fed with our forward's output and lse
-(`gem_kernels._flash2`, the default where it runs). The forward is ours throughout
+(`gem_kernels._flash2`; the default where it runs until gem-kernels 0.3.9, which went back to
+ours after this bench measured two-pass faster). The forward is ours throughout
 (`GEM_JFA_FWD=pointer` is set for the run: on short mixes the default forward is
 FlashAttention-2's, which the `fa2` columns time on their own). This bench times each in the same run,
 next to torch's own FlashAttention-2 forward+backward (`aten._flash_attention_forward` with
