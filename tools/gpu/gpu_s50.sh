@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The fiftieth session's GPU plan (tools/stage.sh: summary.txt + all.tgz). Runs on what comes
+# (H200 or H100) and picks its stages by the card: issue 16's figures are H200 figures.
+# PART=1 (carries .fa4a: copies the compiler library to /tmp/fa4a for PART=2):
+#   H200: issue 16's trainer figures under gem-kernels 0.3.9 (our JFA backward), no
+#     flash-attn-4: "cold" 100 steps from empty caches, "ckpt" 300 steps --ckpt-every 50,
+#     "steady" 300 steps, then "k_flash" 300 steps with GEM_JFA_BWD=flash (0.3.8's default).
+#   H100: "cold" 100 steps, then 300-step runs alternating 0.3.9's default and
+#     GEM_JFA_BWD=flash (the backward is picked at run time inside the custom op, so both
+#     arms load the same compiled blocks).
+# PART=2 (carries .fa4b, same warm box): installs flash-attn-4; "mfu"
+#   (`python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph`), then
+#   "fa4" (issue 16's command, 300 steps, with flash-attn-4) while time is left.
+# PART=3: issue 15's table (`gem_kernels.bench.table --iters 7`), then every kernel GPU test.
+export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
+. tools/stage.sh
+summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
+  for f in "$OUT"/*.log; do case $(basename "$f") in mfu.log|table.log|kt.log|setup.log) continue;; esac
+    printf '%s ' "$(basename "$f" .log)"; last_summary "$f" steps loss step_s_median mfu_steady time_to_first_step_s warmup_steps compiled_from_step recompiles_per_100_steps ckpt_saves ckpt_stall_frac ckpt_stall_per_save_s ckpt_final_wait_s ckpt_state_gb jfa_backward | cut -c1-700; done
+  [ -f "$OUT/mfu.log" ] && grep -E "^(GEM local|seq_attention|seq_ffn|pooling|interaction|weighted|model e2e|e2e, layers|whole)" "$OUT/mfu.log" | cut -c1-160
+  [ -f "$OUT/table.log" ] && sed -n '/^case/,$p' "$OUT/table.log" | grep -v '^{' | cut -c1-250
+  [ -f "$OUT/kt.log" ] && { grep -E "FAILED|ERROR" "$OUT/kt.log" | head -20; tail -3 "$OUT/kt.log"; }; }
+gpu_begin "${WATCH:-540}"
+export GEM_CACHE_DIR=/tmp/gemc TORCHINDUCTOR_CACHE_DIR=/tmp/gemc/ind TRITON_CACHE_DIR=/tmp/gemc/tri
+case ${PART:-1} in
+1) mkdir -p /tmp/fa4a && cp .fa4a/ir.so.xz /tmp/fa4a/
+   st cold 170 python3 $H200_TR --steps 100
+   if [[ $GPU == *H200* ]]; then
+     rm -rf /tmp/ck; st ckpt 110 python3 $H200_TR --steps 300 --ckpt-every 50 --ckpt-dir /tmp/ck; rm -rf /tmp/ck
+     st steady 100 python3 $H200_TR --steps 300
+     [ "$(gpu_left)" -gt 90 ] && st k_flash 90 env GEM_JFA_BWD=flash python3 $H200_TR --steps 300
+   else
+     for r in 1 2; do for a in default flash; do
+       [ "$(gpu_left)" -gt 90 ] && st k_${a}_$r 90 env $([ $a = flash ] && echo GEM_JFA_BWD=flash) python3 $H200_TR --steps 300; done; done
+   fi;;
+2) st setup 60 bash tools/fa4_setup.sh
+   export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
+   st mfu 260 python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph
+   [ "$(gpu_left)" -gt 80 ] && st fa4 "$(gpu_left)" python3 $H200_TR --steps 300;;
+3) st table 220 bash -c "cd kernels && python3 -m gem_kernels.bench.table --iters 7"
+   st kt "$(gpu_left)" python3 -m pytest -q -p no:cacheprovider kernels/tests -k gpu;;
+esac
+gpu_end
