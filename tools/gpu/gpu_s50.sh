@@ -10,16 +10,24 @@
 #     arms load the same compiled blocks).
 # PART=2 (carries .fa4b, same warm box): installs flash-attn-4; "mfu"
 #   (`python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph`), then
-#   "fa4" (issue 16's command, 300 steps, with flash-attn-4) while time is left.
+#   "ft" (the flash-attn-4 GPU tests, which PART=3 runs without it installed and so fail by
+#   design), "fa4" (issue 16's command, 300 steps, with flash-attn-4) while time is left.
+# PART=4 (a fresh box): "tc": which Triton kernels the cold first steps compile, and for how
+#   long (`tools/triton_compiles.py`, issue 16's command, 3 steps, empty caches: gem-kernels
+#   0.3.9's backward made the cold first step 6.5 s longer, 20.8 s against 14.5 s); then "prof":
+#   the compiled h200 step's kernel profile under 0.3.9 (`tools/profile_trainer.py`).
 # PART=3: issue 15's table (`gem_kernels.bench.table --iters 7`), then every kernel GPU test.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
-  for f in "$OUT"/*.log; do case $(basename "$f") in mfu.log|table.log|kt.log|setup.log) continue;; esac
+  for f in "$OUT"/*.log; do case $(basename "$f") in mfu.log|table.log|kt.log|ft.log|setup.log|prof.log) continue;; esac
     printf '%s ' "$(basename "$f" .log)"; last_summary "$f" steps loss step_s_median mfu_steady time_to_first_step_s warmup_steps compiled_from_step recompiles_per_100_steps ckpt_saves ckpt_stall_frac ckpt_stall_per_save_s ckpt_final_wait_s ckpt_state_gb jfa_backward | cut -c1-700; done
   [ -f "$OUT/mfu.log" ] && grep -E "^(GEM local|seq_attention|seq_ffn|pooling|interaction|weighted|model e2e|e2e, layers|whole)" "$OUT/mfu.log" | cut -c1-160
   [ -f "$OUT/table.log" ] && sed -n '/^case/,$p' "$OUT/table.log" | grep -v '^{' | cut -c1-250
+  [ -f "$OUT/tc.log" ] && { grep '^triton_compile ' "$OUT/tc.log" | head -60; grep '^{"triton_compiles' "$OUT/tc.log" | cut -c1-1500; }
+  [ -f "$OUT/prof.log" ] && { echo "=== prof"; grep -v '^{' "$OUT/prof.log" | grep -v "^W\|^gem: note" | tail -n 45 | cut -c1-180; }
+  [ -f "$OUT/ft.log" ] && tail -2 "$OUT/ft.log"
   [ -f "$OUT/kt.log" ] && { grep -E "FAILED|ERROR" "$OUT/kt.log" | head -20; tail -3 "$OUT/kt.log"; }; }
 gpu_begin "${WATCH:-540}"
 export GEM_CACHE_DIR=/tmp/gemc TORCHINDUCTOR_CACHE_DIR=/tmp/gemc/ind TRITON_CACHE_DIR=/tmp/gemc/tri
@@ -36,8 +44,11 @@ case ${PART:-1} in
    fi;;
 2) st setup 60 bash tools/fa4_setup.sh
    export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
+   st ft 120 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_jfa_flash4.py -k gpu
    st mfu 260 python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph
    [ "$(gpu_left)" -gt 80 ] && st fa4 "$(gpu_left)" python3 $H200_TR --steps 300;;
+4) st tc 150 python3 tools/triton_compiles.py --preset h200 --eval-batches 0 --no-progress --steps 3
+   st prof 200 python3 tools/profile_trainer.py --preset h200 --steps 18 --skip 8 --compile --rows 60;;
 3) st table 220 bash -c "cd kernels && python3 -m gem_kernels.bench.table --iters 7"
    st kt "$(gpu_left)" python3 -m pytest -q -p no:cacheprovider kernels/tests -k gpu;;
 esac
