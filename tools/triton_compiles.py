@@ -1,7 +1,7 @@
 """Which Triton kernels a gem_trainer run compiles (or loads from Triton's disk cache), when,
 and for how long: what a cold first step spends on them.
 
-    python3 tools/triton_compiles.py [gem_trainer arguments...]
+    python3 tools/triton_compiles.py [--record MANIFEST] [gem_trainer arguments...]
 
 Runs `python3 -m gem_trainer` with the given arguments, with Triton's `jit_cache_hook` (called
 before a kernel's compile) and `jit_post_compile_hook` (after it) set. Only kernels launched as
@@ -10,7 +10,14 @@ generated kernels do not. Prints one line per compile (seconds since start, dura
 kernel name) and a summary JSON line: compiles per kernel, their total, and the time they took
 before the trainer's first step ended. Run it over empty TRITON_CACHE_DIR / TORCHINDUCTOR_CACHE_DIR
 folders for the cold figures; over warm ones, each line is a load from the disk cache.
+
+`--record MANIFEST` also writes the specializations of our kernels compiled in the run as a
+manifest (`gem_kernels.record_compiles`): what the trainer's `triton_precompile` compiles in
+parallel at the start of a later run. The shipped ones (gem_trainer/triton_manifests/) come
+from `--record ... --preset h200 --steps 20 --eval-batches 0 --triton-precompile ''` over empty
+caches on the GPU named in the file name.
 """
+import contextlib
 import json
 import sys
 import threading
@@ -48,8 +55,15 @@ knobs.runtime.jit_post_compile_hook = _after
 
 from gem_trainer.__main__ import main  # noqa: E402  (after the hooks: nothing compiles before)
 
+args = sys.argv[1:]
+record = contextlib.nullcontext()
+if args[:1] == ["--record"]:
+    import gem_kernels
+
+    record, args = gem_kernels.record_compiles(args[1]), args[2:]  # type: ignore[assignment]
 try:
-    main(sys.argv[1:])
+    with record:
+        main(args)
 finally:
     rows.sort()
     for start, dur, thread, name in rows:

@@ -16,17 +16,26 @@
 #   long (`tools/triton_compiles.py`, issue 16's command, 3 steps, empty caches: gem-kernels
 #   0.3.9's backward made the cold first step 6.5 s longer, 20.8 s against 14.5 s); then "prof":
 #   the compiled h200 step's kernel profile under 0.3.9 (`tools/profile_trainer.py`).
+# PART=5 (a fresh box): gem-kernels 0.3.10's parallel precompile. "rec": records the h200
+#   preset's kernel specializations (`tools/triton_compiles.py --record`, eager, 20 steps, empty
+#   caches) into $OUT/<manifest>; then cold runs of issue 16's command (3 steps, each from its
+#   own empty caches, through tools/triton_compiles.py): "off_1" (--triton-precompile ''), "on_1"
+#   (the recorded manifest); the precompile GPU test; then the same pair eager (--no-compile:
+#   no background compile to wait for) while time is left.
 # PART=3: issue 15's table (`gem_kernels.bench.table --iters 7`), then every kernel GPU test.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
-  for f in "$OUT"/*.log; do case $(basename "$f") in mfu.log|table.log|kt.log|ft.log|setup.log|prof.log) continue;; esac
+  for f in "$OUT"/*.log; do case $(basename "$f") in mfu.log|table.log|kt.log|ft.log|setup.log|prof.log|pt.log) continue;; esac
     printf '%s ' "$(basename "$f" .log)"; last_summary "$f" steps loss step_s_median mfu_steady time_to_first_step_s warmup_steps compiled_from_step recompiles_per_100_steps ckpt_saves ckpt_stall_frac ckpt_stall_per_save_s ckpt_final_wait_s ckpt_state_gb jfa_backward | cut -c1-700; done
   [ -f "$OUT/mfu.log" ] && grep -E "^(GEM local|seq_attention|seq_ffn|pooling|interaction|weighted|model e2e|e2e, layers|whole)" "$OUT/mfu.log" | cut -c1-160
   [ -f "$OUT/table.log" ] && sed -n '/^case/,$p' "$OUT/table.log" | grep -v '^{' | cut -c1-250
   [ -f "$OUT/tc.log" ] && { grep '^triton_compile ' "$OUT/tc.log" | head -60; grep '^{"triton_compiles' "$OUT/tc.log" | cut -c1-1500; }
   [ -f "$OUT/prof.log" ] && { echo "=== prof"; grep -v '^{' "$OUT/prof.log" | grep -v "^W\|^gem: note" | tail -n 45 | cut -c1-180; }
+  for f in "$OUT"/off_*.log "$OUT"/on_*.log; do [ -f "$f" ] && { printf '%s ' "$(basename "$f" .log)"; last_summary "$f" time_to_first_step_s startup_s triton_precompile | cut -c1-600; grep '^{"triton_compiles' "$f" | cut -c1-200; }; done
+  [ -f "$OUT/rec.log" ] && { grep '^{"triton_compiles' "$OUT/rec.log" | cut -c1-300; ls -la "$TOP"/*.json; }
+  [ -f "$OUT/pt.log" ] && tail -3 "$OUT/pt.log"
   [ -f "$OUT/ft.log" ] && tail -2 "$OUT/ft.log"
   [ -f "$OUT/kt.log" ] && { grep -E "FAILED|ERROR" "$OUT/kt.log" | head -20; tail -3 "$OUT/kt.log"; }; }
 gpu_begin "${WATCH:-540}"
@@ -49,6 +58,17 @@ case ${PART:-1} in
    [ "$(gpu_left)" -gt 80 ] && st fa4 "$(gpu_left)" python3 $H200_TR --steps 300;;
 4) st tc 150 python3 tools/triton_compiles.py --preset h200 --eval-batches 0 --no-progress --steps 3
    st prof 200 python3 tools/profile_trainer.py --preset h200 --steps 18 --skip 8 --compile --rows 60;;
+5) MAN=$OUT/$(python3 -c "import gem_kernels; print(gem_kernels.manifest_name())")
+   st rec 120 env GEM_CACHE_DIR=/tmp/c_rec TORCHINDUCTOR_CACHE_DIR=/tmp/c_rec/ind TRITON_CACHE_DIR=/tmp/c_rec/tri \
+     python3 tools/triton_compiles.py --record "$MAN" --preset h200 --eval-batches 0 --no-progress --steps 20 --no-compile --triton-precompile ''
+   cp "$MAN" "$TOP/" 2>/dev/null
+   arm() { st $1 $2 env GEM_CACHE_DIR=/tmp/c_$1 TORCHINDUCTOR_CACHE_DIR=/tmp/c_$1/ind TRITON_CACHE_DIR=/tmp/c_$1/tri \
+     python3 tools/triton_compiles.py --preset h200 --eval-batches 0 --no-progress --steps 3 \
+     --triton-precompile "$([ ${1%%_*} = on ] && echo "$MAN")" "${@:3}"; }
+   arm off_1 130; arm on_1 130
+   st pt 60 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_precompile.py
+   [ "$(gpu_left)" -gt 90 ] && arm on_e 45 --no-compile
+   [ "$(gpu_left)" -gt 45 ] && arm off_e 45 --no-compile;;
 3) st table 220 bash -c "cd kernels && python3 -m gem_kernels.bench.table --iters 7"
    st kt "$(gpu_left)" python3 -m pytest -q -p no:cacheprovider kernels/tests -k gpu;;
 esac

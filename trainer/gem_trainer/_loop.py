@@ -481,6 +481,7 @@ class _Run:
     state: dict[str, Any]  # what a checkpoint saves and a resume restores
     step: int  # the step the run starts from (a resume's)
     resumed_from: int | None
+    precompile: Any = None  # gem_kernels.Precompile of `triton_precompile`, or None
 
 
 def _build(cfg: TrainConfig, deterministic: bool | None) -> _Run:
@@ -495,6 +496,8 @@ def _build(cfg: TrainConfig, deterministic: bool | None) -> _Run:
     rank, world = _dist_env()
     cfg = dataclasses.replace(cfg, compile_aot=_preflight.resolve_compile_aot(cfg, world, rank))
     device = _setup_dist(world)
+    # First: the workers compile the kernels the first steps launch while the rest starts.
+    precompile = _preflight.start_precompile(cfg, device, rank)
     # Start-up checks (unwritable directories, checkpoint-directory misuse) before the model
     # is built: refusals name the field, the CLI turns them into flags.
     _preflight.check_dirs(cfg)
@@ -560,7 +563,7 @@ def _build(cfg: TrainConfig, deterministic: bool | None) -> _Run:
     return _Run(cfg=cfg, rank=rank, world=world, device=device, det=det, t_start=t_start,
                 before_train=before_train, marks=marks, dcfg=dcfg, model=model, aot=aot, opt=opt,
                 ckpt=ckpt, ccache=ccache, sparse_sync=sparse_sync, loader=loader, state=state,
-                step=step, resumed_from=resumed_from)
+                step=step, resumed_from=resumed_from, precompile=precompile)
 
 
 class _Booking:
@@ -882,6 +885,17 @@ def _finish_background(aot: Any, rank: int) -> None:
     aot.wait()
 
 
+def _precompile_summary(pre: Any) -> dict[str, Any] | None:
+    """`triton_precompile`'s workers at the end (gem_kernels.Precompile.wait: kernels in the
+    manifest, preloaded, failed, seconds since they started); any still running are ended
+    (a short run's), None when none started."""
+    if pre is None:
+        return None
+    done: dict[str, Any] = pre.wait(timeout=5.0)
+    pre.stop()
+    return done
+
+
 def _summary(run: _Run, bk: _Booking, tasks: dict[str, dict[str, float]]) -> dict[str, Any]:
     """The run's summary (strict JSON), logged with the evaluation as the run's last records;
     with `export_teacher`, the trained model is saved as a teacher first."""
@@ -926,6 +940,7 @@ def _summary(run: _Run, bk: _Booking, tasks: dict[str, dict[str, float]]) -> dic
         "data_wait_s": timers.data_wait,
         "time_to_first_step_s": timers.first_step,
         "startup_s": bk.startup,
+        "triton_precompile": _precompile_summary(run.precompile),
         "before_train_s": run.before_train,
         "world_size": world,
         "sparse": _sparse_summary(cfg, world, run.sparse_sync is not None),

@@ -6,6 +6,7 @@ launcher derives them from the environment (torchrun's RANK/WORLD_SIZE, CUDA pre
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -73,6 +74,14 @@ class TrainConfig:
             depends on how fast the thread goes, so two such runs are not bit for bit the
             same; off under --deterministic and without a compile_aot folder ("" or "auto"
             resolved off: the blocks then load or compile before the first step).
+        triton_precompile: a manifest of Triton kernel specializations
+            (`gem_kernels.record_compiles`) that worker processes compile into Triton's disk
+            cache while the run starts, so the first steps load those kernels instead of
+            compiling each one when a launch first needs it ("" = off). "auto" (the default):
+            the manifest shipped with gem_trainer for this Triton version and GPU (recorded
+            from the h200 preset; `gem_trainer/triton_manifests/`), where there is one; nothing
+            on CPU or without one. It changes no result: a kernel the run reaches before its
+            worker does compiles as it would without it.
         progress: show a progress bar when stdout is a terminal.
         gc_freeze: after the warm-up steps, one full garbage collection and `gc.freeze()`, so
             later collections skip the warm-up's long-lived objects (compiled graphs, kernels,
@@ -133,6 +142,7 @@ class TrainConfig:
     compile_cache: str = ""
     compile_aot: str = ""
     compile_background: bool = False
+    triton_precompile: str = "auto"
     progress: bool = True
     gc_freeze: bool = False
     sparse_sharding: str = "none"
@@ -196,6 +206,9 @@ class TrainConfig:
             raise ValueError(f"compile_cache={self.compile_cache!r} needs compile=True (it caches compiled graphs)")
         if self.compile_aot and self.compile_aot != AOT_AUTO and not self.compile:
             raise ValueError(f"compile_aot={self.compile_aot!r} needs compile=True (it keeps compiled blocks)")
+        if self.triton_precompile not in ("", "auto") and not os.path.isfile(self.triton_precompile):
+            raise ValueError(f"triton_precompile={self.triton_precompile!r} must be '', 'auto' or a manifest "
+                             "file (gem_kernels.record_compiles writes one); no such file")
         if self.export_teacher and self.sparse_sharding != "none":
             # torchrec's sharded tables are not a plain GEMModel state dict (save_teacher's format)
             raise ValueError(f"export_teacher={self.export_teacher!r} needs sparse_sharding='none' "

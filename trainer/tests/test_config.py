@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,8 @@ def test_presets_are_frozen_and_valid() -> None:
     ("sparse_mp", -1, "sparse_mp=-1 must be an int >= 0 (0 = every rank)"),
     ("sparse_mp", 2, "sparse_mp=2 needs sparse_sharding other than 'none'"),
     ("ckpt_writer", "fork", "ckpt_writer='fork' must be one of"),
+    ("triton_precompile", "/no/such/manifest.json", "triton_precompile='/no/such/manifest.json' must be '', "
+                                                    "'auto' or a manifest file"),
 ])
 def test_bad_fields_name_the_field_and_rule(field: str, value: object, rule: str) -> None:
     cfg = dataclasses.replace(TrainConfig(), **{field: value})
@@ -77,3 +80,34 @@ def test_auto_ckpt_writer_resolves_by_world_and_device(writer: str, world: int, 
     assert resolve_ckpt_writer(writer, world, torch.device(device)) == expect
     assert TrainConfig().ckpt_writer == "auto"
     assert parse_args(["--ckpt-writer", writer]).ckpt_writer == writer
+
+
+def test_triton_precompile_starts_nothing_on_cpu_and_refuses_a_bad_manifest(tmp_path: Path) -> None:
+    import torch
+
+    from gem_trainer import _preflight
+
+    cpu = torch.device("cpu")
+    for value in ("", "auto"):
+        assert _preflight.start_precompile(tiny(triton_precompile=value), cpu) is None
+    assert parse_args(["--triton-precompile", ""]).triton_precompile == ""
+    bad = tmp_path / "m.json"
+    bad.write_text('{"format": 1, "kernels": "x"}')
+    cfg = tiny(triton_precompile=str(bad))
+    cfg.validate()  # a file: read when the run starts, where it is refused with the field's name
+    with pytest.raises(ValueError, match=r"triton_precompile='.*m.json': precompile manifest .*'kernels' must be"):
+        _preflight.start_precompile(cfg, torch.device("cuda"))
+    assert bad.read_text() == '{"format": 1, "kernels": "x"}'
+
+
+def test_shipped_triton_manifests_are_manifests() -> None:
+    import gem_kernels
+    from gem_trainer import _preflight
+
+    shipped = sorted(Path(_preflight.MANIFESTS).glob("*.json"))
+    assert shipped, "no manifest shipped for triton_precompile='auto'"
+    for path in shipped:
+        doc = gem_kernels.load_manifest(path)
+        target, version = doc["target"], doc["triton"]
+        assert path.name == f"{target['backend']}{target['arch']}-triton{version}.json"
+        assert doc["kernels"] and all(k["module"].startswith("gem_") for k in doc["kernels"])
