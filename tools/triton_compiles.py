@@ -12,7 +12,7 @@ before the trainer's first step ended. Run it over empty TRITON_CACHE_DIR / TORC
 folders for the cold figures; over warm ones, each line is a load from the disk cache.
 
 `--record MANIFEST` also writes the specializations of our kernels compiled in the run as a
-manifest (`gem_kernels.record_compiles`): what the trainer's `triton_precompile` compiles in
+manifest (`gem_kernels.precompile.record_compiles`): what the trainer's `triton_precompile` compiles in
 parallel at the start of a later run. The shipped ones (gem_trainer/triton_manifests/) come
 from `--record ... --preset h200 --steps 20 --eval-batches 0 --triton-precompile ''` over empty
 caches on the GPU named in the file name.
@@ -58,9 +58,9 @@ from gem_trainer.__main__ import main  # noqa: E402  (after the hooks: nothing c
 args = sys.argv[1:]
 record = contextlib.nullcontext()
 if args[:1] == ["--record"]:
-    import gem_kernels
+    import gem_kernels.precompile
 
-    record, args = gem_kernels.record_compiles(args[1]), args[2:]  # type: ignore[assignment]
+    record, args = gem_kernels.precompile.record_compiles(args[1]), args[2:]  # type: ignore[assignment]
 try:
     with record:
         main(args)
@@ -69,7 +69,7 @@ finally:
     for start, dur, thread, name in rows:
         print(f"triton_compile {start:8.2f} s {dur:6.2f} s  {thread:<14} {name}")
     per: dict[str, list[float]] = defaultdict(list)
-    for _, dur, _, name in rows:
+    for _start, dur, _thread, name in rows:
         per[name].append(round(dur, 2))
     print(json.dumps({"triton_compiles": len(rows), "triton_compile_s": round(sum(r[1] for r in rows), 2),
                       "per_kernel": dict(sorted(per.items(), key=lambda kv: -sum(kv[1])))}))

@@ -1,7 +1,7 @@
 """gem_kernels: jagged attention kernels (Triton) with plain-PyTorch references, and the
 embedding tables' row-wise Adagrad update in one pass, and the rotary q/k/v projection's
-gradient in one pass (`rope_qkv_grad`). `record_compiles` / `start_precompile` compile a run's
-Triton kernels in parallel worker processes before the run reaches them (`_precompile`).
+gradient in one pass (`rope_qkv_grad`). `gem_kernels.precompile` compiles a run's Triton
+kernels in parallel worker processes before the run reaches them.
 
 Every attention op takes jagged values `[T, H, D]` + int64 offsets `[B+1]` + host-int max
 lengths; every op offers `backend="auto" | "triton" | "reference"`. The attention ops are
@@ -15,13 +15,11 @@ from gem_kernels._gdpa import generalized_dot_product_attention
 from gem_kernels._block import block_attention
 from gem_kernels._rowwise_adagrad import rowwise_adagrad_, rowwise_adagrad_reference_
 from gem_kernels._rope import rope, rope_qkv_grad
-from gem_kernels._precompile import Precompile, load_manifest, manifest_name, record_compiles, start_precompile
 
 __version__ = "0.3.10"
 
 # One import line and one entry per op, so op files merge without conflicts.
 __all__ = [
-    "Precompile",
     "__version__",
     "block_attention",
     "generalized_dot_product_attention",
@@ -29,14 +27,10 @@ __all__ = [
     "jagged_flash_attention_kv",
     "jagged_flash_attention_qkv",
     "jfa_backward_rule",
-    "load_manifest",
-    "manifest_name",
     "pad_jagged",
-    "record_compiles",
     "rope",
     "rope_qkv_grad",
     "rowwise_adagrad_",
     "rowwise_adagrad_reference_",
-    "start_precompile",
     "unpad_jagged",
 ]

@@ -1,4 +1,4 @@
-"""gem_kernels._precompile: record a run's kernel specializations, compile them in worker
+"""gem_kernels.precompile: record a run's kernel specializations, compile them in worker
 processes into Triton's disk cache.
 
 On CPU: the manifest's checks, the recording hook (fed the calls Triton makes), the worker's
@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import gem_kernels
-from gem_kernels import _precompile
+from gem_kernels import precompile
 
 GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 
@@ -49,7 +48,7 @@ def test_record_keeps_our_kernels_once_chains_and_restores(tmp_path: Path) -> No
     knobs.runtime.jit_cache_hook = previous
     try:
         path = tmp_path / "sub" / "m.json"
-        with gem_kernels.record_compiles(path) as entries:
+        with precompile.record_compiles(path) as entries:
             assert _call_hook("gem_kernels._triton_jfa", "_jfa_fwd_kernel", '{"a": 1}') is False
             _call_hook("gem_kernels._triton_jfa", "_jfa_fwd_kernel", '{"a": 1}')  # the same one again
             _call_hook("gem_kernels._triton_jfa", "_jfa_fwd_kernel", '{"a": 2}')
@@ -59,20 +58,20 @@ def test_record_keeps_our_kernels_once_chains_and_restores(tmp_path: Path) -> No
         assert seen == ["_jfa_fwd_kernel"] * 3 + ["triton_poi"]  # every call reached the previous hook
     finally:
         knobs.runtime.jit_cache_hook = None
-    doc = gem_kernels.load_manifest(path)
+    doc = precompile.load_manifest(path)
     assert [k["spec"] for k in doc["kernels"]] == ['{"a": 1}', '{"a": 2}']
     assert doc["kernels"][0]["module"] == "gem_kernels._triton_jfa"
-    assert doc["triton"] == _precompile._triton_version()
+    assert doc["triton"] == precompile._triton_version()
     assert not (tmp_path / "sub" / "m.json.tmp").exists()
 
 
 def test_record_writes_the_manifest_when_the_body_raises(tmp_path: Path) -> None:
     path = tmp_path / "m.json"
     with pytest.raises(RuntimeError, match="boom"):
-        with gem_kernels.record_compiles(path):
+        with precompile.record_compiles(path):
             _call_hook("gem_kernels._rope", "_rope_slots_kernel", '{"b": 1}')
             raise RuntimeError("boom")
-    assert len(gem_kernels.load_manifest(path)["kernels"]) == 1
+    assert len(precompile.load_manifest(path)["kernels"]) == 1
 
 
 @pytest.mark.parametrize("text, rule", [
@@ -85,20 +84,20 @@ def test_bad_manifest_names_the_file_and_rule(tmp_path: Path, text: str, rule: s
     path = tmp_path / "bad.json"
     path.write_text(text)
     with pytest.raises(ValueError, match=rule) as e:
-        gem_kernels.start_precompile(path)
+        precompile.start_precompile(path)
     assert str(path) in str(e.value)
     assert path.read_text() == text  # untouched
     with pytest.raises(ValueError, match="no such file|not readable"):
-        gem_kernels.load_manifest(tmp_path / "missing.json")
+        precompile.load_manifest(tmp_path / "missing.json")
 
 
 def test_workers_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="workers=0: must be >= 1"):
-        gem_kernels.start_precompile(tmp_path / "m.json", workers=0)
+        precompile.start_precompile(tmp_path / "m.json", workers=0)
 
 
 def _manifest(tmp_path: Path, kernels: list[dict[str, str]], **over: object) -> Path:
-    doc = {"format": 1, "triton": _precompile._triton_version(), "target": _precompile._target(), "kernels": kernels}
+    doc = {"format": 1, "triton": precompile._triton_version(), "target": precompile._target(), "kernels": kernels}
     doc.update(over)
     path = tmp_path / "m.json"
     path.write_text(json.dumps(doc))
@@ -107,25 +106,53 @@ def _manifest(tmp_path: Path, kernels: list[dict[str, str]], **over: object) -> 
 
 @pytest.mark.skipif(GPU, reason="the skip without a GPU (the GPU test below starts workers)")
 def test_skipped_without_a_gpu(tmp_path: Path) -> None:
-    pre = gem_kernels.start_precompile(_manifest(tmp_path, [{"module": "m", "name": "n", "spec": "{}"}]))
+    pre = precompile.start_precompile(_manifest(tmp_path, [{"module": "m", "name": "n", "spec": "{}"}]))
     assert pre.skipped is not None and "no CUDA GPU" in pre.skipped and pre.workers == []
     assert pre.wait()["preloaded"] == 0
-    assert gem_kernels.manifest_name() is None
+    assert precompile.manifest_name() is None
 
 
 def test_worker_counts_each_entry_and_drops_library_paths(tmp_path: Path) -> None:
     spec = json.dumps({"name": "x", "options": {"extern_libs": [["libdevice", "/elsewhere/libdevice.10.bc"]],
                                                 "num_warps": 4}})
-    assert json.loads(_precompile._spec_for_here(spec))["options"] == {"num_warps": 4}
+    assert json.loads(precompile._spec_for_here(spec))["options"] == {"num_warps": 4}
     path = _manifest(tmp_path, [
         {"module": "gem_kernels.no_such_module", "name": "k", "spec": spec},
         {"module": "gem_kernels._triton_jfa", "name": "no_such_kernel", "spec": spec},
     ])
-    done = _precompile._worker(str(path), 0, 1)
+    done = precompile._worker(str(path), 0, 1)
     assert done["preloaded"] == 0 and done["failed"] == 2
     assert "no_such_module" in done["errors"][0] and "no_such_kernel" in done["errors"][1]
     # The share of worker 1 of 2 is the second entry alone.
-    assert _precompile._worker(str(path), 1, 2)["failed"] == 1
+    assert precompile._worker(str(path), 1, 2)["failed"] == 1
+
+
+def test_a_clean_finish_marks_the_cache_and_later_starts_skip(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    target = {"backend": "cuda", "arch": 90, "warp_size": 32}  # as if on a GPU
+    monkeypatch.setattr(precompile, "_target", lambda: target)
+    path = _manifest(tmp_path, [{"module": "m", "name": "n", "spec": "{}"}] * 2)
+    marker = precompile.done_marker(path)
+    assert marker.parent == cache / "gem_precompile" and not marker.exists()
+
+    def fake_start(reply: str) -> precompile.Precompile:
+        pre = precompile.Precompile(manifest=str(path), kernels=2, marker=marker)
+        pre.workers.append(subprocess.Popen([sys.executable, "-c", f"print({reply!r})"],
+                                            stdout=subprocess.PIPE, text=True))
+        return pre
+
+    # A worker that failed one kernel: no marker, so the next run preloads again.
+    assert fake_start('{"preloaded": 1, "failed": 1}').wait()["failed"] == 1
+    assert not marker.exists()
+    done = fake_start('{"preloaded": 2, "failed": 0}').wait()
+    assert done["preloaded"] == 2 and done["failed"] == 0 and marker.is_file()
+    pre = precompile.start_precompile(path)
+    assert pre.workers == [] and pre.skipped is not None and "earlier run" in pre.skipped
+    # Another manifest (a byte changed) has its own marker: not skipped for that reason.
+    path.write_text(path.read_text() + " ")
+    assert precompile.done_marker(path) != marker
 
 
 # One causal JFA forward through our pointer kernel (GEM_JFA_FWD=pointer: not FlashAttention's),
@@ -148,15 +175,16 @@ def test_gpu_workers_fill_an_empty_cache_that_a_fresh_process_loads(tmp_path: Pa
     monkeypatch.setenv("GEM_JFA_FWD", "pointer")
     _jfa_fwd_kernel.device_caches.clear()  # so this process compiles (or loads) it again: recorded
     manifest = tmp_path / "m.json"
-    with gem_kernels.record_compiles(manifest) as entries:
+    with precompile.record_compiles(manifest) as entries:
         exec(_JFA_ONCE, {})
     names = {e["name"] for e in entries}
     assert "_jfa_fwd_kernel" in names
-    assert gem_kernels.manifest_name() == (f"{_precompile._target()['backend']}{_precompile._target()['arch']}"
-                                           f"-triton{_precompile._triton_version()}.json")
+    target = precompile._target()
+    assert target is not None
+    assert precompile.manifest_name() == f"{target['backend']}{target['arch']}-triton{precompile._triton_version()}.json"
     cache = tmp_path / "triton_cache"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
-    pre = gem_kernels.start_precompile(manifest, workers=2)
+    pre = precompile.start_precompile(manifest, workers=2)
     assert pre.skipped is None and len(pre.workers) == min(2, len(entries))
     done = pre.wait(timeout=300)
     assert done["preloaded"] == len(entries) and done["failed"] == 0 and done["unfinished"] == 0, done

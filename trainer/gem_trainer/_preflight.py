@@ -144,22 +144,22 @@ MANIFESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_man
 
 
 def start_precompile(cfg: TrainConfig, device: torch.device, rank: int = 0) -> Any:
-    """Starts `triton_precompile`'s workers (gem_kernels.start_precompile) and returns its
+    """Starts `triton_precompile`'s workers (gem_kernels.precompile.start_precompile) and returns its
     `Precompile`, or None: off, not on CUDA, no shipped manifest for this Triton and GPU
     ("auto"), or not the host's first process (`LOCAL_RANK` 0 starts them for every rank
     on the host: they fill the disk cache the host's processes share)."""
     if not cfg.triton_precompile or device.type != "cuda" or os.environ.get("LOCAL_RANK", "0") != "0":
         return None
-    import gem_kernels
+    import gem_kernels.precompile
 
     path = cfg.triton_precompile
     if path == "auto":
-        name = gem_kernels.manifest_name()
+        name = gem_kernels.precompile.manifest_name()
         if name is None or not os.path.isfile(os.path.join(MANIFESTS, name)):
             return None
         path = os.path.join(MANIFESTS, name)
     try:
-        return gem_kernels.start_precompile(path)
+        return gem_kernels.precompile.start_precompile(path)
     except ValueError as e:  # a user's manifest that is not one: the field, then the rule
         raise ValueError(f"triton_precompile={cfg.triton_precompile!r}: {e}") from e
 

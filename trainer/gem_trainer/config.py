@@ -75,7 +75,7 @@ class TrainConfig:
             same; off under --deterministic and without a compile_aot folder ("" or "auto"
             resolved off: the blocks then load or compile before the first step).
         triton_precompile: a manifest of Triton kernel specializations
-            (`gem_kernels.record_compiles`) that worker processes compile into Triton's disk
+            (`gem_kernels.precompile.record_compiles`) that worker processes compile into Triton's disk
             cache while the run starts, so the first steps load those kernels instead of
             compiling each one when a launch first needs it ("" = off). "auto" (the default):
             the manifest shipped with gem_trainer for this Triton version and GPU (recorded
@@ -208,7 +208,7 @@ class TrainConfig:
             raise ValueError(f"compile_aot={self.compile_aot!r} needs compile=True (it keeps compiled blocks)")
         if self.triton_precompile not in ("", "auto") and not os.path.isfile(self.triton_precompile):
             raise ValueError(f"triton_precompile={self.triton_precompile!r} must be '', 'auto' or a manifest "
-                             "file (gem_kernels.record_compiles writes one); no such file")
+                             "file (gem_kernels.precompile.record_compiles writes one); no such file")
         if self.export_teacher and self.sparse_sharding != "none":
             # torchrec's sharded tables are not a plain GEMModel state dict (save_teacher's format)
             raise ValueError(f"export_teacher={self.export_teacher!r} needs sparse_sharding='none' "

@@ -101,13 +101,13 @@ def test_triton_precompile_starts_nothing_on_cpu_and_refuses_a_bad_manifest(tmp_
 
 
 def test_shipped_triton_manifests_are_manifests() -> None:
-    import gem_kernels
+    import gem_kernels.precompile
     from gem_trainer import _preflight
 
     shipped = sorted(Path(_preflight.MANIFESTS).glob("*.json"))
     assert shipped, "no manifest shipped for triton_precompile='auto'"
     for path in shipped:
-        doc = gem_kernels.load_manifest(path)
+        doc = gem_kernels.precompile.load_manifest(path)
         target, version = doc["target"], doc["triton"]
         assert path.name == f"{target['backend']}{target['arch']}-triton{version}.json"
         assert doc["kernels"] and all(k["module"].startswith("gem_") for k in doc["kernels"])

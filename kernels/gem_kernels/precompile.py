@@ -20,6 +20,11 @@ What this module does about it:
   would have anyway. So a manifest that does not fit the run (another model, other batch
   shapes) costs only the workers' CPU time, and results never depend on it.
 
+Once a manifest's workers all finished without an error, a marker in Triton's cache folder
+(`<cache>/gem_precompile/<the manifest's hash>.done`) says so, and later runs over that cache
+start no workers: their kernels load from the disk cache as they always did. Emptying the
+cache folder removes the marker with the kernels.
+
 The workers are processes, not threads: Triton's compile holds the GIL for much of its
 work. Each worker initializes CUDA (a context of a few hundred MB of GPU memory until it
 exits). A manifest is tied to the Triton version and the GPU target it was recorded with;
@@ -31,6 +36,7 @@ each machine fills in its own, as a launch does.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -132,6 +138,15 @@ def load_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     return doc
 
 
+def done_marker(path: str | os.PathLike[str]) -> Path:
+    """Where a finished precompile of the manifest at `path` is marked: Triton's cache folder
+    (TRITON_CACHE_DIR, else ~/.triton/cache), `gem_precompile/<sha256 of the file>.done`."""
+    from triton import knobs
+
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:20]
+    return Path(knobs.cache.dir) / "gem_precompile" / f"{digest}.done"
+
+
 @dataclass
 class Precompile:
     """The running workers of `start_precompile` (or why none started: `skipped`)."""
@@ -141,12 +156,13 @@ class Precompile:
     workers: list[subprocess.Popen[str]] = field(default_factory=list)
     skipped: str | None = None
     started: float = field(default_factory=time.perf_counter)
+    marker: Path | None = None  # written by `wait` when every worker finished cleanly
 
     def wait(self, timeout: float | None = None) -> dict[str, Any]:
         """Waits for the workers (at most `timeout` s in all; those still running are then
         left to finish on their own) and returns a summary: kernels, compiled, failed, seconds."""
-        done = {"manifest": self.manifest, "kernels": self.kernels, "workers": len(self.workers),
-                "skipped": self.skipped, "preloaded": 0, "failed": 0, "unfinished": 0}
+        done: dict[str, Any] = {"manifest": self.manifest, "kernels": self.kernels, "workers": len(self.workers),
+                                "skipped": self.skipped, "preloaded": 0, "failed": 0, "unfinished": 0}
         end = None if timeout is None else time.perf_counter() + timeout
         for w in self.workers:
             left = None if end is None else max(end - time.perf_counter(), 0.0)
@@ -162,6 +178,11 @@ class Precompile:
             done["preloaded"] += int(res.get("preloaded", 0))
             done["failed"] += int(res.get("failed", 0)) + (1 if w.returncode else 0)
         done["seconds"] = round(time.perf_counter() - self.started, 2)
+        if self.marker is not None and self.workers and not done["unfinished"] and not done["failed"] \
+                and done["preloaded"] == self.kernels:
+            with contextlib.suppress(OSError):  # (an unwritable cache: the next run preloads again)
+                self.marker.parent.mkdir(parents=True, exist_ok=True)
+                self.marker.write_text(json.dumps({"manifest": self.manifest, "kernels": self.kernels}) + "\n")
         return done
 
     def stop(self) -> None:
@@ -176,8 +197,9 @@ class Precompile:
 def start_precompile(path: str | os.PathLike[str], workers: int = 4) -> Precompile:
     """Starts up to `workers` processes that preload the manifest's kernels into Triton's disk
     cache, and returns at once. Skipped (nothing started, `Precompile.skipped` says why) without
-    a CUDA GPU, under TRITON_INTERPRET=1, or for a manifest of another Triton version or GPU
-    target. A malformed manifest raises ValueError."""
+    a CUDA GPU, under TRITON_INTERPRET=1, for a manifest of another Triton version or GPU
+    target, or one an earlier run compiled into this Triton cache (`done_marker`). A malformed
+    manifest raises ValueError."""
     if workers < 1:
         raise ValueError(f"workers={workers}: must be >= 1")
     doc = load_manifest(path)
@@ -191,8 +213,11 @@ def start_precompile(path: str | os.PathLike[str], workers: int = 4) -> Precompi
         pre.skipped = f"recorded for {doc.get('target')}, this GPU is {target}"
     elif not doc["kernels"]:
         pre.skipped = "no kernels in it"
+    elif done_marker(path).is_file():
+        pre.skipped = f"compiled into this Triton cache by an earlier run ({done_marker(path)})"
     if pre.skipped:
         return pre
+    pre.marker = done_marker(path)
     n = min(workers, len(doc["kernels"]))
     env = dict(os.environ)
     # The workers find gem_kernels where this process did (an uninstalled checkout too).
@@ -200,7 +225,7 @@ def start_precompile(path: str | os.PathLike[str], workers: int = 4) -> Precompi
     env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     for i in range(n):
         pre.workers.append(subprocess.Popen(
-            [sys.executable, "-m", "gem_kernels._precompile", str(path), str(i), str(n)],
+            [sys.executable, "-m", "gem_kernels.precompile", str(path), str(i), str(n)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env))
     return pre
 
@@ -217,7 +242,7 @@ def _worker(path: str, index: int, count: int) -> dict[str, Any]:
     import importlib
 
     doc = load_manifest(path)
-    done = {"preloaded": 0, "failed": 0, "errors": []}
+    done: dict[str, Any] = {"preloaded": 0, "failed": 0, "errors": []}
     for entry in doc["kernels"][index::count]:
         try:
             kernel = getattr(importlib.import_module(entry["module"]), entry["name"])
