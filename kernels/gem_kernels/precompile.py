@@ -3,10 +3,10 @@
 Why: a Triton kernel compiles the first time a specialization of it is launched (its
 constexprs, launch options, each pointer's 16-byte alignment, each integer's "is 1" and
 "divisible by 16"), and the launch waits for the compile. On an empty Triton cache the first
-training step of the trainer's h200 preset launched 22 specializations of our kernels one
-after the other and waited 19 s for them (NVIDIA H100, triton 3.6, `tools/triton_compiles.py`;
-trainer/BENCHMARKS.md, 2026-12-07): the JFA forward 4 times (1.3-2.6 s each), its dK/dV
-kernel 3 times (1.7-2.8 s), the GDPA forward (2.4 s)...
+training step of the trainer's h200 preset launched 20 specializations of our kernels one
+after the other and waited 15.8-18.7 s for them (two NVIDIA H100 boxes, triton 3.6,
+`tools/triton_compiles.py`; trainer/BENCHMARKS.md, 2026-12-07): the JFA forward 3 times
+(1.3-2.3 s each), its dK/dV kernel 3 times (1.3-2.8 s), the GDPA forward (0.9-2.4 s)...
 
 What this module does about it:
 - `record_compiles(path)`: a context manager that records every specialization of our kernels
