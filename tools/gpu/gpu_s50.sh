@@ -22,6 +22,10 @@
 #   own empty caches, through tools/triton_compiles.py): "off_1" (--triton-precompile ''), "on_1"
 #   (the recorded manifest); the precompile GPU test; then the same pair eager (--no-compile:
 #   no background compile to wait for) while time is left.
+# PART=6 (next session; not yet run): the shipped manifest through "auto" on an empty box:
+#   "a_cold" (issue 16's command, 100 steps, empty caches: the workers start), then "a_warm1"
+#   and "a_warm2" (300 steps over the filled caches: the marker, so no worker starts; the warm
+#   first step should be as before, 4.5-5.4 s on H100s).
 # PART=3: issue 15's table (`gem_kernels.bench.table --iters 7`), then every kernel GPU test.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
@@ -33,7 +37,7 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
   [ -f "$OUT/table.log" ] && sed -n '/^case/,$p' "$OUT/table.log" | grep -v '^{' | cut -c1-250
   [ -f "$OUT/tc.log" ] && { grep '^triton_compile ' "$OUT/tc.log" | head -60; grep '^{"triton_compiles' "$OUT/tc.log" | cut -c1-1500; }
   [ -f "$OUT/prof.log" ] && { echo "=== prof"; grep -v '^{' "$OUT/prof.log" | grep -v "^W\|^gem: note" | tail -n 45 | cut -c1-180; }
-  for f in "$OUT"/off_*.log "$OUT"/on_*.log; do [ -f "$f" ] && { printf '%s ' "$(basename "$f" .log)"; last_summary "$f" time_to_first_step_s startup_s triton_precompile | cut -c1-600; grep '^{"triton_compiles' "$f" | cut -c1-200; }; done
+  for f in "$OUT"/off_*.log "$OUT"/on_*.log "$OUT"/a_*.log; do [ -f "$f" ] && { printf '%s ' "$(basename "$f" .log)"; last_summary "$f" time_to_first_step_s startup_s triton_precompile | cut -c1-600; grep '^{"triton_compiles' "$f" | cut -c1-200; }; done
   [ -f "$OUT/rec.log" ] && { grep '^{"triton_compiles' "$OUT/rec.log" | cut -c1-300; ls -la "$TOP"/*.json; }
   [ -f "$OUT/pt.log" ] && tail -3 "$OUT/pt.log"
   [ -f "$OUT/ft.log" ] && tail -2 "$OUT/ft.log"
@@ -69,6 +73,9 @@ case ${PART:-1} in
    st pt 60 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_precompile.py
    [ "$(gpu_left)" -gt 90 ] && arm on_e 45 --no-compile
    [ "$(gpu_left)" -gt 45 ] && arm off_e 45 --no-compile;;
+6) st a_cold 170 python3 $H200_TR --steps 100
+   st a_warm1 100 python3 $H200_TR --steps 300
+   [ "$(gpu_left)" -gt 90 ] && st a_warm2 90 python3 $H200_TR --steps 300;;
 3) st table 220 bash -c "cd kernels && python3 -m gem_kernels.bench.table --iters 7"
    st kt "$(gpu_left)" python3 -m pytest -q -p no:cacheprovider kernels/tests -k gpu;;
 esac
