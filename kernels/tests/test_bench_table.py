@@ -103,3 +103,20 @@ def test_jfa_path_names_the_kernels_the_switches_pick(monkeypatch: pytest.Monkey
     with switches("pointer", "bogus"), pytest.raises(ValueError, match="GEM_JFA_BWD"):
         table.jfa_path(b.q, b.k, b.off, b.max)
     assert "GEM_JFA_BWD" not in os.environ  # the switches are restored, also after an error
+
+
+def test_flash4_bench_default_path_takes_the_rules_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bench.flash4's "default" row times what runs without flash-attn-4: the backward the rule
+    # picks for the case's longest query sequence, the same as `bwd_one_pass_from_env` says.
+    import random
+
+    from gem_kernels import _triton_jfa
+    from gem_kernels.bench.flash4 import _backward_of
+
+    monkeypatch.delenv("GEM_JFA_BWD", raising=False)
+    edge = _triton_jfa.ONE_PASS_MAX_Q_LEN
+    rng = random.Random()
+    for q_max in [1, edge, edge + 1, *(rng.randint(1, 4 * edge) for _ in range(20))]:
+        want = "one_pass" if _triton_jfa.bwd_one_pass_from_env(q_max) else "two_pass"
+        assert _backward_of("rule", q_max) == want, q_max
+    assert _backward_of("flash4", 1) == "flash4"  # the other paths name their backward

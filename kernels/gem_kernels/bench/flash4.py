@@ -5,8 +5,9 @@
 Needs the optional `flash-attn-4` package (`pip install gem-kernels[flash4]`); without it or
 without CUDA it prints why and emits a JSON line saying so. Per case, in the same run: the
 forward of ours (Triton, `GEM_JFA_FWD=pointer`), torch's FlashAttention-2 and FlashAttention-4;
-forward+backward of the default without flash-attn-4 (`ours fwd + our two-pass bwd`; until
-kernels 0.3.9 FlashAttention-2's backward), of FlashAttention-4 for both, and of
+forward+backward of the default without flash-attn-4 (our forward and the backward its rule
+picks: one-pass for query sequences of at most 32 rows, else two-pass; until kernels 0.3.9
+FlashAttention-2's backward), of FlashAttention-4 for both, and of
 ours forward + FlashAttention-4's backward. Eager calls through `jagged_flash_attention`
 (so the lse conversions are timed too), warm-up (FlashAttention-4 JIT-compiles on first use),
 CUDA events, median. Useful FLOPs: 4 * visible pairs * D * H forward, x3.5 forward+backward;
@@ -28,16 +29,24 @@ import torch
 from gem_kernels import jagged_flash_attention
 from gem_kernels._flash4 import unavailable_reason
 from gem_kernels._jfa import FWD_ENV
-from gem_kernels._triton_jfa import BWD_ENV
+from gem_kernels._triton_jfa import BWD_ENV, ONE_PASS_MAX_Q_LEN
 from gem_kernels.bench._common import (bench_ms, emit_json, env_info, issue_lengths, offsets_from_lengths, print_table,
                                        save_json, trainer_lengths, visible_pairs)
 
 D = 128
 DT = torch.bfloat16
-# (forward switch, backward switch) per path. "default": what runs without flash-attn-4 on
-# self-attention (kernels 0.3.9: our forward and two-pass backward; the rule's one-pass is for
-# query sequences of at most 32 rows). `GEM_JFA_BWD=flash` is FlashAttention-2's backward.
-PATHS = {"default": ("pointer", "two_pass"), "fa4": ("flash4", "flash4"), "ours+fa4bwd": ("pointer", "flash4")}
+# (forward switch, backward switch) per path. "default": what runs without flash-attn-4
+# (kernels 0.3.9: our forward, and the backward the rule picks: one-pass where every query
+# sequence has at most ONE_PASS_MAX_Q_LEN rows, two-pass otherwise; `_backward_of`).
+# `GEM_JFA_BWD=flash` is FlashAttention-2's backward.
+PATHS = {"default": ("pointer", "rule"), "fa4": ("flash4", "flash4"), "ours+fa4bwd": ("pointer", "flash4")}
+
+
+def _backward_of(bwd: str, q_max_len: int) -> str:
+    """A path's backward switch for a case: "rule" is what the default picks for it."""
+    if bwd != "rule":
+        return bwd
+    return "one_pass" if q_max_len <= ONE_PASS_MAX_Q_LEN else "two_pass"
 
 
 @contextmanager
@@ -81,7 +90,7 @@ def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
     res: dict[str, list[torch.Tensor]] = {}
     fwd_ms: dict[str, float] = {}
     for path, (fwd, bwd) in PATHS.items():
-        with switches(fwd, bwd):
+        with switches(fwd, _backward_of(bwd, q_mx)):
             if fwd not in fwd_ms:
                 with torch.no_grad():
                     fwd_ms[fwd] = bench_ms(run, warmup=2, iters=iters)
