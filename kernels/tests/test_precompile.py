@@ -201,3 +201,19 @@ def test_gpu_workers_fill_an_empty_cache_that_a_fresh_process_loads(tmp_path: Pa
     assert out.returncode == 0, out.stderr[-2000:]
     took = json.loads(out.stdout.strip().splitlines()[-1])
     assert "_jfa_fwd_kernel" in took and took["_jfa_fwd_kernel"] < 0.5, took
+
+
+def test_a_stopped_worker_leaves_no_marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A run shorter than its workers ends them (`stop`): they count as unfinished, and no
+    # marker is written, so the next run over that cache preloads again.
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    path = _manifest(tmp_path, [{"module": "m", "name": "n", "spec": "{}"}])
+    marker = precompile.done_marker(path)
+    pre = precompile.Precompile(manifest=str(path), kernels=1, marker=marker)
+    pre.workers.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                        stdout=subprocess.PIPE, text=True))
+    done = pre.wait(timeout=0.2)
+    assert done["unfinished"] == 1 and done["preloaded"] == 0
+    pre.stop()
+    assert pre.workers[0].poll() is not None  # ended, not left running
+    assert not marker.exists()
