@@ -481,7 +481,7 @@ class _Run:
     state: dict[str, Any]  # what a checkpoint saves and a resume restores
     step: int  # the step the run starts from (a resume's)
     resumed_from: int | None
-    precompile: Any = None  # gem_kernels.Precompile of `triton_precompile`, or None
+    precompile: Any = None  # gem_kernels.precompile.Precompile of `triton_precompile`, or None
 
 
 def _build(cfg: TrainConfig, deterministic: bool | None) -> _Run:
@@ -886,7 +886,7 @@ def _finish_background(aot: Any, rank: int) -> None:
 
 
 def _precompile_summary(pre: Any) -> dict[str, Any] | None:
-    """`triton_precompile`'s workers at the end (gem_kernels.Precompile.wait: kernels in the
+    """`triton_precompile`'s workers at the end (gem_kernels.precompile.Precompile.wait: kernels in the
     manifest, preloaded, failed, seconds since they started); any still running are ended
     (a short run's), None when none started."""
     if pre is None:
