@@ -7,8 +7,8 @@ Runs `python3 -m gem_trainer` with the given arguments, with Triton's `jit_cache
 before a kernel's compile) and `jit_post_compile_hook` (after it) set. Only kernels launched as
 `@triton.jit` functions pass these hooks (gem_kernels' and gem_precision's); inductor's
 generated kernels do not. Prints one line per compile (seconds since start, duration, thread,
-kernel name) and a summary JSON line: compiles per kernel, their total, and the time they took
-before the trainer's first step ended. Run it over empty TRITON_CACHE_DIR / TORCHINDUCTOR_CACHE_DIR
+kernel name) and a summary JSON line: the compiles, their total time and each kernel's
+durations (the trainer's own summary gives the time to first step to compare with). Run it over empty TRITON_CACHE_DIR / TORCHINDUCTOR_CACHE_DIR
 folders for the cold figures; over warm ones, each line is a load from the disk cache.
 
 `--record MANIFEST` also writes the specializations of our kernels compiled in the run as a
@@ -56,13 +56,13 @@ knobs.runtime.jit_post_compile_hook = _after
 from gem_trainer.__main__ import main  # noqa: E402  (after the hooks: nothing compiles before)
 
 args = sys.argv[1:]
-record = contextlib.nullcontext()
-if args[:1] == ["--record"]:
-    import gem_kernels.precompile
-
-    record, args = gem_kernels.precompile.record_compiles(args[1]), args[2:]  # type: ignore[assignment]
 try:
-    with record:
+    with contextlib.ExitStack() as stack:
+        if args[:1] == ["--record"]:
+            import gem_kernels.precompile
+
+            stack.enter_context(gem_kernels.precompile.record_compiles(args[1]))
+            args = args[2:]
         main(args)
 finally:
     rows.sort()

@@ -160,7 +160,9 @@ class Precompile:
 
     def wait(self, timeout: float | None = None) -> dict[str, Any]:
         """Waits for the workers (at most `timeout` s in all; those still running are then
-        left to finish on their own) and returns a summary: kernels, compiled, failed, seconds."""
+        left to finish on their own) and returns a summary: the manifest, its kernels, the
+        workers, why none started (`skipped`), how many kernels they preloaded, failed or left
+        `unfinished`, and the seconds since they started."""
         done: dict[str, Any] = {"manifest": self.manifest, "kernels": self.kernels, "workers": len(self.workers),
                                 "skipped": self.skipped, "preloaded": 0, "failed": 0, "unfinished": 0}
         end = None if timeout is None else time.perf_counter() + timeout
@@ -213,11 +215,12 @@ def start_precompile(path: str | os.PathLike[str], workers: int = 4) -> Precompi
         pre.skipped = f"recorded for {doc.get('target')}, this GPU is {target}"
     elif not doc["kernels"]:
         pre.skipped = "no kernels in it"
-    elif done_marker(path).is_file():
-        pre.skipped = f"compiled into this Triton cache by an earlier run ({done_marker(path)})"
+    elif (marker := done_marker(path)).is_file():
+        pre.skipped = f"compiled into this Triton cache by an earlier run ({marker})"
+    else:
+        pre.marker = marker
     if pre.skipped:
         return pre
-    pre.marker = done_marker(path)
     n = min(workers, len(doc["kernels"]))
     env = dict(os.environ)
     # The workers find gem_kernels where this process did (an uninstalled checkout too).

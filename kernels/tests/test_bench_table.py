@@ -113,10 +113,16 @@ def test_flash4_bench_default_path_takes_the_rules_backward(monkeypatch: pytest.
     from gem_kernels import _triton_jfa
     from gem_kernels.bench.flash4 import _backward_of
 
-    monkeypatch.delenv("GEM_JFA_BWD", raising=False)
     edge = _triton_jfa.ONE_PASS_MAX_Q_LEN
     rng = random.Random()
-    for q_max in [1, edge, edge + 1, *(rng.randint(1, 4 * edge) for _ in range(20))]:
-        want = "one_pass" if _triton_jfa.bwd_one_pass_from_env(q_max) else "two_pass"
-        assert _backward_of("rule", q_max) == want, q_max
+    # The default's rule whatever switch the caller's environment holds, and restored after.
+    for caller in (None, "two_pass", "one_pass"):
+        if caller is None:
+            monkeypatch.delenv("GEM_JFA_BWD", raising=False)
+        else:
+            monkeypatch.setenv("GEM_JFA_BWD", caller)
+        for q_max in [1, edge, edge + 1, *(rng.randint(1, 4 * edge) for _ in range(20))]:
+            want = "one_pass" if q_max <= edge else "two_pass"
+            assert _backward_of("rule", q_max) == want, (caller, q_max)
+        assert os.environ.get("GEM_JFA_BWD") == caller
     assert _backward_of("flash4", 1) == "flash4"  # the other paths name their backward

@@ -29,7 +29,7 @@ import torch
 from gem_kernels import jagged_flash_attention
 from gem_kernels._flash4 import unavailable_reason
 from gem_kernels._jfa import FWD_ENV
-from gem_kernels._triton_jfa import BWD_ENV, ONE_PASS_MAX_Q_LEN
+from gem_kernels._triton_jfa import BWD_ENV, bwd_one_pass_from_env
 from gem_kernels.bench._common import (bench_ms, emit_json, env_info, issue_lengths, offsets_from_lengths, print_table,
                                        save_json, trainer_lengths, visible_pairs)
 
@@ -43,10 +43,12 @@ PATHS = {"default": ("pointer", "rule"), "fa4": ("flash4", "flash4"), "ours+fa4b
 
 
 def _backward_of(bwd: str, q_max_len: int) -> str:
-    """A path's backward switch for a case: "rule" is what the default picks for it."""
+    """A path's backward switch for a case: "rule" is the one of ours the default rule
+    (`bwd_one_pass_from_env` with `GEM_JFA_BWD` unset) picks for it."""
     if bwd != "rule":
         return bwd
-    return "one_pass" if q_max_len <= ONE_PASS_MAX_Q_LEN else "two_pass"
+    with switches("pointer", ""):
+        return "one_pass" if bwd_one_pass_from_env(q_max_len) else "two_pass"
 
 
 @contextmanager
