@@ -1,0 +1,146 @@
+"""Bench: how much of an eager call's time is host work, for issue 15's rows (GPU).
+
+    cd kernels && PYTHONPATH=. python3 -m gem_kernels.bench.eager [--iters 15] [--calls 200] [--profile]
+
+Issue 15's table times eager calls: CUDA events around one call after a sync, so the figure
+includes the host time between the start event and the first kernel (the checks, the path
+rules, the launch) and any gap the host leaves between kernels. This bench puts three
+figures side by side for each row, on the issue's batch (`torch.manual_seed(62)`, 64
+log-normal lengths, H=4, D=128, bf16):
+
+- `eager ms`: what `bench.table` measures (`bench_ms`, median);
+- `graph ms`: the same call captured in a CUDA graph and replayed (device time alone);
+- `host us`: CPU time per call with no sync (a loop of `--calls` calls), so how long Python
+  needs to issue one call's kernels.
+
+`eager - graph` is what the host costs the table's figure. `--profile` adds a cProfile of the
+public forward calls (top functions by own time). The compact table is printed last, then one
+JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import time
+from collections.abc import Callable
+
+import torch
+
+from gem_kernels import block_attention, generalized_dot_product_attention, jagged_flash_attention
+from gem_kernels.bench._common import (attention_flops, bench_graph_ms, bench_ms, emit_json, env_info,
+                                       issue_lengths, offsets_from_lengths, print_table, save_json, tflops,
+                                       visible_pairs)
+
+H, D = 4, 128
+
+
+def host_us(fn: Callable[[], object], calls: int) -> float:
+    """Host µs per call of `fn`, no sync inside the loop (few enough calls that the launch queue
+    does not fill and block the host)."""
+    for _ in range(3):
+        fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    dt = time.perf_counter() - t
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return dt / calls * 1e6
+
+
+def cases(lengths: list[int], device: str) -> list[tuple[str, Callable[[], object], float]]:
+    """(name, call, useful FLOPs) for the issue table's JFA, GDPA and Block rows."""
+    off = offsets_from_lengths(lengths, device)
+    t, mx = sum(lengths), max(lengths)
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v, do = (torch.randn(t, H, D, generator=g, device=device).to(torch.bfloat16) for _ in range(4))
+    qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
+    out: list[tuple[str, Callable[[], object], float]] = []
+    for causal in (False, True):
+        name = "causal" if causal else "full"
+        f_fwd, f_all = attention_flops(visible_pairs(lengths, lengths, causal=causal), H, D)
+
+        def fwd(c: bool = causal) -> object:
+            with torch.no_grad():
+                return jagged_flash_attention(q, k, v, off, off, mx, mx, causal=c)
+
+        def fwd_bwd(c: bool = causal) -> object:
+            o = jagged_flash_attention(qg, kg, vg, off, off, mx, mx, causal=c)
+            return torch.autograd.grad(o, (qg, kg, vg), do)
+
+        out += [(f"JFA fwd {name}", fwd, f_fwd), (f"JFA fwd+bwd {name}", fwd_bwd, f_all)]
+    f_fwd, f_all = attention_flops(visible_pairs(lengths, lengths, causal=True), H, D)
+
+    def gfwd() -> object:
+        with torch.no_grad():
+            return generalized_dot_product_attention(q, k, v, off, off, mx, mx, activation="silu", causal=True)
+
+    def gall() -> object:
+        o = generalized_dot_product_attention(qg, kg, vg, off, off, mx, mx, activation="silu", causal=True)
+        return torch.autograd.grad(o, (qg, kg, vg), do)
+
+    def bfwd() -> object:
+        with torch.no_grad():
+            return block_attention(q, k, v, off, mx, block_size=64)
+
+    out += [("GDPA SiLU causal fwd", gfwd, f_fwd), ("GDPA SiLU causal fwd+bwd", gall, f_all),
+            ("BlockAttention(64) fwd", bfwd, 0.0)]
+    return out
+
+
+def profile(fn: Callable[[], object], calls: int, top: int = 14) -> str:
+    for _ in range(3):
+        fn()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        fn()
+    pr.disable()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
+    return s.getvalue()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--iters", type=int, default=15, help="timed calls per eager / graph figure (median)")
+    p.add_argument("--calls", type=int, default=200, help="calls per host-time figure")
+    p.add_argument("--profile", action="store_true", help="also cProfile the public forward calls")
+    p.add_argument("--small", action="store_true", help="8 short sequences (a CPU smoke run)")
+    p.add_argument("--out", default=os.environ.get("OUT"), help="directory for eager.json (default $OUT)")
+    args = p.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    lengths = [int(x) for x in torch.randint(4, 40, (8,)).tolist()] if args.small else issue_lengths()
+    rows: list[dict[str, object]] = []
+    profiles: dict[str, str] = {}
+    for name, fn, flops in cases(lengths, device):
+        eager = bench_ms(fn, iters=args.iters)
+        graph = bench_graph_ms(fn, iters=args.iters)
+        host = host_us(fn, args.calls)
+        rows.append({"case": name, "eager_ms": eager, "graph_ms": graph, "host_us": host,
+                     "eager_minus_graph_us": None if graph is None else (eager - graph) * 1e3,
+                     "eager_tflops": tflops(flops, eager) if flops else None,
+                     "graph_tflops": tflops(flops, graph) if flops and graph else None})
+        print(rows[-1], flush=True)
+        if args.profile and name in ("JFA fwd full", "GDPA SiLU causal fwd"):
+            profiles[name] = profile(fn, args.calls)
+    for name, text in profiles.items():
+        print(f"=== cProfile, {name}, {args.calls} calls")
+        print(text[-3000:])
+    print_table(rows, ["case", "eager_ms", "graph_ms", "eager_minus_graph_us", "host_us", "eager_tflops",
+                       "graph_tflops"])
+    payload: dict[str, object] = {"bench": "eager", "env": env_info(), "lengths": lengths, "rows": rows}
+    emit_json(payload)
+    save_json(args.out, "eager.json", payload)
+
+
+if __name__ == "__main__":
+    main()

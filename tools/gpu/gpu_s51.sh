@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The fifty-first session's GPU plan (tools/stage.sh: summary.txt + all.tgz), on what comes.
+# PART=1 (a fresh box): "eager" (`gem_kernels.bench.eager --profile`: how much of issue 15's
+#   eager figures is host time: eager call vs CUDA-graph replay vs host time per call); then
+#   session 50's planned PART=6: the shipped Triton manifest through "auto" on an empty box,
+#   "a_cold" (issue 16's command, 100 steps, empty caches: the precompile workers start), then
+#   "a_warm1" (300 steps over the filled caches: the marker, no worker); "prof" (the compiled
+#   step's profile over the warm folders, owed since session 50); "a_warm2" while time is left.
+export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
+. tools/stage.sh
+summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
+  for f in "$OUT"/a_*.log; do [ -f "$f" ] && { printf '%s ' "$(basename "$f" .log)"; last_summary "$f" steps loss step_s_median mfu_steady time_to_first_step_s startup_s warmup_steps compiled_from_step recompiles_per_100_steps triton_precompile jfa_backward | cut -c1-900; }; done
+  [ -f "$OUT/eager.log" ] && { grep -A12 "^=== cProfile" "$OUT/eager.log" | cut -c1-160; sed -n '/^case /,/^{/p' "$OUT/eager.log" | grep -v '^{'; }
+  [ -f "$OUT/prof.log" ] && { echo "=== prof"; grep -v '^{' "$OUT/prof.log" | grep -v "^W\|^gem: note" | tail -n 45 | cut -c1-180; }; }
+gpu_begin "${WATCH:-560}"
+export GEM_CACHE_DIR=/tmp/gemc TORCHINDUCTOR_CACHE_DIR=/tmp/gemc/ind TRITON_CACHE_DIR=/tmp/gemc/tri
+case ${PART:-1} in
+1) st eager 90 env TRITON_CACHE_DIR=/tmp/tri_eager bash -c "cd kernels && python3 -m gem_kernels.bench.eager --profile"
+   st a_cold 170 python3 $H200_TR --steps 100
+   st a_warm1 90 python3 $H200_TR --steps 300
+   st prof 120 python3 tools/profile_trainer.py --preset h200 --steps 18 --skip 8 --compile --rows 60
+   [ "$(gpu_left)" -gt 75 ] && st a_warm2 "$(gpu_left)" python3 $H200_TR --steps 300;;
+esac
+gpu_end
