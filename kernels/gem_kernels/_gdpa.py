@@ -360,8 +360,11 @@ def generalized_dot_product_attention(
         return out
     # Eager: a plain autograd.Function over the same launchers. The custom op's Python
     # dispatch + autograd wrapper costs ~0.1-0.3 ms of host time per call, as much as the
-    # kernel itself on a whole jagged batch (measured on the H200, see BENCHMARKS.md).
-    return _GdpaFunction.apply(*args)  # type: ignore[no-any-return, no-untyped-call]
+    # kernel itself on a whole jagged batch (measured on the H200, see BENCHMARKS.md). Where no
+    # gradient is wanted, the launcher alone (the Function's apply costs ~10-15 us of host time).
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _GdpaFunction.apply(*args)  # type: ignore[no-any-return, no-untyped-call]
+    return gdpa_forward_triton(*args)
 
 
 class _GdpaFunction(torch.autograd.Function):

@@ -42,6 +42,12 @@ _I32 = 1 << 31
 _I64 = 1 << 63
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for host ints. `triton.cdiv` is a constexpr function since Triton 3.5: ~2 us
+    per host call, several per launch (kernels/BENCHMARKS.md, 2026-12-07)."""
+    return -(-a // b)
+
+
 def spec_key(args: Sequence[Any]) -> tuple[Any, ...]:
     """What Triton's specialization of `args` depends on (a superset): see the module doc."""
     return tuple([(a.dtype, not a.data_ptr() & 15) if isinstance(a, torch.Tensor)

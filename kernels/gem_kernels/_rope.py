@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from gem_kernels._jagged import check_triton_device, resolve_backend, same_view
+from gem_kernels._launch import cdiv
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -200,7 +201,7 @@ def rotate_slots_triton(rot: tuple[torch.Tensor, ...], copy: torch.Tensor | None
     sv = copy if copy is not None else s0
     block_t = block_t or BLOCK_T
     loop = HEAD_LOOP if head_loop is None else head_loop
-    _rope_slots_kernel[(triton.cdiv(t, block_t), 1 if loop else h)](
+    _rope_slots_kernel[(cdiv(t, block_t), 1 if loop else h)](
         s0, s1, sv, cos, sin, out, t, h,
         s0.stride(0), s0.stride(1), s1.stride(0), s1.stride(1), sv.stride(0), sv.stride(1),
         cos.stride(0), out.stride(0), out.stride(1), out.stride(2),

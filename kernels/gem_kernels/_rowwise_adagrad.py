@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from gem_kernels._jagged import check_triton_device, resolve_backend
+from gem_kernels._launch import cdiv
 
 _BACKENDS = ("auto", "triton", "reference")
 
@@ -100,7 +101,7 @@ def rowwise_adagrad_(
     rows, dim = grad.shape
     block_d = triton.next_power_of_2(dim)
     block_r = max(1, min(16, 4096 // block_d))
-    _rowwise_adagrad_kernel[(triton.cdiv(rows, block_r),)](
+    _rowwise_adagrad_kernel[(cdiv(rows, block_r),)](
         weight, acc, grad, ids if ids is not None else acc, skip if skip is not None else acc, rows, dim,
         weight.stride(0), grad.stride(0), float(lr), float(eps), HAS_IDS=ids is not None,
         HAS_SKIP=skip is not None, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4,

@@ -58,6 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gem_kernels._launch import cdiv
 from gem_kernels._triton_jfa import (_LOG2E, _dot_prec, _kv_bounds, _last_dim_contiguous, _mma, _pow2_clamp,
                                      _softmax_finish, _softmax_step, _upcast, desc_2d, interpreting, jfa_forward,
                                      tma_view_problem)
@@ -375,7 +376,7 @@ def jfa_forward_tma(
         kd, vd = k, v
     else:
         kd, vd = desc_2d(k, t.block_n), desc_2d(v, t.block_n)
-    grid = (b * h, triton.cdiv(max_q_len, t.block_m))
+    grid = (b * h, cdiv(max_q_len, t.block_m))
 
     def launch() -> None:
         _LAST_COMPILED[:] = [_jfa_tma_fwd_kernel[grid](

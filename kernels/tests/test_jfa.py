@@ -259,6 +259,36 @@ def test_gpu_cross_and_pooling(shape: str, monkeypatch: pytest.MonkeyPatch) -> N
     _check(lq, lk, h=4, d=128, dtype=torch.bfloat16)
 
 
+@pytest.mark.skipif(not CUDA, reason="the cached launch runs Triton's binder only on the GPU")
+def test_gpu_forward_cached_launch_respecializes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The forward launches through gem_kernels._launch.CachedLaunch: it must pick a new binary
+    # whenever Triton would (a misaligned view, another dtype, another head count) and give
+    # the reference's values each time, with a second call of one specialization adding none.
+    from gem_kernels._triton_jfa import _fwd_launch
+
+    monkeypatch.setenv("GEM_JFA_FWD", "pointer")  # our Triton forward, whatever the mean length
+    fwd = _fwd_launch()
+    g = torch.Generator(device=DEVICE).manual_seed(9)
+    lengths = [700, 1, 64, 900, 0, 129]
+    off = _offsets(lengths)
+    t = sum(lengths)
+    sizes = []
+    for dtype, h, shift in ((torch.bfloat16, 4, 0), (torch.bfloat16, 4, 0), (torch.bfloat16, 4, 1),
+                            (torch.float16, 4, 0), (torch.bfloat16, 2, 3), (torch.bfloat16, 4, 0)):
+        base = [torch.randn(t * h * 64 + shift, generator=g, device=DEVICE).to(dtype) for _ in range(3)]
+        q, k, v = (x[shift:].view(t, h, 64) for x in base)
+        assert (q.data_ptr() % 16 == 0) == (shift == 0)
+        with torch.no_grad():
+            out = jagged_flash_attention(q, k, v, off, off, 900, 900, causal=True)
+            ref = jagged_flash_attention(q.float(), k.float(), v.float(), off, off, 900, 900, causal=True,
+                                         backend="reference")
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+        sizes.append(fwd.cache_size())
+    assert sizes[1] == sizes[0]  # the same specialization again: the kept kernel, no new entry
+    assert sizes[2] == sizes[1] + 1  # the misaligned view: a binary of its own
+    assert sizes[5] == sizes[4]  # back to the first specialization
+
+
 def test_default_schedule_batch_order_except_one_tile_queries() -> None:
     # The heuristic's launch order (measured on the H200, kernels/BENCHMARKS.md 2026-12-04):
     # the two-pass backward in batch order; the forward too when a sample has more than one

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The fifty-first session's GPU plan (tools/stage.sh: summary.txt + all.tgz), on what comes.
-# PART=1 (a fresh box): "eager" (`gem_kernels.bench.eager --profile`: how much of issue 15's
-#   eager figures is host time: eager call vs CUDA-graph replay vs host time per call); then
+# PART=1 (a fresh box, carries .ab: the session's starting kernels, .ab/old/kernels, with
+#   bench/eager.py copied in): "eager" (`gem_kernels.bench.eager --profile`: how much of issue
+#   15's eager figures is host time: eager call vs CUDA-graph replay vs host time per call),
+#   "eager_old" (the same over the starting kernels), "eager2" (ours again); then
 #   session 50's planned PART=6: the shipped Triton manifest through "auto" on an empty box,
 #   "a_cold" (issue 16's command, 100 steps, empty caches: the precompile workers start), then
 #   "a_warm1" (300 steps over the filled caches: the marker, no worker); "prof" (the compiled
@@ -11,12 +13,17 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
   for f in "$OUT"/a_*.log; do [ -f "$f" ] && { printf '%s ' "$(basename "$f" .log)"; last_summary "$f" steps loss step_s_median mfu_steady time_to_first_step_s startup_s warmup_steps compiled_from_step recompiles_per_100_steps triton_precompile jfa_backward | cut -c1-900; }; done
-  [ -f "$OUT/eager.log" ] && { grep -A12 "^=== cProfile" "$OUT/eager.log" | cut -c1-160; sed -n '/^case /,/^{/p' "$OUT/eager.log" | grep -v '^{'; }
+  for f in eager eager_old eager2; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; sed -n '/^case /,/^{/p' "$OUT/$f.log" | grep -v '^{'; }; done
+  [ -f "$OUT/eager.log" ] && grep -A22 "^=== cProfile" "$OUT/eager.log" | grep -v "^$\|Ordered by\|List reduced\|function calls" | cut -c1-150
   [ -f "$OUT/prof.log" ] && { echo "=== prof"; grep -v '^{' "$OUT/prof.log" | grep -v "^W\|^gem: note" | tail -n 45 | cut -c1-180; }; }
 gpu_begin "${WATCH:-560}"
 export GEM_CACHE_DIR=/tmp/gemc TORCHINDUCTOR_CACHE_DIR=/tmp/gemc/ind TRITON_CACHE_DIR=/tmp/gemc/tri
 case ${PART:-1} in
-1) st eager 90 env TRITON_CACHE_DIR=/tmp/tri_eager bash -c "cd kernels && python3 -m gem_kernels.bench.eager --profile"
+1) EG="python3 -m gem_kernels.bench.eager"
+   st eager 100 env TRITON_CACHE_DIR=/tmp/tri_eager bash -c "cd kernels && $EG --profile"
+   # the same bench over the session's starting kernels (.ab/old, carried), then ours again
+   st eager_old 60 env TRITON_CACHE_DIR=/tmp/tri_eager PYTHONPATH=$PWD/.ab/old/kernels:$PYTHONPATH bash -c "cd .ab/old/kernels && $EG --profile"
+   st eager2 60 env TRITON_CACHE_DIR=/tmp/tri_eager bash -c "cd kernels && $EG"
    st a_cold 170 python3 $H200_TR --steps 100
    st a_warm1 90 python3 $H200_TR --steps 300
    st prof 120 python3 tools/profile_trainer.py --preset h200 --steps 18 --skip 8 --compile --rows 60
