@@ -126,3 +126,20 @@ def test_flash4_bench_default_path_takes_the_rules_backward(monkeypatch: pytest.
             assert _backward_of("rule", q_max) == want, (caller, q_max)
         assert os.environ.get("GEM_JFA_BWD") == caller
     assert _backward_of("flash4", 1) == "flash4"  # the other paths name their backward
+
+
+def test_eager_bench_times_every_row(tmp_path: object) -> None:
+    # bench.eager (how much of an eager call is host time) on CPU: every row of issue 15's table
+    # gets an eager time and a host time per call; the CUDA-graph figure exists only on a GPU.
+    import json
+
+    from gem_kernels.bench import eager
+
+    eager.main(["--small", "--iters", "1", "--calls", "2", "--out", str(tmp_path)])
+    with open(os.path.join(str(tmp_path), "eager.json")) as f:
+        rows = json.load(f)["rows"]
+    assert [r["case"] for r in rows] == ["JFA fwd full", "JFA fwd+bwd full", "JFA fwd causal", "JFA fwd+bwd causal",
+                                         "GDPA SiLU causal fwd", "GDPA SiLU causal fwd+bwd", "BlockAttention(64) fwd"]
+    for r in rows:
+        assert r["eager_ms"] > 0 and r["host_us"] > 0, r
+        assert r["graph_ms"] is None and r["eager_minus_graph_us"] is None, r

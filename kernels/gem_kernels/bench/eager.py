@@ -114,11 +114,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--iters", type=int, default=15, help="timed calls per eager / graph figure (median)")
     p.add_argument("--calls", type=int, default=200, help="calls per host-time figure")
     p.add_argument("--profile", action="store_true", help="also cProfile the public forward calls")
-    p.add_argument("--small", action="store_true", help="8 short sequences (a CPU smoke run)")
+    p.add_argument("--small", action="store_true", help="8 short sequences (the default without a GPU)")
     p.add_argument("--out", default=os.environ.get("OUT"), help="directory for eager.json (default $OUT)")
     args = p.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    lengths = [int(x) for x in torch.randint(4, 40, (8,)).tolist()] if args.small else issue_lengths()
+    small = args.small or device == "cpu"
+    lengths = [int(x) for x in torch.randint(4, 40, (8,)).tolist()] if small else issue_lengths()
     rows: list[dict[str, object]] = []
     profiles: dict[str, str] = {}
     for name, fn, flops in cases(lengths, device):
