@@ -22,8 +22,8 @@ case ${PART:-1} in
 1) EG="python3 -m gem_kernels.bench.eager"
    st eager 100 env TRITON_CACHE_DIR=/tmp/tri_eager bash -c "cd kernels && $EG --profile"
    # the same bench over the session's starting kernels (.ab/old, carried), then ours again
-   st eager_old 60 env TRITON_CACHE_DIR=/tmp/tri_eager PYTHONPATH=$PWD/.ab/old/kernels:$PYTHONPATH bash -c "cd .ab/old/kernels && $EG --profile"
-   st eager2 60 env TRITON_CACHE_DIR=/tmp/tri_eager bash -c "cd kernels && $EG"
+   st eager_old 50 env TRITON_CACHE_DIR=/tmp/tri_eager PYTHONPATH=$PWD/.ab/old/kernels:$PYTHONPATH bash -c "cd .ab/old/kernels && $EG --profile"
+   [ "$(gpu_left)" -gt 480 ] && st eager2 45 env TRITON_CACHE_DIR=/tmp/tri_eager bash -c "cd kernels && $EG"
    st a_cold 170 python3 $H200_TR --steps 100
    st a_warm1 90 python3 $H200_TR --steps 300
    st prof 120 python3 tools/profile_trainer.py --preset h200 --steps 18 --skip 8 --compile --rows 60
