@@ -106,6 +106,44 @@ REJECTED_KEPT = 16
 SWITCH_INTERVAL_S = 5e-5
 
 
+def thread_local_fx_patches() -> None:
+    """Makes torch.fx's tracer patches of `nn.Module.__call__` / `__getattr__` act in the
+    tracing thread only (idempotent, process-wide).
+
+    Why: `torch.fx.Tracer.trace` (under AOTAutograd's and inductor's graph tracing too)
+    replaces `nn.Module.__call__` and `__getattr__` on the class for the length of a trace. A
+    background compile traces in its thread while the calling thread runs eager blocks; a
+    module call there during a trace went to the tracer, which raised "NameError: module is
+    not installed as a submodule" (a cold h200 start on an H100, 2026-12-07: the run stopped
+    at its first steps). With this, a patch made by one thread dispatches other threads'
+    calls to what it replaced. Other patches of a trace (math and `torch.fx.wrap` functions,
+    tensor methods) pass non-proxy arguments straight through and are left alone."""
+    patcher: Any = getattr(getattr(torch.fx, "_symbolic_trace", None), "_Patcher", None)
+    method = getattr(patcher, "patch_method", None)
+    if patcher is None or method is None or getattr(method, "_gem_thread_local", False):
+        return
+    original = method
+
+    def patch_method(self: Any, cls: type, name: str, new_fn: Callable[..., Any], deduplicate: bool = True) -> None:
+        if cls is nn.Module:
+            new_fn = _this_thread_only(new_fn, getattr(cls, name), threading.get_ident())
+        original(self, cls, name, new_fn, deduplicate)
+
+    patch_method._gem_thread_local = True  # type: ignore[attr-defined]
+    patcher.patch_method = patch_method
+
+
+def _this_thread_only(fn: Callable[..., Any], other: Callable[..., Any], owner: int) -> Callable[..., Any]:
+    """`fn` in thread `owner`, `other` (what `fn` replaces) in every other thread."""
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() == owner:
+            return fn(*args, **kwargs)
+        return other(*args, **kwargs)
+
+    dispatch.__name__ = getattr(fn, "__name__", "dispatch")
+    return dispatch
+
+
 def _kind(block: nn.Module) -> str:
     """A file-name-safe name of the block's kind: its class, and the wrapped module's class
     for an activation-checkpointing wrapper."""
@@ -308,6 +346,7 @@ class AotBlocks:
         a, kw = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: _detached(t, memo), (args, kwargs))
         # The job runs in a copy of this thread's context: torch 2.13 keeps config overrides
         # per thread (in context variables), and a new thread would start from the defaults.
+        thread_local_fx_patches()  # the job traces while this thread runs eager blocks
         job = _Job(kind, block, a, kw, _CallState.capture(), contextvars.copy_context())
         self._jobs[kind] = job
         _STORES.add(self)

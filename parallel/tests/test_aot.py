@@ -814,3 +814,56 @@ def test_a_block_that_cannot_be_copied_compiles_from_itself(src: Path, tmp_path:
     assert len(stats.notes) == 2 and all("its copy failed (TypeError" in n for n in stats.notes), stats.notes
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_trace_in_one_thread_leaves_other_threads_module_calls_alone() -> None:
+    # torch.fx's tracer replaces nn.Module.__call__ / __getattr__ on the class while it traces.
+    # A background compile traces in its thread while the calling thread runs eager blocks:
+    # without `thread_local_fx_patches`, a module call in the calling thread during the trace
+    # went to the tracer ("NameError: module is not installed as a submodule", a cold h200
+    # start on an H100). With it, that call computes what it computes without a trace, and the
+    # trace in its own thread still sees its modules as calls.
+    from gem_parallel._aot import thread_local_fx_patches
+
+    thread_local_fx_patches()
+    thread_local_fx_patches()  # idempotent
+
+    inside, release = threading.Event(), threading.Event()
+
+    class Held(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            inside.set()  # the tracer's patches are in place from here until the trace returns
+            assert release.wait(30)
+            return torch.relu(self.lin(x))
+
+    traced: list[Any] = []
+    errors: list[BaseException] = []
+
+    def trace() -> None:
+        try:
+            traced.append(torch.fx.symbolic_trace(Held()))
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    other = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16))
+    x = torch.randn(5, 8)
+    want = other(x)
+    worker = threading.Thread(target=trace)
+    worker.start()
+    try:
+        assert inside.wait(30)
+        assert nn.Module.__call__ is not nn.Module._wrapped_call_impl  # the trace's patch is on
+        got = other(x)  # the calling thread, during the trace
+        assert other[0].weight is other._modules["0"].weight  # __getattr__ too
+    finally:
+        release.set()
+        worker.join(30)
+    assert not errors, errors
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    ops = [n.op for n in traced[0].graph.nodes]
+    assert ops.count("call_module") == 1 and "call_function" in ops  # lin as a module, relu as a function
+    assert nn.Module.__call__ is nn.Module._wrapped_call_impl  # the patch is gone after the trace
