@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The fifty-first session's GPU plan (tools/stage.sh: summary.txt + all.tgz), on what comes.
-# PART=1 (a fresh box, carries .ab: the session's starting kernels, .ab/old/kernels, with
-#   bench/eager.py copied in): "eager" (`gem_kernels.bench.eager --profile`: how much of issue
+# PART=1 (a fresh box, carries .ab: the session's starting kernels, made here by
+#   `mkdir -p .ab/old && git archive 9175601 kernels/gem_kernels | tar -x -C .ab/old &&
+#   cp kernels/gem_kernels/bench/eager.py .ab/old/kernels/gem_kernels/bench/`): "eager" (`gem_kernels.bench.eager --profile`: how much of issue
 #   15's eager figures is host time: eager call vs CUDA-graph replay vs host time per call),
 #   "eager_old" (the same over the starting kernels), "eager2" (ours again); then
 #   session 50's planned PART=6: the shipped Triton manifest through "auto" on an empty box,
