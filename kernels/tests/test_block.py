@@ -13,6 +13,7 @@ import torch
 
 from gem_kernels import block_attention
 from gem_kernels._block import apply_rope_reference, rope_tables
+from _respecialize import check_respecializes
 from _strided import every_other
 
 CUDA = torch.cuda.is_available()
@@ -228,26 +229,15 @@ def test_gpu_cached_launch_respecializes() -> None:
     # a misaligned view (address not 16-byte aligned), another dtype, another head count.
     from gem_kernels._block import _launchers
 
-    fwd = _launchers()[0]
-    g = torch.Generator(device=DEVICE).manual_seed(9)
     lengths = [100, 1, 64, 300, 0, 65]
     off = _offsets(lengths)
-    t = sum(lengths)
-    sizes = []
-    for dtype, h, shift in ((torch.bfloat16, 4, 0), (torch.bfloat16, 4, 0), (torch.bfloat16, 4, 1),
-                            (torch.float16, 4, 0), (torch.bfloat16, 2, 3), (torch.bfloat16, 4, 0)):
-        base = [torch.randn(t * h * 64 + shift, generator=g, device=DEVICE).to(dtype) for _ in range(3)]
-        q, k, v = (x[shift:].view(t, h, 64) for x in base)
-        assert (q.data_ptr() % 16 == 0) == (shift == 0)
-        before = fwd.cache_size()
+
+    def run_and_check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         out = block_attention(q, k, v, off, 300, block_size=64)
         ref = block_attention(q.float(), k.float(), v.float(), off, 300, block_size=64, backend="reference")
         torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
-        sizes.append(fwd.cache_size())
-        assert sizes[-1] >= before
-    assert sizes[1] == sizes[0]  # the same specialization again: the kept kernel, no new entry
-    assert sizes[2] == sizes[1] + 1  # the misaligned view: a binary of its own
-    assert sizes[5] == sizes[4]  # back to the first specialization
+
+    check_respecializes(_launchers()[0], sum(lengths), DEVICE, 9, run_and_check)
 
 
 # --- the eager fast path (one plan per call signature, gem_kernels._block._Plan) --------------

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from gem_kernels import jagged_flash_attention
 from gem_kernels._triton_jfa import JfaConfig, JfaTiles, _heuristic_config, force_config, pick_config
+from _respecialize import check_respecializes
 from _strided import every_other
 
 CUDA = torch.cuda.is_available()
@@ -267,26 +268,17 @@ def test_gpu_forward_cached_launch_respecializes(monkeypatch: pytest.MonkeyPatch
     from gem_kernels._triton_jfa import _fwd_launch
 
     monkeypatch.setenv("GEM_JFA_FWD", "pointer")  # our Triton forward, whatever the mean length
-    fwd = _fwd_launch()
-    g = torch.Generator(device=DEVICE).manual_seed(9)
     lengths = [700, 1, 64, 900, 0, 129]
     off = _offsets(lengths)
-    t = sum(lengths)
-    sizes = []
-    for dtype, h, shift in ((torch.bfloat16, 4, 0), (torch.bfloat16, 4, 0), (torch.bfloat16, 4, 1),
-                            (torch.float16, 4, 0), (torch.bfloat16, 2, 3), (torch.bfloat16, 4, 0)):
-        base = [torch.randn(t * h * 64 + shift, generator=g, device=DEVICE).to(dtype) for _ in range(3)]
-        q, k, v = (x[shift:].view(t, h, 64) for x in base)
-        assert (q.data_ptr() % 16 == 0) == (shift == 0)
+
+    def run_and_check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         with torch.no_grad():
             out = jagged_flash_attention(q, k, v, off, off, 900, 900, causal=True)
             ref = jagged_flash_attention(q.float(), k.float(), v.float(), off, off, 900, 900, causal=True,
                                          backend="reference")
         torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
-        sizes.append(fwd.cache_size())
-    assert sizes[1] == sizes[0]  # the same specialization again: the kept kernel, no new entry
-    assert sizes[2] == sizes[1] + 1  # the misaligned view: a binary of its own
-    assert sizes[5] == sizes[4]  # back to the first specialization
+
+    check_respecializes(_fwd_launch(), sum(lengths), DEVICE, 9, run_and_check)
 
 
 def test_default_schedule_batch_order_except_one_tile_queries() -> None:
