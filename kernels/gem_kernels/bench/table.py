@@ -13,8 +13,10 @@ FLOPs = 4 * visible pairs * D * H forward, x3.5 forward+backward. Torch paths: n
 SDPA (no padding) and padded cuDNN SDPA (pre-padded; padding not timed) for softmax; a
 per-sample loop of eager matmuls for GDPA (torch has no fused elementwise attention; a
 padded batch would be 64 x 4,787^2 scores). Each of ours is checked against the fp32
-reference on the first 8 samples in the same run. The compact table is printed last, then
-one JSON line; `--out` also writes the JSON there.
+reference on the first 8 samples in the same run. `ours_device` is the same call of ours
+replayed from a CUDA graph: the kernels' device time without the call's host work, which
+the eager figure includes (`bench.eager` sets the two side by side). The compact table is
+printed last, then one JSON line; `--out` also writes the JSON there.
 
 "ours" is what `jagged_flash_attention` runs by default in this process; the `path` column
 names it (forward / backward: "triton", "flash2" for torch's FlashAttention-2, "flash4" for
@@ -41,9 +43,9 @@ from gem_kernels._jfa import fwd_uses_flash, fwd_uses_flash4
 from gem_kernels._triton_jfa import (JfaConfig, JfaTiles, _heuristic_config, _tma_modes, bwd_one_pass_from_env,
                                     bwd_uses_flash, bwd_uses_flash4, force_config, jfa_backward, jfa_forward)
 from gem_kernels.bench.flash4 import PATHS, switches
-from gem_kernels.bench._common import (attention_flops, bench_ms, emit_json, env_info, issue_lengths,
-                                       offsets_from_lengths, print_table, save_json, tflops, trainer_lengths,
-                                       visible_pairs)
+from gem_kernels.bench._common import (attention_flops, bench_graph_ms, bench_ms, emit_json, env_info,
+                                       issue_lengths, offsets_from_lengths, print_table, save_json, tflops,
+                                       trainer_lengths, visible_pairs)
 
 H, D = 4, 128
 DT = torch.bfloat16
@@ -196,10 +198,12 @@ def main_table(iters: int) -> list[dict[str, object]]:
           f"padding={pad_ratio:.2f}x", flush=True)
 
     def add(case: str, ours_ms: float | None, flops: float, peer: str, peer_ms: float | None, err: float | None,
-            unit: str = "TFLOP/s", path: str = "triton") -> None:
+            unit: str = "TFLOP/s", path: str = "triton", device_ms: float | None = None) -> None:
+        # `ours_device`: the same call replayed from a CUDA graph (device time, no host work):
+        # the eager figure minus it is what the call's host time costs (`bench.eager`).
         rows.append({"case": case, "ours": tflops(flops, ours_ms), "ours_ms": ours_ms, "peer": peer,
                      "peer_val": tflops(flops, peer_ms), "peer_ms": peer_ms, "unit": unit, "err": err,
-                     "path": path})
+                     "path": path, "ours_device": tflops(flops, device_ms), "ours_device_ms": device_ms})
         print(rows[-1], flush=True)
 
     # With flash-attn-4 installed the default JFA path on this batch is FlashAttention-4's (a
@@ -212,6 +216,10 @@ def main_table(iters: int) -> list[dict[str, object]]:
         err = _check(jfa(causal), jfa(causal, "reference"), small)
         fwd = bench_ms(_fwd(jfa(causal), b), iters=iters)
         all_ = bench_ms(_fwd_bwd(jfa(causal), b), iters=iters)
+        # Device figures for our kernels only (a CUDA graph of the CuTe kernels is not tried here).
+        ours_only = "flash4" not in jfa_path(b.q, b.k, b.off, b.max)
+        fwd_dev = bench_graph_ms(_fwd(jfa(causal), b), iters=iters) if ours_only else None
+        all_dev = bench_graph_ms(_fwd_bwd(jfa(causal), b), iters=iters) if ours_only else None
         if fa4:
             with switches(*PATHS["default"]):
                 path0 = jfa_path(b.q, b.k, b.off, b.max)
@@ -225,8 +233,8 @@ def main_table(iters: int) -> list[dict[str, object]]:
         bf, bn = min(((nf, "nested SDPA"), (pf, "padded cuDNN")), key=lambda x: math.inf if x[0] is None else x[0])
         ba, bna = min(((na, "nested SDPA"), (pa, "padded cuDNN")), key=lambda x: math.inf if x[0] is None else x[0])
         path = jfa_path(b.q, b.k, b.off, b.max)
-        add(f"JFA fwd {name}", fwd, f_fwd, bn, bf, err, path=path)
-        add(f"JFA fwd+bwd {name}", all_, f_all, bna, ba, err, path=path)
+        add(f"JFA fwd {name}", fwd, f_fwd, bn, bf, err, path=path, device_ms=fwd_dev)
+        add(f"JFA fwd+bwd {name}", all_, f_all, bna, ba, err, path=path, device_ms=all_dev)
         if fa4:
             add(f"JFA fwd {name}, no flash-attn-4", fwd0, f_fwd, bn, bf, None, path=path0)
             add(f"JFA fwd+bwd {name}, no flash-attn-4", all0, f_all, bna, ba, None, path=path0)
@@ -234,9 +242,11 @@ def main_table(iters: int) -> list[dict[str, object]]:
     f_fwd, f_all = attention_flops(visible_pairs(b.lengths, b.lengths, causal=True), H, D)
     err = _check(gdpa(), gdpa("reference"), small)
     add("GDPA SiLU causal fwd", bench_ms(_fwd(gdpa(), b), iters=iters), f_fwd, "torch per-sample loop",
-        _try_ms(_fwd(gdpa_torch_loop, b), max(2, iters // 2)), err)
+        _try_ms(_fwd(gdpa_torch_loop, b), max(2, iters // 2)), err,
+        device_ms=bench_graph_ms(_fwd(gdpa(), b), iters=iters))
     add("GDPA SiLU causal fwd+bwd", bench_ms(_fwd_bwd(gdpa(), b), iters=iters), f_all, "torch per-sample loop",
-        _try_ms(_fwd_bwd(gdpa_torch_loop, b), max(2, iters // 2)), err)
+        _try_ms(_fwd_bwd(gdpa_torch_loop, b), max(2, iters // 2)), err,
+        device_ms=bench_graph_ms(_fwd_bwd(gdpa(), b), iters=iters))
     # A/B of the tanh.approx sigmoid (the default): the same kernels with exp2 + reciprocal.
     old = {kind: dataclasses.replace(gdpa_tiles(b.max, D, kind=kind), tanh_sigmoid=False)
            for kind in ("fwd", "dq", "dkdv")}
@@ -274,7 +284,9 @@ def main_table(iters: int) -> list[dict[str, object]]:
         ref_d = F.scaled_dot_product_attention(qp, kp, vp).transpose(1, 2).reshape(8 * 4096, 16, D)
         err_d = _rel_err(jagged_flash_attention(qd, kd, vd, offd, offd, 4096, 4096), ref_d)
     cudnn_ms = _try_ms(cudnn, iters)
-    add("dense 8x4096x16 fwd", ours_d, f_dense, "cuDNN SDPA", cudnn_ms, err_d, path=path_d)
+    add("dense 8x4096x16 fwd", ours_d, f_dense, "cuDNN SDPA", cudnn_ms, err_d, path=path_d,
+        device_ms=None if "flash4" in path_d else bench_graph_ms(
+            lambda: jagged_flash_attention(qd, kd, vd, offd, offd, 4096, 4096), iters=iters))
     if ours_d0 is not None:
         add("dense 8x4096x16 fwd, no flash-attn-4", ours_d0, f_dense, "cuDNN SDPA", cudnn_ms, None, path=path_d0)
     return rows
@@ -558,7 +570,7 @@ def main() -> None:
                          "causal_cudnn", "causal_win", "causal_fb_ours", "causal_fb_cudnn", "causal_fb_win", "gdpa_fwd",
                          "path"])
     print("\nissue 15 table (eager calls, median of CUDA events; err = max rel. error vs fp32 reference):")
-    print_table(rows, ["case", "ours", "peer_val", "unit", "peer", "ours_ms", "peer_ms", "err", "path"])
+    print_table(rows, ["case", "ours", "ours_device", "peer_val", "unit", "peer", "ours_ms", "peer_ms", "err", "path"])
     payload: dict[str, object] = {"bench": "table", **env_info(), "rows": rows, "sweep": sw}
     save_json(args.out, "table.json", payload)
     emit_json(payload)
