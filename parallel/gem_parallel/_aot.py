@@ -22,7 +22,9 @@ it per block kind:
   never run), when torch reports it incompatible (another torch, Python or GPU), or when it
   cannot be read (truncated, corrupt);
 - a kind whose ahead-of-time compile fails (the API is experimental) runs through an
-  ordinary `torch.compile` instead, with a warning and `stats.fallbacks`.
+  ordinary `torch.compile` instead, with a warning and `stats.fallbacks` (eagerly while a
+  background job of another kind runs: torch's graph tracing patches `nn.Module` through one
+  process-wide patcher, and two threads tracing at once break each other).
 
 With `background=True` a call that would load or compile runs its block eagerly instead, and
 the loading (then, if no file fits, the compile) runs in a background thread (one kind at a
@@ -262,6 +264,9 @@ class AotBlocks:
             self._harvest()
         fallback = self._fallback.get(kind)
         if fallback is not None:
+            if self._jobs:  # its torch.compile traces here: never beside a background job's trace
+                self.stats.eager_calls += 1
+                return block.forward(*args, **kwargs)
             return fallback(block, *args, **kwargs)
         variants = self._variants.setdefault(kind, [])
         for v in variants:

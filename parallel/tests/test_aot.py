@@ -32,6 +32,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
@@ -867,3 +868,66 @@ def test_a_trace_in_one_thread_leaves_other_threads_module_calls_alone() -> None
     ops = [n.op for n in traced[0].graph.nodes]
     assert ops.count("call_module") == 1 and "call_function" in ops  # lin as a module, relu as a function
     assert nn.Module.__call__ is nn.Module._wrapped_call_impl  # the patch is gone after the trace
+
+
+def test_a_fallen_back_kind_runs_eagerly_while_another_kind_compiles(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A kind whose ahead-of-time compile failed runs through torch.compile, which traces in
+    # the calling thread. torch traces through one process-wide patcher of nn.Module: a trace
+    # there while a background job traces in its thread breaks both (torch 2.13 asserts
+    # "CURRENT_PATCHER is None in finally block"). So while another kind's job runs, the
+    # fallen-back kind runs eagerly; once no job is left, through its torch.compile.
+    import gem_parallel._aot as aot
+
+    class Fails(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(self.lin(x))
+
+    class Slow(Fails):
+        pass
+
+    gate = threading.Event()
+
+    def compile_forward(backend: str, block: nn.Module, args: Any, kwargs: Any) -> Any:
+        if isinstance(block, Slow):
+            assert gate.wait(120), "the test never released the compile"
+        raise RuntimeError("unsupported in this torch")
+
+    plain_calls: list[str] = []
+
+    def plain(self: Any, block: nn.Module) -> Any:  # stands in for torch.compile: records its use
+        def run(b: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            plain_calls.append(type(b).__name__)
+            return b.forward(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(aot, "_aot_compile_forward", compile_forward)
+    monkeypatch.setattr(aot.AotBlocks, "_plain", plain)
+    blocks = nn.ModuleList([Fails(), Slow()])
+    store = aot.AotBlocks(str(tmp_path / "aot"), background=True)
+    store.install([(blocks, 0), (blocks, 1)])
+    x = torch.randn(4, 8)
+    want = [b.forward(x) for b in blocks]
+    try:
+        with pytest.warns(RuntimeWarning, match="ahead-of-time compile of .*Fails.*failed"):
+            for _ in range(600):  # until Fails' job has failed and been taken (Slow's is held)
+                got = [b(x) for b in blocks]
+                if store.stats.fallbacks:
+                    break
+                time.sleep(0.05)
+        assert store.stats.fallbacks == 1 and store.pending_compiles() == [aot._kind(blocks[1])]
+        eager_before = store.stats.eager_calls
+        got = [b(x) for b in blocks]
+        assert plain_calls == [] and store.stats.eager_calls == eager_before + 2  # both eager
+    finally:
+        gate.set()
+    with pytest.warns(RuntimeWarning, match="ahead-of-time compile of .*Slow.*failed"):
+        assert store.wait(timeout=60)
+    got = [b(x) for b in blocks]
+    assert plain_calls == ["Fails", "Slow"]  # no job left: through the fallback
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
