@@ -23,7 +23,6 @@ import argparse
 import cProfile
 import io
 import pstats
-import time
 from collections.abc import Callable
 
 import torch
@@ -32,19 +31,7 @@ from gem_kernels import _block, block_attention
 from gem_kernels._block import _BlockFunction, _launch_common, _launchers, block_forward_triton
 from gem_kernels._jagged import check_jagged, check_offsets
 from gem_kernels._triton_block import _block_fwd_kernel
-from gem_kernels.bench._common import bench_ms, issue_lengths, offsets_from_lengths
-
-
-def host_us(fn: Callable[[], object], calls: int) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    dt = time.perf_counter() - t
-    torch.cuda.synchronize()
-    return dt / calls * 1e6
+from gem_kernels.bench._common import bench_ms, host_us, issue_lengths, offsets_from_lengths
 
 
 def _checks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, off: torch.Tensor, mx: int) -> None:
@@ -107,7 +94,7 @@ def main() -> None:
     }
     rows = []
     for name, fn in cases.items():
-        h = host_us(fn, args.calls)
+        h = host_us(fn, args.calls, warmup=5)
         ev = bench_ms(fn, warmup=3, iters=50) * 1e3
         rows.append((name, h, ev))
     prof = cProfile.Profile()

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from gem_kernels._jagged import check_jagged, check_offsets, check_triton_device, debug_checks, resolve_backend
-from gem_kernels._launch import CachedLaunch, DirectLaunch
+from gem_kernels._launch import CachedLaunch, DirectLaunch, cdiv
 
 _BACKENDS = ("auto", "triton", "reference")
 TRITON_HEAD_DIMS = (32, 64, 128, 256)
@@ -369,7 +369,7 @@ def _launch_meta(
 
 def _blocks(t: int, b: int, max_len: int, block_size: int) -> int:
     """Programs per head: at most T // block_size + B blocks, and B * cdiv(max_len, block_size)."""
-    by_tokens, by_len = t // block_size + b, b * (-(-max_len // block_size) or 1)
+    by_tokens, by_len = t // block_size + b, b * (cdiv(max_len, block_size) or 1)
     return by_tokens if by_tokens < by_len else by_len  # (min() costs more, on the eager fast path)
 
 

@@ -32,6 +32,7 @@ import torch
 from gem_kernels._jagged import (check_attention, check_row_offsets, check_triton_device, pad_jagged, resolve_backend,
                                  unpad_jagged, visible_mask)
 from gem_kernels._jfa_reference import padded_mask, run_reference
+from gem_kernels._launch import cdiv
 
 _BACKENDS = ("auto", "triton", "reference")
 # Tests set this to force the two-kernel dK/dV path for short kv too (both paths are tested).
@@ -394,7 +395,7 @@ def _grid(tokens: int, b: int, max_len: int, block: int, heads: int) -> tuple[in
     """(programs, heads) covering every `block`-row tile of a jagged batch of `b` samples and
     `tokens` rows: at most `tokens // block + b` tiles, and at most `b * cdiv(max_len, block)`
     (host ints only; programs past the last tile exit)."""
-    return min(tokens // block + b, b * max(1, -(-max_len // block))), heads
+    return min(tokens // block + b, b * max(1, cdiv(max_len, block))), heads
 
 
 def _schedule(

@@ -149,6 +149,23 @@ def bench_ms(fn: Callable[[], object], *, warmup: int = 3, iters: int = 10) -> f
     return statistics.median(times)
 
 
+def host_us(fn: Callable[[], object], calls: int, *, warmup: int = 3) -> float:
+    """Host µs per call of `fn`: CPU clock over `calls` calls with no sync inside the loop (few
+    enough that the launch queue does not fill and block the host), after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    dt = time.perf_counter() - t
+    if cuda:
+        torch.cuda.synchronize()
+    return dt / calls * 1e6
+
+
 def capture_graph(fn: Callable[[], object]) -> tuple[Callable[[], None] | None, str | None]:
     """(`fn` captured in a CUDA graph -> its replay, None) or (None, why it was not captured).
 

@@ -25,71 +25,34 @@ import cProfile
 import io
 import os
 import pstats
-import time
 from collections.abc import Callable
 
 import torch
 
-from gem_kernels import block_attention, generalized_dot_product_attention, jagged_flash_attention
-from gem_kernels.bench._common import (attention_flops, bench_graph_ms, bench_ms, emit_json, env_info,
-                                       issue_lengths, offsets_from_lengths, print_table, save_json, tflops,
-                                       visible_pairs)
-
-H, D = 4, 128
-
-
-def host_us(fn: Callable[[], object], calls: int) -> float:
-    """Host µs per call of `fn`, no sync inside the loop (few enough calls that the launch queue
-    does not fill and block the host)."""
-    for _ in range(3):
-        fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    dt = time.perf_counter() - t
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return dt / calls * 1e6
+from gem_kernels import block_attention
+from gem_kernels.bench._common import (attention_flops, bench_graph_ms, bench_ms, emit_json, env_info, host_us,
+                                       issue_lengths, print_table, save_json, tflops, visible_pairs)
+from gem_kernels.bench.table import H, D, Batch, _fwd, _fwd_bwd, gdpa, jfa
 
 
 def cases(lengths: list[int], device: str) -> list[tuple[str, Callable[[], object], float]]:
-    """(name, call, useful FLOPs) for the issue table's JFA, GDPA and Block rows."""
-    off = offsets_from_lengths(lengths, device)
-    t, mx = sum(lengths), max(lengths)
-    g = torch.Generator(device=device).manual_seed(0)
-    q, k, v, do = (torch.randn(t, H, D, generator=g, device=device).to(torch.bfloat16) for _ in range(4))
-    qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
+    """(name, call, useful FLOPs) for the issue table's JFA, GDPA and Block rows: the calls
+    `bench.table` times (its batch and call forms; backend "auto": the reference on a CPU)."""
+    b = Batch(lengths, device)
     out: list[tuple[str, Callable[[], object], float]] = []
     for causal in (False, True):
         name = "causal" if causal else "full"
         f_fwd, f_all = attention_flops(visible_pairs(lengths, lengths, causal=causal), H, D)
-
-        def fwd(c: bool = causal) -> object:
-            with torch.no_grad():
-                return jagged_flash_attention(q, k, v, off, off, mx, mx, causal=c)
-
-        def fwd_bwd(c: bool = causal) -> object:
-            o = jagged_flash_attention(qg, kg, vg, off, off, mx, mx, causal=c)
-            return torch.autograd.grad(o, (qg, kg, vg), do)
-
-        out += [(f"JFA fwd {name}", fwd, f_fwd), (f"JFA fwd+bwd {name}", fwd_bwd, f_all)]
+        out += [(f"JFA fwd {name}", _fwd(jfa(causal, "auto"), b), f_fwd),
+                (f"JFA fwd+bwd {name}", _fwd_bwd(jfa(causal, "auto"), b), f_all)]
     f_fwd, f_all = attention_flops(visible_pairs(lengths, lengths, causal=True), H, D)
-
-    def gfwd() -> object:
-        with torch.no_grad():
-            return generalized_dot_product_attention(q, k, v, off, off, mx, mx, activation="silu", causal=True)
-
-    def gall() -> object:
-        o = generalized_dot_product_attention(qg, kg, vg, off, off, mx, mx, activation="silu", causal=True)
-        return torch.autograd.grad(o, (qg, kg, vg), do)
 
     def bfwd() -> object:
         with torch.no_grad():
-            return block_attention(q, k, v, off, mx, block_size=64)
+            return block_attention(b.q, b.k, b.v, b.off, b.max, block_size=64)
 
-    out += [("GDPA SiLU causal fwd", gfwd, f_fwd), ("GDPA SiLU causal fwd+bwd", gall, f_all),
+    out += [("GDPA SiLU causal fwd", _fwd(gdpa("auto"), b), f_fwd),
+            ("GDPA SiLU causal fwd+bwd", _fwd_bwd(gdpa("auto"), b), f_all),
             ("BlockAttention(64) fwd", bfwd, 0.0)]
     return out
 

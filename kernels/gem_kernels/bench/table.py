@@ -216,8 +216,9 @@ def main_table(iters: int) -> list[dict[str, object]]:
         err = _check(jfa(causal), jfa(causal, "reference"), small)
         fwd = bench_ms(_fwd(jfa(causal), b), iters=iters)
         all_ = bench_ms(_fwd_bwd(jfa(causal), b), iters=iters)
+        path = jfa_path(b.q, b.k, b.off, b.max)
         # Device figures for our kernels only (a CUDA graph of the CuTe kernels is not tried here).
-        ours_only = "flash4" not in jfa_path(b.q, b.k, b.off, b.max)
+        ours_only = "flash4" not in path
         fwd_dev = bench_graph_ms(_fwd(jfa(causal), b), iters=iters) if ours_only else None
         all_dev = bench_graph_ms(_fwd_bwd(jfa(causal), b), iters=iters) if ours_only else None
         if fa4:
@@ -232,7 +233,6 @@ def main_table(iters: int) -> list[dict[str, object]]:
         torch.cuda.empty_cache()
         bf, bn = min(((nf, "nested SDPA"), (pf, "padded cuDNN")), key=lambda x: math.inf if x[0] is None else x[0])
         ba, bna = min(((na, "nested SDPA"), (pa, "padded cuDNN")), key=lambda x: math.inf if x[0] is None else x[0])
-        path = jfa_path(b.q, b.k, b.off, b.max)
         add(f"JFA fwd {name}", fwd, f_fwd, bn, bf, err, path=path, device_ms=fwd_dev)
         add(f"JFA fwd+bwd {name}", all_, f_all, bna, ba, err, path=path, device_ms=all_dev)
         if fa4:
