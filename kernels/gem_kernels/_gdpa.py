@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -32,7 +33,8 @@ import torch
 from gem_kernels._jagged import (check_attention, check_row_offsets, check_triton_device, pad_jagged, resolve_backend,
                                  unpad_jagged, visible_mask)
 from gem_kernels._jfa_reference import padded_mask, run_reference
-from gem_kernels._launch import cdiv
+from gem_kernels import _attn_plan
+from gem_kernels._launch import CachedLaunch, cdiv
 
 _BACKENDS = ("auto", "triton", "reference")
 # Tests set this to force the two-kernel dK/dV path for short kv too (both paths are tested).
@@ -326,6 +328,11 @@ def generalized_dot_product_attention(
             q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len,
             causal=causal, window=window, scale=scale, backend=backend,
         )
+    # An eager call with a signature already checked takes its plan (`gem_kernels._attn_plan`).
+    key, served = (None, None) if torch.compiler.is_compiling() else _planned(
+        q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, activation, scale, divisor, causal, window, backend)
+    if served is not None:
+        return served
     if backend not in _BACKENDS:
         raise ValueError(f"backend={backend!r} must be one of {_BACKENDS}")
     device = check_attention(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, window)
@@ -364,23 +371,124 @@ def generalized_dot_product_attention(
     # kernel itself on a whole jagged batch (measured on the H200, see BENCHMARKS.md). Where no
     # gradient is wanted, the launcher alone (the Function's apply costs ~10-15 us of host time).
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _GdpaFunction.apply(*args)  # type: ignore[no-any-return, no-untyped-call]
-    return gdpa_forward_triton(*args)
+        out = _GdpaFunction.apply(None, None, *args)  # type: ignore[no-untyped-call]
+    else:
+        out = gdpa_forward_triton(*args)
+    _remember(key, *args)
+    return out
 
 
 class _GdpaFunction(torch.autograd.Function):
+    """Eager autograd over the launchers; `plan, ptrs` (or None, None): the forward through a
+    plan (`_planned`)."""
+
     @staticmethod
-    def forward(ctx: Any, *args: Any) -> torch.Tensor:
+    def forward(ctx: Any, plan: _attn_plan.Plan | None, ptrs: tuple[int, ...] | None, *args: Any) -> torch.Tensor:
         q, k, v, q_offsets, kv_offsets, *meta = args
         ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
         ctx.meta = tuple(meta)
+        if plan is not None and ptrs is not None:
+            return _plan_forward(plan, ptrs, *args)
         return gdpa_forward_triton(*args)
 
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, q_offsets, kv_offsets = ctx.saved_tensors
         dq, dk, dv = gdpa_backward_triton(dout, q, k, v, q_offsets, kv_offsets, *ctx.meta)
-        return (dq, dk, dv) + (None,) * 9
+        return (None, None, dq, dk, dv) + (None,) * 9
+
+
+# --- the eager fast path: one plan per call signature (gem_kernels._attn_plan) ------------------
+#
+# Kept for the long-kv forward (`max_kv_len` past one kv tile) in its default batch-order
+# schedule, where the first call passed q, k, v and the offsets contiguous and 16-byte aligned
+# (the kernel then reads the caller's tensors). Per call the plan re-applies what its signature
+# leaves out: `max_kv_len` still past one tile, no `force_tiles`, and `_attn_plan.admits`.
+
+_PLANS: dict[tuple[Any, ...], _attn_plan.Plan] = {}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _PlanOp:
+    block_m: int
+    block_n: int  # the plan serves max_kv_len > block_n (the long-kv kernel)
+    scale: float  # the default, 1/sqrt(D)
+
+
+def _signature(q: Any, k: Any, v: Any, q_offsets: Any, kv_offsets: Any, max_q_len: Any, max_kv_len: Any,
+               activation: Any, scale: Any, divisor: Any, causal: Any, window: Any,
+               backend: Any) -> tuple[Any, ...] | None:
+    return _attn_plan.signature(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, (
+        activation, backend, scale.__class__, scale, divisor.__class__, divisor, causal.__class__, causal,
+        window.__class__, window))
+
+
+def _planned(
+    q: Any, k: Any, v: Any, q_offsets: Any, kv_offsets: Any, max_q_len: Any, max_kv_len: Any, activation: Any,
+    scale: Any, divisor: Any, causal: Any, window: Any, backend: Any,
+) -> tuple[tuple[Any, ...] | None, torch.Tensor | None]:
+    """(the call's signature, its result where a plan serves it, else None)."""
+    key = _signature(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, activation, scale, divisor, causal,
+                     window, backend)
+    try:
+        plan = None if key is None else _PLANS.get(key)
+    except TypeError:  # an unhashable argument: the ordinary checks name it
+        return None, None
+    if plan is None or _TILE_OVERRIDE or not max_kv_len > plan.op.block_n:
+        return key, None
+    ptrs = _attn_plan.admits(plan, q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len)
+    if ptrs is None:
+        return key, None
+    args = (q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, activation,
+            plan.op.scale if scale is None else float(scale),
+            float(max_kv_len) if divisor is None else float(divisor), bool(causal), window)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return key, _GdpaFunction.apply(plan, ptrs, *args)  # type: ignore[no-untyped-call]
+    return key, _plan_forward(plan, ptrs, *args)
+
+
+def _plan_forward(
+    plan: _attn_plan.Plan, ptrs: tuple[int, ...], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q_len: int, max_kv_len: int, activation: str,
+    scale: float, divisor: float, causal: bool, window: int | None,
+) -> torch.Tensor:
+    """`gdpa_forward_triton`'s long-kv launch for a planned signature."""
+    from gem_kernels._triton_jfa import in_order_tiles
+
+    tq = q.shape[0]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    b, h, w = plan.b, plan.heads, window or 0
+    grid = (in_order_tiles(tq, b, max_q_len, plan.op.block_m), h, 1)
+    qp, kp, vp, qo, ko = ptrs
+    rest = (scale, 1.0 / divisor, w, b, h)
+    _attn_plan.run(plan, grid, (qp, kp, vp, out.data_ptr(), qo, ko, *plan.ints, *rest, qo, qo),
+                   (q, k, v, out, q_offsets, kv_offsets, *plan.ints, *rest, q_offsets, q_offsets))
+    return out
+
+
+def _remember(
+    key: tuple[Any, ...] | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor, max_q_len: int, max_kv_len: int, activation: str, scale: float, divisor: float,
+    causal: bool, window: int | None,
+) -> None:
+    """Keeps a plan for `key` after the ordinary path checked and launched a call with it, where
+    that launch is the plan's: the long-kv kernel in batch order on the caller's contiguous,
+    aligned tensors, T > 0 on both sides, B > 0."""
+    tq, h, d = q.shape
+    b = q_offsets.numel() - 1
+    if key is None or _TILE_OVERRIDE or tq == 0 or k.shape[0] == 0 or b == 0 or max_q_len == 0:
+        return
+    t = gdpa_tiles(max_kv_len, d)
+    if (max_kv_len <= t.block_n or t.schedule != "in_order"
+            or not all(x.is_contiguous() for x in (q, k, v, q_offsets, kv_offsets))
+            or (q.data_ptr() | k.data_ptr() | v.data_ptr() | q_offsets.data_ptr() | kv_offsets.data_ptr()) & 15):
+        return
+    # q stands in for out (same dtype, both aligned): the specialization of the call just made.
+    _, args, consts = _long_fwd(t, q, k, v, q, q_offsets, kv_offsets, max_q_len, activation, scale, divisor,
+                                causal, window)
+    op = _PlanOp(block_m=t.block_m, block_n=t.block_n, scale=1.0 / math.sqrt(d))
+    _attn_plan.keep(_PLANS, key, _attn_plan.make(_fwd_launch(), args, consts, q=q, k=k, v=v, b=b,
+                                                 ints=(h * d, d) * 4, op=op))
 
 
 # --- Triton launchers ------------------------------------------------------------------------
@@ -431,8 +539,6 @@ def gdpa_forward_triton(
     scale: float, divisor: float, causal: bool, window: int | None,
 ) -> torch.Tensor:
     """Launches the Triton forward. Returns `[Tq, H, D]`."""
-    from gem_kernels._triton_gdpa import _gdpa_fwd_kernel
-
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     q_offsets, kv_offsets = q_offsets.contiguous(), kv_offsets.contiguous()  # (read with unit stride)
     check_row_offsets(max_q_len, max_kv_len, q, k, v)
@@ -456,17 +562,37 @@ def gdpa_forward_triton(
             num_warps=t.num_warps, num_stages=t.num_stages,
         )
         return out
-    grid, sched, sc = _schedule(t, q_offsets, kv_offsets, tq, max_q_len, t.block_m, h)
-    _gdpa_fwd_kernel[grid](
-        q, k, v, out, q_offsets, kv_offsets,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1),
-        scale, 1.0 / divisor, window or 0, b, *sched, **sc,
-        D=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n, ACT=activation,
-        TANH=_tanh(t, q.dtype), CAUSAL=causal, HAS_WINDOW=window is not None, PREC=_prec(q.dtype),
-        num_warps=t.num_warps, num_stages=t.num_stages,
-    )
+    grid, args, consts = _long_fwd(t, q, k, v, out, q_offsets, kv_offsets, max_q_len, activation, scale, divisor,
+                                   causal, window)
+    _fwd_launch()(grid, args, consts)
     return out
+
+
+def _long_fwd(
+    t: GdpaTiles, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor, max_q_len: int, activation: str, scale: float, divisor: float, causal: bool,
+    window: int | None,
+) -> tuple[tuple[int, int], tuple[Any, ...], dict[str, Any]]:
+    """(grid, runtime arguments, constexprs and launch options) of the long-kv forward kernel."""
+    tq, h, d = q.shape
+    b = q_offsets.numel() - 1
+    grid, sched, sc = _schedule(t, q_offsets, kv_offsets, tq, max_q_len, t.block_m, h)
+    args = (q, k, v, out, q_offsets, kv_offsets,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1), scale, 1.0 / divisor, window or 0, b, *sched)
+    consts = dict(D=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n, ACT=activation, TANH=_tanh(t, q.dtype), CAUSAL=causal,
+                  HAS_WINDOW=window is not None, PREC=_prec(q.dtype), **sc,
+                  num_warps=t.num_warps, num_stages=t.num_stages)
+    return grid, args, consts
+
+
+@functools.cache
+def _fwd_launch() -> CachedLaunch:
+    """The long-kv forward kernel's cached launch, made at first use (a kernel decorated under
+    Triton's interpreter stays interpreted, and so does its launch)."""
+    from gem_kernels._triton_gdpa import _gdpa_fwd_kernel
+
+    return CachedLaunch(_gdpa_fwd_kernel)
 
 
 def gdpa_backward_triton(

@@ -9,12 +9,16 @@ same attention for k and v packed in one `[Tkv, 2, H, D]` tensor, with its own p
 (`jfa_fwd_kv`, `jfa_bwd_kv`) whose backward returns kv's gradient as one packed tensor.
 """
 
+import dataclasses
 import math
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from gem_kernels import _attn_plan
 from gem_kernels._jagged import check_attention, check_row_offsets, check_triton_device, resolve_backend
 from gem_kernels._jfa_reference import jfa_padded, jfa_reference, run_reference
 
@@ -56,6 +60,12 @@ def jagged_flash_attention(
     Returns:
         `[Tq, H, D]` in q's dtype. Queries that see no key output 0 (and get zero gradient).
     """
+    # An eager call with a signature already checked takes its plan (`gem_kernels._attn_plan`).
+    key, served = (None, None) if torch.compiler.is_compiling() else _planned(
+        q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale, backend)
+    if served is not None:
+        return served
+    given = (q_offsets, kv_offsets)
     backend, scale, q_offsets, kv_offsets = _prepare(
         q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, window, scale, backend
     )
@@ -63,12 +73,17 @@ def jagged_flash_attention(
         return _reference(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, bool(causal), window, scale)
     args = (q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, bool(causal), window, scale)
     if torch.compiler.is_compiling():
-        out, _ = torch.ops.gem_kernels.jfa_fwd(*args)
-        return out  # type: ignore[no-any-return]
+        traced, _ = torch.ops.gem_kernels.jfa_fwd(*args)
+        return traced  # type: ignore[no-any-return]
     # Eager: the same kernels without the custom-op dispatch (tens of µs per call).
+    out: torch.Tensor
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _JfaFunction.apply(*args)  # type: ignore[no-untyped-call,no-any-return]
-    return _run_forward(*args)[0]
+        out = _JfaFunction.apply(*args, None, None)  # type: ignore[no-untyped-call]
+    else:
+        out = _run_forward(*args)[0]
+    # A plan launches the caller's offsets: none where _prepare made contiguous copies of them.
+    _remember(key if given[0] is q_offsets and given[1] is kv_offsets else None, *args)
+    return out
 
 
 def jagged_flash_attention_kv(
@@ -291,8 +306,13 @@ class _JfaFunction(torch.autograd.Function):
         causal: bool,
         window: int | None,
         scale: float,
+        plan: _attn_plan.Plan | None,
+        ptrs: tuple[int, ...] | None,
     ) -> torch.Tensor:
-        out, lse = _run_forward(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
+        if plan is not None and ptrs is not None:  # a planned signature (`_planned`)
+            out, lse = _plan_forward(plan, ptrs, q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, window, scale)
+        else:
+            out, lse = _run_forward(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
         ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
         ctx.meta = (max_q_len, max_kv_len, causal, window, scale)
         return out
@@ -303,7 +323,138 @@ class _JfaFunction(torch.autograd.Function):
 
         q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
         dq, dk, dv = jfa_backward(dout.contiguous(), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.meta)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+# --- the eager fast path: one plan per call signature (gem_kernels._attn_plan) ------------------
+#
+# Kept where the first call with a signature ran our Triton forward (`_triton_jfa.jfa_forward`,
+# heuristic tiles, no split-kv) on the caller's q, k, v (unit stride on D) and contiguous,
+# 16-byte aligned offsets. The signature holds, besides `_attn_plan.signature`'s part: causal,
+# window, scale, backend, the forward tiles and schedule the max lengths select
+# (`_heuristic_config`), the path rules' constants, and Triton's specialization of the two
+# T-dependent stride arguments. Per call the plan re-applies what the signature leaves out:
+# `GEM_JFA_FWD` as it was, no `force_config`, the length rules that send a batch to
+# FlashAttention-4 / FlashAttention-2 (`fwd_uses_flash4`, `fwd_uses_flash`), and
+# `_attn_plan.admits`.
+
+_PLANS: dict[tuple[Any, ...], _attn_plan.Plan] = {}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _PlanOp:
+    env: str  # GEM_JFA_FWD's raw value when the plan was made
+    flash4_rows: int  # FlashAttention-4 takes the batch from this many query rows (sys.maxsize: never)
+    flash2_rows: int  # FlashAttention-2 takes it below this many query and key rows (0: never)
+    block_m: int
+    in_order: bool
+    scale: float  # the default, 1/sqrt(D)
+
+
+def _signature(q: Any, k: Any, v: Any, q_offsets: Any, kv_offsets: Any, max_q_len: Any, max_kv_len: Any,
+               causal: Any, window: Any, scale: Any, backend: Any) -> tuple[Any, ...] | None:
+    from gem_kernels._triton_jfa import _heuristic_config
+
+    try:
+        tq, h, d = q.shape
+        cfg = _heuristic_config(max_q_len, max_kv_len, d, q.dtype)
+        extra = (causal.__class__, causal, window.__class__, window, scale.__class__, scale, backend,
+                 cfg.fwd, cfg.fwd_in_order, FLASH4_FWD_DEFAULT, FLASH4_FWD_MIN_MEAN, FLASH_FWD_DEFAULT,
+                 FLASH_FWD_MAX_MEAN, _attn_plan.int_spec(tq * h), _attn_plan.int_spec(tq * h * d))
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return _attn_plan.signature(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, extra)
+
+
+def _planned(
+    q: Any, k: Any, v: Any, q_offsets: Any, kv_offsets: Any, max_q_len: Any, max_kv_len: Any, causal: Any,
+    window: Any, scale: Any, backend: Any,
+) -> tuple[tuple[Any, ...] | None, torch.Tensor | None]:
+    """(the call's signature, its result where a plan serves it, else None)."""
+    from gem_kernels._triton_jfa import _FORCED
+
+    key = _signature(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale, backend)
+    try:
+        plan = None if key is None else _PLANS.get(key)
+    except TypeError:  # an unhashable argument: the ordinary checks name it
+        return None, None
+    if plan is None or _FORCED or os.environ.get(FWD_ENV, "") != plan.op.env:
+        return key, None
+    tq = q.shape[0]
+    if tq >= plan.op.flash4_rows or (tq if tq > k.shape[0] else k.shape[0]) < plan.op.flash2_rows:
+        return key, None
+    ptrs = _attn_plan.admits(plan, q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len)
+    if ptrs is None:
+        return key, None
+    s = plan.op.scale if scale is None else float(scale)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return key, _JfaFunction.apply(  # type: ignore[no-untyped-call]
+            q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, bool(causal), window, s, plan, ptrs)
+    return key, _plan_forward(plan, ptrs, q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, window, s)[0]
+
+
+def _plan_forward(
+    plan: _attn_plan.Plan, ptrs: tuple[int, ...], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q_len: int, max_kv_len: int, window: int | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_triton_jfa.jfa_forward`'s launch for a planned signature: (out, log2 lse)."""
+    from gem_kernels._triton_jfa import _LOG2E, _NO_SPLIT, in_order_tiles
+
+    tq, h, d = q.shape
+    b, op = plan.b, plan.op
+    out = torch.empty((tq, h, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((tq, h), dtype=torch.float32, device=q.device)
+    bm = op.block_m
+    grid = (in_order_tiles(tq, b, max_q_len, bm), h, 1) if op.in_order else (b * h, -(-max_q_len // bm), 1)
+    qp, kp, vp, qo, ko = ptrs
+    ints = (*plan.ints, tq * h * d, tq * h, _NO_SPLIT)
+    rest = (b, h, scale * _LOG2E, window if window is not None else 0)
+    _attn_plan.run(plan, grid, (qp, kp, vp, out.data_ptr(), lse.data_ptr(), qo, ko, *ints, qo, qo, *rest),
+                   (q, k, v, out, lse, q_offsets, kv_offsets, *ints, q_offsets, q_offsets, *rest))
+    return out, lse
+
+
+def _remember(
+    key: tuple[Any, ...] | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor, max_q_len: int, max_kv_len: int, causal: bool, window: int | None, scale: float,
+) -> None:
+    """Keeps a plan for `key` after the ordinary path checked and launched a call with it, where
+    that launch is the plan's (see above)."""
+    from gem_kernels import _flash2, _flash4
+    from gem_kernels._triton_jfa import (_FORCED, _LOG2E, _NO_SPLIT, _dot_prec, _fwd_launch, _heuristic_config,
+                                         _q_order, _schedule_args, _upcast)
+
+    tq, h, d = q.shape
+    b = q_offsets.numel() - 1
+    env = os.environ.get(FWD_ENV, "")
+    if (key is None or _FORCED or env not in ("", "pointer") or min(tq, k.shape[0], b, h, max_q_len, max_kv_len) == 0
+            or fwd_uses_flash4(q, k, q_offsets, window) or fwd_uses_flash(q, k, q_offsets, window)
+            or any(x.stride(2) != 1 for x in (q, k, v)) or not (q_offsets.is_contiguous() and kv_offsets.is_contiguous())
+            or (q.data_ptr() | k.data_ptr() | v.data_ptr() | q_offsets.data_ptr() | kv_offsets.data_ptr()) & 15):
+        return
+    cfg = _heuristic_config(max_q_len, max_kv_len, d, q.dtype)
+    if cfg.kv_split or cfg.tile_list is not False:
+        return
+    t = cfg.fwd
+    auto = env == ""
+    flash4 = auto and FLASH4_FWD_DEFAULT and _flash4.unavailable_reason(q, window, k=k) is None
+    flash2 = auto and FLASH_FWD_DEFAULT and _flash2.unavailable_reason(q, window, backward=False, k=k) is None
+    (_, _), sched = _schedule_args(q_offsets, kv_offsets, tq, max_q_len, t.block_m, h, False,
+                                   _q_order(cfg, cfg.fwd_in_order))
+    ints = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), h * d, d)
+    # The call just made, as `jfa_forward` launched it (q stands in for out, k for lse: the
+    # dtypes differ from lse's, which Triton specializes on, so lse is made for the key).
+    lse = torch.empty((1, tq, h), dtype=torch.float32, device=q.device)
+    args = (q, k, v, q, lse, q_offsets, kv_offsets, *ints, tq * h * d, tq * h, _NO_SPLIT, q_offsets, q_offsets,
+            b, h, scale * _LOG2E, window if window is not None else 0)
+    consts = dict(CAUSAL=causal, HAS_WINDOW=window is not None, D=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+                  DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q), TILE_LIST=sched["TILE_LIST"], LOG2B=sched["LOG2B"],
+                  IN_ORDER=sched["IN_ORDER"], num_warps=t.num_warps, num_stages=t.num_stages)
+    op = _PlanOp(env=env, flash4_rows=FLASH4_FWD_MIN_MEAN * b if flash4 else sys.maxsize,
+                 flash2_rows=FLASH_FWD_MAX_MEAN * b if flash2 else 0, block_m=t.block_m,
+                 in_order=bool(sched["IN_ORDER"]), scale=1.0 / math.sqrt(d))
+    _attn_plan.keep(_PLANS, key, _attn_plan.make(_fwd_launch(), args, consts, q=q, k=k, v=v, b=b, ints=ints, op=op))
 
 
 class _JfaKvFunction(torch.autograd.Function):

@@ -964,7 +964,7 @@ def _schedule_args(
     b = offsets.numel() - 1
     list_tiles = cdiv(rows, block) + b
     if in_order:
-        grid = (min(list_tiles, b * cdiv(max_len, block)), h)
+        grid = (in_order_tiles(rows, b, max_len, block), h)
         log2b = max(4, (b - 1).bit_length())
         return grid, dict(CUM=offsets, ORDER=offsets, B=b, TILE_LIST=False, LOG2B=log2b, IN_ORDER=int(in_order))
     grid_tiles = b * cdiv(max_len, block)
@@ -977,6 +977,13 @@ def _schedule_args(
                                          IN_ORDER=0)
     return (b * h, cdiv(max_len, block)), dict(CUM=offsets, ORDER=offsets, B=b, TILE_LIST=False, LOG2B=1,
                                                       IN_ORDER=0)
+
+
+def in_order_tiles(rows: int, b: int, max_len: int, block: int) -> int:
+    """Programs per head of a batch-order schedule (`_schedule_args`' `in_order`): every real
+    `block`-row tile of `b` samples and `rows` rows, bounded both ways (host ints)."""
+    by_rows, by_len = -(-rows // block) + b, b * -(-max_len // block)
+    return by_rows if by_rows < by_len else by_len
 
 
 @functools.cache

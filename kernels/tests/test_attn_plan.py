@@ -1,0 +1,291 @@
+"""The eager fast path of JFA and GDPA (one plan per call signature, gem_kernels._attn_plan).
+
+A plan must change host time and nothing else: the second call with a signature skips the
+checks and still matches the plain-PyTorch reference on fresh data (forward and gradients);
+any change of signature, switch or path rule takes the ordinary path again; bad values still
+raise the ordinary errors. CPU: Triton's interpreter (TRITON_INTERPRET=1, set by Bazel) at
+tiny sizes. GPU (skipped without CUDA): issue 15's shape, through the plan's direct launch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from gem_kernels import _gdpa, _jfa, generalized_dot_product_attention, jagged_flash_attention
+
+CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+needs_triton = pytest.mark.skipif(
+    not (CUDA or INTERPRET), reason="Triton needs CUDA or TRITON_INTERPRET=1 (set by Bazel)"
+)
+DEVICE = "cuda" if CUDA else "cpu"
+TOL = {torch.float32: (2e-4, 1e-3), torch.bfloat16: (3e-2, 3e-2), torch.float16: (5e-3, 5e-3)}
+GRAD_TOL = {torch.float32: (5e-4, 1e-3), torch.bfloat16: (6e-2, 6e-2), torch.float16: (1e-2, 1e-2)}
+
+
+def jfa(q: Any, k: Any, v: Any, off: Any, mq: Any, mk: Any, backend: str = "triton", **kw: Any) -> torch.Tensor:
+    return jagged_flash_attention(q, k, v, off, off, mq, mk, backend=backend, **kw)
+
+
+def gdpa(q: Any, k: Any, v: Any, off: Any, mq: Any, mk: Any, backend: str = "triton", **kw: Any) -> torch.Tensor:
+    kw.setdefault("activation", "silu")
+    return generalized_dot_product_attention(q, k, v, off, off, mq, mk, backend=backend, **kw)
+
+
+OPS = {"jfa": (jfa, _jfa), "gdpa": (gdpa, _gdpa)}
+
+
+class _Ordinary:
+    """Counts the Triton calls of one op that take the ordinary (checking) path: the ones that
+    call check_triton_device from the op's module (the reference path does not); and gives the
+    op a fresh plan table."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, module: Any) -> None:
+        from gem_kernels._jagged import check_triton_device as real
+
+        self.calls = 0
+
+        def counted(device: torch.device) -> None:
+            self.calls += 1
+            real(device)
+
+        monkeypatch.setattr(module, "check_triton_device", counted)
+        monkeypatch.setattr(module, "_PLANS", {})
+        self.plans = module._PLANS
+
+
+def _offsets(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64, device=DEVICE)
+
+
+def _fresh(lengths: list[int], *, h: int = 2, d: int = 32, dtype: torch.dtype = torch.float32, seed: int = 0,
+           grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    q, k, v = (torch.randn(sum(lengths), h, d, generator=g, device=DEVICE).to(dtype).requires_grad_(grad)
+               for _ in range(3))
+    return q, k, v
+
+
+def _check(fn: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, off: torch.Tensor,
+           mx: int, **kw: Any) -> torch.Tensor:
+    """Runs the Triton path, compares with the reference (outputs, and gradients where q wants
+    one); returns the Triton output."""
+    out = fn(q, k, v, off, mx, mx, **kw)
+    q32, k32, v32 = (x.detach().float().requires_grad_(x.requires_grad) for x in (q, k, v))
+    ref = fn(q32, k32, v32, off, mx, mx, backend="reference", **kw)
+    atol, rtol = TOL[q.dtype]
+    torch.testing.assert_close(out.float(), ref, atol=atol, rtol=rtol)
+    if q.requires_grad:
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        atol, rtol = GRAD_TOL[q.dtype]
+        for got, want in zip(grads, torch.autograd.grad(ref, (q32, k32, v32), dout.float())):
+            torch.testing.assert_close(got.float(), want, atol=atol, rtol=rtol)
+    else:
+        assert out.grad_fn is None
+    return out
+
+
+@needs_triton
+@pytest.mark.parametrize("op", list(OPS))
+def test_plan_serves_repeat_calls_on_fresh_data(monkeypatch: pytest.MonkeyPatch, op: str) -> None:
+    # The first call checks and keeps a plan; later calls with the same signature (other T
+    # and max lengths, same B) skip the checks and still match the reference, with and
+    # without gradients. (T·H is never a multiple of 16 here: JFA's signature holds Triton's
+    # specialization of T-dependent strides, so such a T would be a plan of its own.)
+    fn, module = OPS[op]
+    ordinary = _Ordinary(monkeypatch, module)
+    batches = ([20, 33, 5], [40, 3, 17], [9, 50, 22], [17, 17, 34])
+    for seed, lengths in enumerate(batches):
+        for grad in (False, True):
+            q, k, v = _fresh(lengths, seed=seed, grad=grad)
+            _check(fn, q, k, v, _offsets(lengths), max(lengths), causal=True)
+    assert ordinary.calls == 1 and len(ordinary.plans) == 1
+
+
+@needs_triton
+@pytest.mark.parametrize("op", list(OPS))
+def test_plan_not_served_for_another_signature(monkeypatch: pytest.MonkeyPatch, op: str) -> None:
+    # Every change the signature holds runs the checks again (and is right); a misaligned view
+    # never gets a plan; nor does a q that is not unit-stride on D, nor offsets that are a
+    # strided view.
+    fn, module = OPS[op]
+    ordinary = _Ordinary(monkeypatch, module)
+    lengths = [20, 33, 5]
+    off, n = _offsets(lengths), sum(lengths)
+    base = torch.randn(3 * n * 64 + 4, device=DEVICE)
+    q_, k_, v_ = (base[1 + i * n * 64:][: n * 64].view(n, 2, 32) for i in range(3))
+    misaligned = (q_, k_, v_)
+    assert misaligned[0].data_ptr() % 16
+    qkv = torch.randn(n, 3, 2, 32, device=DEVICE)  # q, k, v: strided views of one fused projection
+    q_, k_, v_ = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in _fresh(lengths, seed=5))
+    transposed = (q_, k_, v_)
+    wide = torch.zeros(2 * len(off), dtype=torch.int64, device=DEVICE)
+    wide[::2] = off
+    cases: list[tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor, dict[str, Any], bool]] = [
+        (_fresh(lengths), off, {}, True),
+        (_fresh(lengths, dtype=torch.bfloat16), off, {}, True),
+        (_fresh(lengths, h=3), off, {}, True),
+        (_fresh(lengths), off, {"causal": True}, True),
+        (_fresh(lengths), off, {"window": 4}, True),
+        (_fresh(lengths), off, {"scale": 0.3}, True),
+        # JFA's kernel reads strided q/k/v; GDPA's launcher makes them contiguous (no plan)
+        ((qkv[:, 0], qkv[:, 1], qkv[:, 2]), off, {}, op == "jfa"),
+        (misaligned, off, {}, False),
+        (misaligned, off, {}, False),
+        (_fresh(lengths), wide[::2], {}, False),
+        (_fresh(lengths), wide[::2], {}, False),
+    ]
+    if op == "gdpa":
+        cases += [((qkv[:, 0], qkv[:, 1], qkv[:, 2]), off, {}, False),  # again: still not planned
+                  (_fresh(lengths), off, {"activation": "gelu"}, True),
+                  (_fresh(lengths), off, {"divisor": 3.0}, True)]
+    else:
+        cases += [(transposed, off, {}, False), (transposed, off, {}, False)]
+    for i, ((q, k, v), o, kw, planned) in enumerate(cases):
+        before = len(ordinary.plans)
+        _check(fn, q, k, v, o, max(lengths), **kw)
+        assert ordinary.calls == i + 1, f"case {i} was served from another signature's plan"
+        assert len(ordinary.plans) == before + planned, f"case {i}"
+    # Each planned case is served on fresh data now.
+    for i, ((q, k, v), o, kw, planned) in enumerate(cases):
+        if planned:
+            _check(fn, torch.randn_like(q), torch.randn_like(k), torch.randn_like(v), o, max(lengths), **kw)
+    assert ordinary.calls == len(cases)
+
+
+@needs_triton
+def test_jfa_plan_follows_the_switches_and_length_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GEM_JFA_FWD, force_config and the mean-length rule that hands short batches to
+    # FlashAttention-2 are read per call: a plan made under one setting serves no call under
+    # another. FlashAttention-2 stands in here as a recording stand-in (it needs CUDA).
+    from gem_kernels import _flash2
+    from gem_kernels._triton_jfa import JfaConfig, JfaTiles, force_config
+
+    ordinary = _Ordinary(monkeypatch, _jfa)
+    lengths = [20, 33, 5]
+    off, mx = _offsets(lengths), 33
+    _check(jfa, *_fresh(lengths), off, mx)
+    assert ordinary.calls == 1 and len(ordinary.plans) == 1
+    monkeypatch.setenv("GEM_JFA_FWD", "pointer")  # the same kernel, another setting: checked again
+    _check(jfa, *_fresh(lengths, seed=1), off, mx)
+    _check(jfa, *_fresh(lengths, seed=2), off, mx)
+    assert ordinary.calls == 2 and len(ordinary.plans) == 1  # replaced: one per signature
+    tiles = JfaTiles(block_m=16, block_n=16, num_warps=4, num_stages=1)
+    with force_config(JfaConfig(fwd=tiles, dkdv=tiles, dq=tiles)):
+        _check(jfa, *_fresh(lengths, seed=3), off, mx)
+    assert ordinary.calls == 3
+    monkeypatch.delenv("GEM_JFA_FWD")
+    _check(jfa, *_fresh(lengths, seed=4), off, mx)
+    assert ordinary.calls == 4
+
+    # The length rule: FlashAttention-2 takes batches whose mean length is below
+    # FLASH_FWD_MAX_MEAN where it can run. A plan made on a long batch must not serve a short one.
+    ran: list[int] = []
+
+    def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo: torch.Tensor, ko: torch.Tensor,
+                      mq: int, mk: int, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        ran.append(q.shape[0])
+        out = jfa(q, k, v, qo, mq, mk, backend="reference", causal=causal, scale=scale)
+        return out, torch.zeros(q.shape[:2], device=q.device)
+
+    monkeypatch.setattr(_jfa, "FLASH_FWD_MAX_MEAN", 16)
+    monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **k: None)
+    monkeypatch.setattr(_flash2, "flash_forward", flash_forward)
+    long_, short = [20, 33, 5], [10, 20, 5]  # mean 19.3 (ours) and 11.7 (FlashAttention-2), B = 3
+    _check(jfa, *_fresh(long_, seed=5), _offsets(long_), 33)
+    _check(jfa, *_fresh(long_, seed=6), _offsets(long_), 33)
+    assert ordinary.calls == 5 and not ran
+    _check(jfa, *_fresh(short, seed=7), _offsets(short), 20)
+    assert ordinary.calls == 6 and ran == [35]
+
+
+@needs_triton
+def test_gdpa_plan_only_for_long_kv(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The plan holds the long-kv kernel: a batch of the same signature whose keys fit one tile
+    # takes the ordinary path (the short-kv kernel), as does a call under force_tiles.
+    ordinary = _Ordinary(monkeypatch, _gdpa)
+    block_n = _gdpa.gdpa_tiles(10_000, 32).block_n
+    long_, short = [block_n + 3, 5, 9], [block_n, 5, 9]
+    _check(gdpa, *_fresh(long_), _offsets(long_), max(long_))
+    _check(gdpa, *_fresh(long_, seed=1), _offsets(long_), max(long_))
+    assert ordinary.calls == 1 and len(ordinary.plans) == 1
+    _check(gdpa, *_fresh(short, seed=2), _offsets(short), max(short))
+    assert ordinary.calls == 2
+    with _gdpa.force_tiles(fwd=_gdpa.GdpaTiles(block_m=16, block_n=16, num_warps=4, num_stages=1)):
+        _check(gdpa, *_fresh(long_, seed=3), _offsets(long_), max(long_))
+    assert ordinary.calls == 3
+
+
+@needs_triton
+@pytest.mark.parametrize("op", list(OPS))
+def test_plan_keeps_the_errors(monkeypatch: pytest.MonkeyPatch, op: str) -> None:
+    # With a plan for the signature, bad values still raise the ordinary path's errors: the
+    # offsets' contents (read where the ordinary path reads them: CPU tensors), T of k and v,
+    # the max lengths' values and types, and the interpreter's environment on CPU tensors.
+    fn, module = OPS[op]
+    _Ordinary(monkeypatch, module)
+    lengths = [20, 33, 5]
+    q, k, v = _fresh(lengths)
+    off = _offsets(lengths)
+    fn(q, k, v, off, 33, 33)
+    fn(q, k, v, off, 33, 33)
+    if not CUDA:
+        with pytest.raises(ValueError, match="max_q_len=30 is smaller than the longest"):
+            fn(q, k, v, off, 30, 33)
+        bad = off.clone()
+        bad[2] = bad[1] - 1
+        with pytest.raises(ValueError, match="q_offsets must be non-decreasing"):
+            fn(q, k, v, bad, 33, 33)
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):
+            fn(q, k, v, off, 33, 33)
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match="must be equal"):
+        fn(q, k, v[1:], off, 33, 33)
+    with pytest.raises(ValueError, match="max_q_len=-1 must be >= 0"):
+        fn(q, k, v, off, -1, 33)
+    with pytest.raises(TypeError, match="max_kv_len=True must be a host int"):
+        fn(q, k, v, off, 33, True)
+    with pytest.raises(ValueError, match=r"max_q_len=\d+ rows x row stride 64 must be < 2\*\*31"):
+        fn(q, k, v, off, 2**26, 33)
+
+
+@pytest.mark.skipif(not CUDA, reason="the plan's direct launch runs only on CUDA")
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_plan_direct_launch_matches_reference(monkeypatch: pytest.MonkeyPatch, op: str, causal: bool) -> None:
+    # Issue 15's shape (H=4, D=128, bf16, lengths up to thousands): later calls go through the
+    # plan's DirectLaunch, batches with other T too, with and without gradients; with a launch
+    # hook set, the plan hands the launch to Triton's own path, which calls the hook.
+    import triton
+
+    fn, module = OPS[op]
+    ordinary = _Ordinary(monkeypatch, module)
+    g = torch.Generator().manual_seed(15)
+    lengths = torch.randint(600, 3000, (24,), generator=g).tolist()
+    for seed in range(4):
+        if seed == 2:
+            lengths = lengths[::-1][:23] + [700]
+        q, k, v = _fresh(lengths, h=4, d=128, dtype=torch.bfloat16, seed=seed, grad=seed == 3)
+        off, mx = _offsets(lengths), max(lengths)
+        _check(fn, q, k, v, off, mx, causal=causal)
+    assert ordinary.calls == 1
+    (plan,) = ordinary.plans.values()
+    assert plan.direct is not None
+    seen: list[object] = []
+    hooks = triton.knobs.runtime.launch_enter_hook
+    if not hasattr(hooks, "add"):
+        pytest.skip("a Triton without HookChain")
+    hooks.add(seen.append)
+    try:
+        q, k, v = _fresh(lengths, h=4, d=128, dtype=torch.bfloat16, seed=9)
+        _check(fn, q, k, v, off, mx, causal=causal)
+    finally:
+        hooks.remove(seen.append)
+    assert seen and ordinary.calls == 1
