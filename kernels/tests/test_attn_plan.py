@@ -24,6 +24,9 @@ needs_triton = pytest.mark.skipif(
     not (CUDA or INTERPRET), reason="Triton needs CUDA or TRITON_INTERPRET=1 (set by Bazel)"
 )
 DEVICE = "cuda" if CUDA else "cpu"
+# On the GPU the lengths are 5x: GDPA's plan holds its long-kv kernel, which takes over from the
+# short-kv one past one kv tile (128 keys at D = 32 there, 16 under the interpreter).
+SCALE = 5 if CUDA else 1
 TOL = {torch.float32: (2e-4, 1e-3), torch.bfloat16: (3e-2, 3e-2), torch.float16: (5e-3, 5e-3)}
 GRAD_TOL = {torch.float32: (5e-4, 1e-3), torch.bfloat16: (6e-2, 6e-2), torch.float16: (1e-2, 1e-2)}
 
@@ -57,6 +60,16 @@ class _Ordinary:
         monkeypatch.setattr(module, "check_triton_device", counted)
         monkeypatch.setattr(module, "_PLANS", {})
         self.plans = module._PLANS
+
+
+def _lengths(*lengths: int) -> list[int]:
+    return [n * SCALE for n in lengths]
+
+
+def _ours_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No FlashAttention forward for short batches (its length rules have a test of their own)."""
+    monkeypatch.setattr(_jfa, "FLASH_FWD_DEFAULT", False)
+    monkeypatch.setattr(_jfa, "FLASH4_FWD_DEFAULT", False)
 
 
 def _offsets(lengths: list[int]) -> torch.Tensor:
@@ -99,8 +112,9 @@ def test_plan_serves_repeat_calls_on_fresh_data(monkeypatch: pytest.MonkeyPatch,
     # without gradients. (T·H is never a multiple of 16 here: JFA's signature holds Triton's
     # specialization of T-dependent strides, so such a T would be a plan of its own.)
     fn, module = OPS[op]
+    _ours_only(monkeypatch)
     ordinary = _Ordinary(monkeypatch, module)
-    batches = ([20, 33, 5], [40, 3, 17], [9, 50, 22], [17, 17, 34])
+    batches = (_lengths(20, 33, 5), _lengths(40, 3, 17), _lengths(9, 50, 22), _lengths(17, 17, 34))
     for seed, lengths in enumerate(batches):
         for grad in (False, True):
             q, k, v = _fresh(lengths, seed=seed, grad=grad)
@@ -115,8 +129,9 @@ def test_plan_not_served_for_another_signature(monkeypatch: pytest.MonkeyPatch, 
     # never gets a plan; nor does a q that is not unit-stride on D, nor offsets that are a
     # strided view.
     fn, module = OPS[op]
+    _ours_only(monkeypatch)
     ordinary = _Ordinary(monkeypatch, module)
-    lengths = [20, 33, 5]
+    lengths = _lengths(20, 33, 5)
     off, n = _offsets(lengths), sum(lengths)
     base = torch.randn(3 * n * 64 + 4, device=DEVICE)
     q_, k_, v_ = (base[1 + i * n * 64:][: n * 64].view(n, 2, 32) for i in range(3))
@@ -229,12 +244,14 @@ def test_plan_keeps_the_errors(monkeypatch: pytest.MonkeyPatch, op: str) -> None
     # offsets' contents (read where the ordinary path reads them: CPU tensors), T of k and v,
     # the max lengths' values and types, and the interpreter's environment on CPU tensors.
     fn, module = OPS[op]
-    _Ordinary(monkeypatch, module)
+    _ours_only(monkeypatch)
+    ordinary = _Ordinary(monkeypatch, module)
     lengths = [20, 33, 5]
     q, k, v = _fresh(lengths)
     off = _offsets(lengths)
     fn(q, k, v, off, 33, 33)
     fn(q, k, v, off, 33, 33)
+    assert len(ordinary.plans) == (not CUDA or op == "jfa")  # (GDPA's short kv on the GPU: no plan)
     if not CUDA:
         with pytest.raises(ValueError, match="max_q_len=30 is smaller than the longest"):
             fn(q, k, v, off, 30, 33)
