@@ -10,13 +10,20 @@
 #   background compiles), the compiled step's steady profile over complete folders (owed since
 #   session 50), a cProfile of a warm start (where the ~5.5 s to the first step go), and a
 #   last warm 300-step run for the MFU figure.
+# PART=3 (after the GPU-sized test_attn_plan): the plan tests again, then the eager A/B rounds 3
+#   and 4 (round 3's new tree with --profile: the forward+backward rows' host time by function).
+# PART=4: the warm start as a user's machine has it, with Python's bytecode caches: cold 100
+#   steps; "pyc_w" (PYTHONDONTWRITEBYTECODE unset, PYTHONPYCACHEPREFIX=/tmp/pyc: writes them,
+#   finishes the background compiles); then "pyc_r" (reads them) and "box" (the lent box's
+#   setting: no bytecode) alternating, 100 steps each.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
   for f in "$OUT"/a_*.log; do [ -f "$f" ] && { printf '%s ' "$(basename "$f" .log)"; last_summary "$f" steps loss step_s_median mfu_steady time_to_first_step_s startup_s compiled_from_step recompiles_per_100_steps | cut -c1-700; }; done
-  for f in eager_new_1 eager_old_1 eager_new_2 eager_old_2; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; sed -n '/^case /,/^{/p' "$OUT/$f.log" | grep -v '^{'; }; done
+  for f in eager_new_1 eager_old_1 eager_new_2 eager_old_2 eager_new_3 eager_old_3 eager_new_4 eager_old_4; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; sed -n '/^case /,/^{/p' "$OUT/$f.log" | grep -v '^{'; }; done
   [ -f "$OUT/kt.log" ] && { echo "=== kt"; grep -E "FAILED|ERROR|passed|failed" "$OUT/kt.log" | tail -8; }
+  [ -f "$OUT/eager_new_3.log" ] && grep -A20 "^=== cProfile" "$OUT/eager_new_3.log" | grep -v "^$\|Ordered by\|List reduced\|function calls" | cut -c1-150
   [ -f "$OUT/table.log" ] && { echo "=== table"; grep -v '^{' "$OUT/table.log" | tail -n 30 | cut -c1-220; }
   [ -f "$OUT/prof.log" ] && { echo "=== prof"; grep -v '^{' "$OUT/prof.log" | grep -v "^W\|^gem: note" | tail -n 40 | cut -c1-170; }
   [ -f "$OUT/ttfs_prof.txt" ] && { echo "=== warm start cProfile (cumulative)"; head -45 "$OUT/ttfs_prof.txt" | cut -c1-160; }; }
@@ -35,5 +42,18 @@ case ${PART:-1} in
    st prof 110 python3 tools/profile_trainer.py --preset h200 --steps 18 --skip 12 --compile --rows 60
    st ttfs 60 python3 -c "import cProfile,pstats,sys; sys.argv=['ttfs','--preset','h200','--steps','1']; cProfile.run(open('tools/ttfs.py').read(),'$OUT/ttfs.prof'); pstats.Stats('$OUT/ttfs.prof', stream=open('$OUT/ttfs_prof.txt','w')).sort_stats('cumulative').print_stats(60)"
    [ "$(gpu_left)" -gt 80 ] && st a_warm2 "$(gpu_left)" python3 $H200_TR --steps 300;;
+3) EG="python3 -m gem_kernels.bench.eager --iters 30"
+   st kt 120 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_attn_plan.py
+   st eager_new_3 90 bash -c "cd kernels && $EG --profile"
+   st eager_old_3 70 env PYTHONPATH=$PWD/.ab/old/kernels:$PYTHONPATH bash -c "cd .ab/old/kernels && $EG"
+   st eager_new_4 70 bash -c "cd kernels && $EG"
+   st eager_old_4 70 env PYTHONPATH=$PWD/.ab/old/kernels:$PYTHONPATH bash -c "cd .ab/old/kernels && $EG";;
+4) PYC="env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/pyc"
+   st a_cold 170 python3 $H200_TR --steps 100
+   st a_pyc_w 170 $PYC python3 $H200_TR --steps 300
+   for r in 1 2; do
+     [ "$(gpu_left)" -gt 60 ] && st a_pyc_r$r 60 $PYC python3 $H200_TR --steps 100
+     [ "$(gpu_left)" -gt 60 ] && st a_box$r 60 python3 $H200_TR --steps 100
+   done;;
 esac
 gpu_end

@@ -13,9 +13,9 @@ log-normal lengths, H=4, D=128, bf16):
 - `host us`: CPU time per call with no sync (a loop of `--calls` calls), so how long Python
   needs to issue one call's kernels.
 
-`eager - graph` is what the host costs the table's figure. `--profile` adds a cProfile of the
-public forward calls (top functions by own time). The compact table is printed last, then one
-JSON line.
+`eager - graph` is what the host costs the table's figure. `--profile` adds a cProfile of a
+forward and a forward+backward row of each op (`PROFILED`; top functions by own time). The
+compact table is printed last, then one JSON line.
 """
 
 from __future__ import annotations
@@ -57,6 +57,10 @@ def cases(lengths: list[int], device: str) -> list[tuple[str, Callable[[], objec
     return out
 
 
+# The rows `--profile` profiles: one forward and one forward+backward of each op.
+PROFILED = ("JFA fwd full", "JFA fwd+bwd causal", "GDPA SiLU causal fwd", "GDPA SiLU causal fwd+bwd")
+
+
 def profile(fn: Callable[[], object], calls: int, top: int = 14) -> str:
     for _ in range(3):
         fn()
@@ -76,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--iters", type=int, default=15, help="timed calls per eager / graph figure (median)")
     p.add_argument("--calls", type=int, default=200, help="calls per host-time figure")
-    p.add_argument("--profile", action="store_true", help="also cProfile the public forward calls")
+    p.add_argument("--profile", action="store_true", help="also cProfile the rows in PROFILED (a forward and a forward+backward of each op)")
     p.add_argument("--small", action="store_true", help="8 short sequences (the default without a GPU)")
     p.add_argument("--out", default=os.environ.get("OUT"), help="directory for eager.json (default $OUT)")
     args = p.parse_args(argv)
@@ -94,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
                      "eager_tflops": tflops(flops, eager) if flops else None,
                      "graph_tflops": tflops(flops, graph) if flops and graph else None})
         print(rows[-1], flush=True)
-        if args.profile and name in ("JFA fwd full", "GDPA SiLU causal fwd"):
+        if args.profile and name in PROFILED:
             profiles[name] = profile(fn, args.calls)
     for name, text in profiles.items():
         print(f"=== cProfile, {name}, {args.calls} calls")
