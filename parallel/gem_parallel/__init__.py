@@ -20,7 +20,7 @@ from gem_parallel._dense import BF16_MIXED, apply_hsdp
 from gem_parallel._dims import Meshes, ParallelDims
 from gem_parallel._parallelize import Parallelized, compile_blocks, parallelize
 
-__version__ = "0.3.16"
+__version__ = "0.3.17"
 __all__ = [
     "__version__",
     "parallelize",

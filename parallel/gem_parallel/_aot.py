@@ -38,6 +38,8 @@ them process-wide, so a thread cannot set them for itself alone; torch 2.13 per 
 job runs in a copy of the caller's context) and restored when the last one is done; so is
 the GIL's switch interval, lowered to `SWITCH_INTERVAL_S` (every torch op releases the GIL,
 and at Python's 5 ms each eager op waited up to 5 ms to take it back from the compile).
+`hold()` keeps jobs queued from then on from starting until `release()` (or `wait()`): the
+trainer holds them through its first step, which is host-bound and would share the GIL.
 
 Files live under `directory/<torch version>-<python>-<device>[-<tag>]/`, one per variant,
 written atomically. The compiled call is a block's `forward` alone, so a block with module hooks is
@@ -236,6 +238,7 @@ class AotBlocks:
         self._queue: list[_Job] = []
         self._lock = threading.Lock()  # guards _queue and _worker
         self._worker: threading.Thread | None = None  # while jobs are queued or running
+        self._holding = False  # hold(): queued jobs wait for release()
         self._held: list[tuple[Any, str, Any]] | None = None  # the flags' values before the jobs set them
         self._interval = 0.0  # the GIL's switch interval before the jobs set it (with _held)
 
@@ -328,9 +331,25 @@ class AotBlocks:
             self._harvest()
         return sorted(self._jobs)
 
+    def hold(self) -> None:
+        """Background jobs queued from now on wait to start until `release()`: the calls still
+        run their blocks eagerly meanwhile. For a caller whose first step should not share
+        the GIL with a load or a compile (the trainer holds them until its first step is done:
+        loading a file is Python work, ~1.4 s a file on an H100, and the first eager step is
+        host-bound)."""
+        with self._lock:
+            self._holding = True
+
+    def release(self) -> None:
+        """Starts the jobs queued while held (no-op when not held)."""
+        with self._lock:
+            self._holding = False
+            self._start_worker()
+
     def wait(self, timeout: float | None = None) -> bool:
         """Waits for the background compiles (at most `timeout` seconds) and takes their
-        variants; True when none is left."""
+        variants; True when none is left. Releases held jobs first."""
+        self.release()
         deadline = None if timeout is None else time.monotonic() + timeout
         for job in list(self._jobs.values()):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -357,9 +376,14 @@ class AotBlocks:
         _STORES.add(self)
         with self._lock:
             self._queue.append(job)
-            if self._worker is None:  # (a worker ends once the queue is empty)
-                self._worker = threading.Thread(target=self._work, name="gem-aot-compile", daemon=True)
-                self._worker.start()
+            self._start_worker()
+
+    def _start_worker(self) -> None:
+        """Starts a worker for the queued jobs unless one runs or they are held (with `_lock`
+        held; a worker ends once the queue is empty)."""
+        if self._worker is None and self._queue and not self._holding:
+            self._worker = threading.Thread(target=self._work, name="gem-aot-compile", daemon=True)
+            self._worker.start()
 
     def _at_exit(self) -> None:
         """At interpreter exit: drops the queued jobs (saying so) and waits for the one running. A daemon

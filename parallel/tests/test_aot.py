@@ -931,3 +931,46 @@ def test_a_fallen_back_kind_runs_eagerly_while_another_kind_compiles(
     assert plain_calls == ["Fails", "Slow"]  # no job left: through the fallback
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_held_jobs_start_only_when_released(src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # hold(): the calls queue their kind's job and run eagerly (the eager model's bits), but no
+    # worker starts until release(); wait() releases too (a wait on held jobs would never end).
+    # The compile is a stand-in that records its start and fails (the kind then falls back to
+    # torch.compile, which no later call here reaches): the test pays no compile.
+    import gem_parallel._aot as aot_mod
+
+    mod = _module(src, "2.0")
+    started: list[str] = []
+
+    def stand_in(backend: str, block: nn.Module, *args: Any) -> Any:
+        started.append(threading.current_thread().name)
+        raise RuntimeError("stand-in compile")
+
+    monkeypatch.setattr(aot_mod, "_aot_compile_forward", stand_in)
+    for how in ("release", "wait"):
+        seed = int(torch.randint(0, 1 << 30, ()).item())
+        torch.manual_seed(seed)
+        eager, net = mod.Net(), mod.Net()
+        net.load_state_dict(eager.state_dict())
+        done = parallelize(net, compile=True, compile_aot=str(tmp_path / how), compile_background=True)
+        aot = done.aot
+        assert aot is not None
+        aot.hold()
+        for a, b in zip(_run(net, (6,), seed), _run(eager, (6,), seed)):
+            assert torch.equal(a, b)
+        time.sleep(0.2)  # (time for a worker to start, were one started)
+        assert aot.pending_compiles() == ["gem_aot_test_blocks.Block"] and aot.stats.eager_calls == 3
+        assert not started and not any(t.name == "gem-aot-compile" for t in threading.enumerate())
+        with pytest.warns(RuntimeWarning, match="stand-in compile"):
+            if how == "release":
+                aot.release()
+                deadline = time.monotonic() + 60
+                while not started and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert started == ["gem-aot-compile"]
+                assert aot.wait(timeout=60)
+            else:
+                assert aot.wait(timeout=60)
+        assert started == ["gem-aot-compile"] and aot.stats.fallbacks == 1 and not aot.pending_compiles()
+        started.clear()

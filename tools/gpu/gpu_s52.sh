@@ -16,11 +16,16 @@
 #   steps; "pyc_w" (PYTHONDONTWRITEBYTECODE unset, PYTHONPYCACHEPREFIX=/tmp/pyc: writes them,
 #   finishes the background compiles); then "pyc_r" (reads them) and "box" (the lent box's
 #   setting: no bytecode) alternating, 100 steps each.
+# PART=5 (gem-trainer 0.2.29; PART=3 and 4 found no machine): the plan tests again; cold 100
+#   steps, then 300 (finishes the background compiles); then the warm start with the
+#   background jobs held until the first step is booked ("hold", the new default) against
+#   jobs started at the blocks' first calls ("nohold": --no-compile-background-after-first-step),
+#   alternating, 60 steps each; round 3's eager A/B with --profile while time is left.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
-  for f in "$OUT"/a_*.log; do [ -f "$f" ] && { printf '%s ' "$(basename "$f" .log)"; last_summary "$f" steps loss step_s_median mfu_steady time_to_first_step_s startup_s compiled_from_step recompiles_per_100_steps | cut -c1-700; }; done
+  for f in "$OUT"/a_*.log; do [ -f "$f" ] && { printf '%s ' "$(basename "$f" .log)"; last_summary "$f" steps loss step_s_median mfu mfu_steady time_to_first_step_s startup_s compiled_from_step compute_s recompiles_per_100_steps | cut -c1-800; }; done
   for f in eager_new_1 eager_old_1 eager_new_2 eager_old_2 eager_new_3 eager_old_3 eager_new_4 eager_old_4; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; sed -n '/^case /,/^{/p' "$OUT/$f.log" | grep -v '^{'; }; done
   [ -f "$OUT/kt.log" ] && { echo "=== kt"; grep -E "FAILED|ERROR|passed|failed" "$OUT/kt.log" | tail -8; }
   [ -f "$OUT/eager_new_3.log" ] && grep -A20 "^=== cProfile" "$OUT/eager_new_3.log" | grep -v "^$\|Ordered by\|List reduced\|function calls" | cut -c1-150
@@ -55,5 +60,13 @@ case ${PART:-1} in
      [ "$(gpu_left)" -gt 60 ] && st a_pyc_r$r 60 $PYC python3 $H200_TR --steps 100
      [ "$(gpu_left)" -gt 60 ] && st a_box$r 60 python3 $H200_TR --steps 100
    done;;
+5) st kt 120 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_attn_plan.py
+   st a_cold 170 python3 $H200_TR --steps 100
+   st a_fill 170 python3 $H200_TR --steps 300
+   for r in 1 2 3; do
+     [ "$(gpu_left)" -gt 100 ] && st a_hold$r 50 python3 $H200_TR --steps 60
+     [ "$(gpu_left)" -gt 50 ] && st a_nohold$r 50 python3 $H200_TR --steps 60 --no-compile-background-after-first-step
+   done
+   [ "$(gpu_left)" -gt 50 ] && st eager_new_3 "$(gpu_left)" bash -c "cd kernels && python3 -m gem_kernels.bench.eager --iters 30 --profile";;
 esac
 gpu_end

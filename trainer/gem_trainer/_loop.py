@@ -531,6 +531,8 @@ def _build(cfg: TrainConfig, deterministic: bool | None) -> _Run:
     marks.append(("build", time.perf_counter()))
     done, opt = _parallelize(model, cfg, world, device)
     model, aot = done.model, done.aot
+    if aot is not None and aot.background and cfg.compile_background_after_first_step:
+        aot.hold()  # released when the first step is booked (_Booking.settle)
     marks.append(("parallelize", time.perf_counter()))
     ccache: dict[str, Any] = {}
     if cfg.compile_cache:  # before the first step compiles anything
@@ -646,6 +648,8 @@ class _Booking:
         if timers.first_step is None:
             timers.first_step = t_end - run.t_start
             self.startup = _startup_phases(run.t_start, run.marks, p, t_end)
+            if run.aot is not None and run.aot.background:
+                run.aot.release()  # the background loads and compiles held for the first step
         timers.model_flops += 3.0 * p.flops
         timers.step_s.append(t_end - p.t0)
         timers.opt_host_s.append(p.t3 - p.t2)

@@ -74,6 +74,11 @@ class TrainConfig:
             depends on how fast the thread goes, so two such runs are not bit for bit the
             same; off under --deterministic and without a compile_aot folder ("" or "auto"
             resolved off: the blocks then load or compile before the first step).
+        compile_background_after_first_step: with compile_background, the background loads
+            and compiles start once the first step is done (queued meanwhile): loading a
+            file is Python work that shares the GIL with the first eager step, which is
+            host-bound (the first launch of every kernel). False: they start at the blocks'
+            first calls.
         triton_precompile: a manifest of Triton kernel specializations
             (`gem_kernels.precompile.record_compiles`) that worker processes compile into Triton's disk
             cache while the run starts, so the first steps load those kernels instead of
@@ -142,6 +147,7 @@ class TrainConfig:
     compile_cache: str = ""
     compile_aot: str = ""
     compile_background: bool = False
+    compile_background_after_first_step: bool = True
     triton_precompile: str = "auto"
     progress: bool = True
     gc_freeze: bool = False
