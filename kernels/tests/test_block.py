@@ -13,6 +13,7 @@ import torch
 
 from gem_kernels import block_attention
 from gem_kernels._block import apply_rope_reference, rope_tables
+from _launch_hook import under_launch_hook
 from _respecialize import check_respecializes
 from _strided import every_other
 
@@ -402,8 +403,6 @@ def test_gpu_plan_direct_launch_matches_reference(monkeypatch: pytest.MonkeyPatc
     # Real size (issue 15's shape: H=4, D=128, bf16, lengths up to thousands): the second call
     # goes through the plan's DirectLaunch, a batch with other T too; with a launch hook set,
     # the plan hands the launch to Triton's own path, which calls the hook.
-    import triton
-
     ordinary = _Ordinary(monkeypatch)
     g = torch.Generator().manual_seed(15)
     lengths = torch.randint(64, 3000, (24,), generator=g).tolist()
@@ -417,14 +416,6 @@ def test_gpu_plan_direct_launch_matches_reference(monkeypatch: pytest.MonkeyPatc
     assert ordinary.calls == 1
     (plan,) = ordinary.plans.values()
     assert plan.direct is not None
-    seen: list[object] = []
-    hooks = triton.knobs.runtime.launch_enter_hook
-    if not hasattr(hooks, "add"):
-        pytest.skip("a Triton without HookChain")
-    hooks.add(seen.append)
-    try:
-        out = block_attention(q, k, v, off, mx, block_size=64)
-    finally:
-        hooks.remove(seen.append)
+    out, seen = under_launch_hook(lambda: block_attention(q, k, v, off, mx, block_size=64))
     assert seen and ordinary.calls == 1
     torch.testing.assert_close(out.float(), _ref(q, k, v, off, mx, block_size=64), atol=2e-2, rtol=2e-2)
