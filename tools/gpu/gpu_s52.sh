@@ -63,7 +63,7 @@ case ${PART:-1} in
 5) st kt 120 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_attn_plan.py
    st a_cold 170 python3 $H200_TR --steps 100
    st a_fill 170 python3 $H200_TR --steps 300
-   for r in 1 2 3; do
+   for r in ${ROUNDS:-1 2 3}; do
      [ "$(gpu_left)" -gt 100 ] && st a_hold$r 50 python3 $H200_TR --steps 60
      [ "$(gpu_left)" -gt 50 ] && st a_nohold$r 50 python3 $H200_TR --steps 60 --no-compile-background-after-first-step
    done
