@@ -429,17 +429,24 @@ def _remember(
     b = q_offsets.numel() - 1
     env = os.environ.get(FWD_ENV, "")
     if (key is None or _FORCED or env not in ("", "pointer") or min(tq, k.shape[0], b, h, max_q_len, max_kv_len) == 0
-            or fwd_uses_flash4(q, k, q_offsets, window) or fwd_uses_flash(q, k, q_offsets, window)
             or any(x.stride(2) != 1 for x in (q, k, v)) or not (q_offsets.is_contiguous() and kv_offsets.is_contiguous())
             or (q.data_ptr() | k.data_ptr() | v.data_ptr() | q_offsets.data_ptr() | kv_offsets.data_ptr()) & 15):
         return
     cfg = _heuristic_config(max_q_len, max_kv_len, d, q.dtype)
     if cfg.kv_split or cfg.tile_list is not False:
         return
-    t = cfg.fwd
+    # The length rules of `fwd_uses_flash4` / `fwd_uses_flash` as this signature meets them
+    # (GEM_JFA_FWD unset or "pointer", no force_config): where FlashAttention can run, the
+    # rows from (FlashAttention-4) or below (FlashAttention-2) which it takes the batch. This
+    # call went there: no plan (our binary was not launched).
     auto = env == ""
     flash4 = auto and FLASH4_FWD_DEFAULT and _flash4.unavailable_reason(q, window, k=k) is None
     flash2 = auto and FLASH_FWD_DEFAULT and _flash2.unavailable_reason(q, window, backward=False, k=k) is None
+    flash4_rows = FLASH4_FWD_MIN_MEAN * b if flash4 else sys.maxsize
+    flash2_rows = FLASH_FWD_MAX_MEAN * b if flash2 else 0
+    if tq >= flash4_rows or max(tq, k.shape[0]) < flash2_rows:
+        return
+    t = cfg.fwd
     (_, _), sched = _schedule_args(q_offsets, kv_offsets, tq, max_q_len, t.block_m, h, False,
                                    _q_order(cfg, cfg.fwd_in_order))
     ints = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), h * d, d)
@@ -451,8 +458,7 @@ def _remember(
     consts = dict(CAUSAL=causal, HAS_WINDOW=window is not None, D=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                   DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q), TILE_LIST=sched["TILE_LIST"], LOG2B=sched["LOG2B"],
                   IN_ORDER=sched["IN_ORDER"], num_warps=t.num_warps, num_stages=t.num_stages)
-    op = _PlanOp(env=env, flash4_rows=FLASH4_FWD_MIN_MEAN * b if flash4 else sys.maxsize,
-                 flash2_rows=FLASH_FWD_MAX_MEAN * b if flash2 else 0, block_m=t.block_m,
+    op = _PlanOp(env=env, flash4_rows=flash4_rows, flash2_rows=flash2_rows, block_m=t.block_m,
                  in_order=bool(sched["IN_ORDER"]), scale=1.0 / math.sqrt(d))
     _attn_plan.keep(_PLANS, key, _attn_plan.make(_fwd_launch(), args, consts, q=q, k=k, v=v, b=b, ints=ints, op=op))
 

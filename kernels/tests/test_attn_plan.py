@@ -297,3 +297,36 @@ def test_gpu_plan_direct_launch_matches_reference(monkeypatch: pytest.MonkeyPatc
     q, k, v = _fresh(lengths, h=4, d=128, dtype=torch.bfloat16, seed=9)
     _, seen = under_launch_hook(lambda: _check(fn, q, k, v, off, mx, causal=causal))
     assert seen and ordinary.calls == 1
+
+
+@needs_triton
+def test_jfa_plan_follows_the_flash4_length_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where FlashAttention-4 can run, it takes batches whose mean query length reaches
+    # FLASH4_FWD_MIN_MEAN: a plan made on a shorter batch must not serve such a one. A
+    # recording stand-in plays FlashAttention-4 (it needs the optional package and a Hopper GPU).
+    from gem_kernels import _flash4
+
+    ran: list[int] = []
+
+    def flash4_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo: torch.Tensor, ko: torch.Tensor,
+                       mq: int, mk: int, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        ran.append(q.shape[0])
+        out = jfa(q, k, v, qo, mq, mk, backend="reference", causal=causal, scale=scale)
+        return out, torch.zeros(q.shape[:2], device=q.device)
+
+    monkeypatch.setattr(_jfa, "FLASH_FWD_DEFAULT", False)
+    monkeypatch.setattr(_jfa, "FLASH4_FWD_DEFAULT", True)
+    monkeypatch.setattr(_jfa, "FLASH4_FWD_MIN_MEAN", 16)
+    monkeypatch.setattr(_flash4, "unavailable_reason", lambda *a, **k: None)
+    monkeypatch.setattr(_flash4, "flash4_forward", flash4_forward)
+    ordinary = _Ordinary(monkeypatch, _jfa)
+    # One signature (the same max length, so the same tiles): mean 11.7 (ours) and 19.3
+    # (FlashAttention-4), B = 3.
+    short, long_ = [10, 20, 5], [20, 33, 5]
+    _check(jfa, *_fresh(short), _offsets(short), 33)
+    _check(jfa, *_fresh(short, seed=1), _offsets(short), 33)
+    assert ordinary.calls == 1 and len(ordinary.plans) == 1 and not ran
+    _check(jfa, *_fresh(long_, seed=2), _offsets(long_), 33)
+    assert ordinary.calls == 2 and ran == [58]
+    _check(jfa, *_fresh(long_, seed=3), _offsets(long_), 33)  # no plan made from a FlashAttention-4 call
+    assert ordinary.calls == 3 and ran == [58, 58] and len(ordinary.plans) == 1
