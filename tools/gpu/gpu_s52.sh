@@ -10,6 +10,7 @@
 #   background compiles), the compiled step's steady profile over complete folders (owed since
 #   session 50), a cProfile of a warm start (where the ~5.5 s to the first step go), and a
 #   last warm 300-step run for the MFU figure.
+# (PART=3 and PART=4 never ran: no machine came for them; PART=5 took what time was left.)
 # PART=3 (after the GPU-sized test_attn_plan): the plan tests again, then the eager A/B rounds 3
 #   and 4 (round 3's new tree with --profile: the forward+backward rows' host time by function).
 # PART=4: the warm start as a user's machine has it, with Python's bytecode caches: cold 100
