@@ -70,6 +70,16 @@ class Plan:
     op: Any  # what the op itself keeps (the rules it re-applies per call)
 
 
+def aligned_pointers(*tensors: torch.Tensor) -> tuple[int, ...] | None:
+    """The tensors' data pointers where every one is 16-byte aligned (part of Triton's
+    specialization), else None."""
+    ptrs = tuple(t.data_ptr() for t in tensors)
+    acc = 0
+    for p in ptrs:
+        acc |= p
+    return None if acc & 15 else ptrs
+
+
 def admits(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
            kv_offsets: torch.Tensor, max_q_len: int, max_kv_len: int) -> tuple[int, ...] | None:
     """For a call whose signature matched `plan`: (q, k, v, q_offsets, kv_offsets data pointers)
@@ -82,8 +92,8 @@ def admits(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offs
     if not (tq > 0 and tk > 0 and v.shape[0] == tk and 0 < max_q_len and 0 < max_kv_len
             and max_q_len * plan.q_row < _I31 and max_kv_len * plan.kv_row < _I31):
         return None
-    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), q_offsets.data_ptr(), kv_offsets.data_ptr())
-    if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
+    ptrs = aligned_pointers(q, k, v, q_offsets, kv_offsets)
+    if ptrs is None:
         return None
     if plan.recheck or debug_checks():
         check_offsets(q_offsets, "q_offsets", total=tq, max_len=max_q_len, max_len_name="max_q_len")

@@ -481,7 +481,7 @@ def _remember(
     t = gdpa_tiles(max_kv_len, d)
     if (max_kv_len <= t.block_n or t.schedule != "in_order"
             or not all(x.is_contiguous() for x in (q, k, v, q_offsets, kv_offsets))
-            or (q.data_ptr() | k.data_ptr() | v.data_ptr() | q_offsets.data_ptr() | kv_offsets.data_ptr()) & 15):
+            or _attn_plan.aligned_pointers(q, k, v, q_offsets, kv_offsets) is None):
         return
     # q stands in for out (same dtype, both aligned): the specialization of the call just made.
     _, args, consts = _long_fwd(t, q, k, v, q, q_offsets, kv_offsets, max_q_len, activation, scale, divisor,

@@ -234,11 +234,21 @@ def fwd_uses_flash4(q: torch.Tensor, k: torch.Tensor, q_offsets: torch.Tensor, w
     from gem_kernels._triton_jfa import _FORCED, env_choice
 
     value = env_choice(FWD_ENV, _FWD_CHOICES)
-    if _FORCED or (value != "flash4" and not (value is None and FLASH4_FWD_DEFAULT)):
+    if _FORCED or (value != "flash4" and value is not None):
         return False
-    if value is None and q.shape[0] < FLASH4_FWD_MIN_MEAN * max(q_offsets.numel() - 1, 1):
-        return False
+    if value is None:
+        return q.shape[0] >= _flash4_rows(q, k, q_offsets, window)
     return unavailable_reason(q, window, k=k) is None
+
+
+def _flash4_rows(q: torch.Tensor, k: torch.Tensor, q_offsets: torch.Tensor, window: int | None) -> int:
+    """With `GEM_JFA_FWD` unset, the query rows from which FlashAttention-4 takes the forward
+    (FLASH4_FWD_MIN_MEAN per sequence); sys.maxsize where it is off or cannot run."""
+    from gem_kernels._flash4 import unavailable_reason
+
+    if not FLASH4_FWD_DEFAULT or unavailable_reason(q, window, k=k) is not None:
+        return sys.maxsize
+    return FLASH4_FWD_MIN_MEAN * max(q_offsets.numel() - 1, 1)
 
 
 def fwd_uses_flash(q: torch.Tensor, k: torch.Tensor, q_offsets: torch.Tensor, window: int | None) -> bool:
@@ -249,13 +259,22 @@ def fwd_uses_flash(q: torch.Tensor, k: torch.Tensor, q_offsets: torch.Tensor, wi
     from gem_kernels._triton_jfa import _FORCED, env_choice
 
     value = env_choice(FWD_ENV, _FWD_CHOICES)
-    if _FORCED or value in ("pointer", "tma", "flash4") or (value is None and not FLASH_FWD_DEFAULT):
+    if _FORCED or value in ("pointer", "tma", "flash4"):
         return False
     if value is None:
-        b = max(q_offsets.numel() - 1, 1)
-        if max(q.shape[0], k.shape[0]) >= FLASH_FWD_MAX_MEAN * b:
-            return False
+        return max(q.shape[0], k.shape[0]) < _flash2_rows(q, k, q_offsets, window)
     return _flash2.unavailable_reason(q, window, backward=False, k=k) is None
+
+
+def _flash2_rows(q: torch.Tensor, k: torch.Tensor, q_offsets: torch.Tensor, window: int | None) -> int:
+    """With `GEM_JFA_FWD` unset, the rows (the longer of the query and key sides) below which
+    FlashAttention-2 takes the forward (FLASH_FWD_MAX_MEAN per sequence); 0 where it is off
+    or cannot run."""
+    from gem_kernels import _flash2
+
+    if not FLASH_FWD_DEFAULT or _flash2.unavailable_reason(q, window, backward=False, k=k) is not None:
+        return 0
+    return FLASH_FWD_MAX_MEAN * max(q_offsets.numel() - 1, 1)
 
 
 def _forward_impl() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
@@ -421,45 +440,33 @@ def _remember(
 ) -> None:
     """Keeps a plan for `key` after the ordinary path checked and launched a call with it, where
     that launch is the plan's (see above)."""
-    from gem_kernels import _flash2, _flash4
-    from gem_kernels._triton_jfa import (_FORCED, _LOG2E, _NO_SPLIT, _dot_prec, _fwd_launch, _heuristic_config,
-                                         _q_order, _schedule_args, _upcast)
+    from gem_kernels._triton_jfa import _FORCED, _fwd_launch, _heuristic_config, fwd_launch_args
 
     tq, h, d = q.shape
     b = q_offsets.numel() - 1
     env = os.environ.get(FWD_ENV, "")
     if (key is None or _FORCED or env not in ("", "pointer") or min(tq, k.shape[0], b, h, max_q_len, max_kv_len) == 0
             or any(x.stride(2) != 1 for x in (q, k, v)) or not (q_offsets.is_contiguous() and kv_offsets.is_contiguous())
-            or (q.data_ptr() | k.data_ptr() | v.data_ptr() | q_offsets.data_ptr() | kv_offsets.data_ptr()) & 15):
+            or _attn_plan.aligned_pointers(q, k, v, q_offsets, kv_offsets) is None):
         return
     cfg = _heuristic_config(max_q_len, max_kv_len, d, q.dtype)
     if cfg.kv_split or cfg.tile_list is not False:
         return
-    # The length rules of `fwd_uses_flash4` / `fwd_uses_flash` as this signature meets them
-    # (GEM_JFA_FWD unset or "pointer", no force_config): where FlashAttention can run, the
-    # rows from (FlashAttention-4) or below (FlashAttention-2) which it takes the batch. This
-    # call went there: no plan (our binary was not launched).
-    auto = env == ""
-    flash4 = auto and FLASH4_FWD_DEFAULT and _flash4.unavailable_reason(q, window, k=k) is None
-    flash2 = auto and FLASH_FWD_DEFAULT and _flash2.unavailable_reason(q, window, backward=False, k=k) is None
-    flash4_rows = FLASH4_FWD_MIN_MEAN * b if flash4 else sys.maxsize
-    flash2_rows = FLASH_FWD_MAX_MEAN * b if flash2 else 0
+    # The length rules as this signature meets them (GEM_JFA_FWD unset; "pointer": never).
+    # This call went to FlashAttention: no plan (our binary was not launched).
+    flash4_rows = _flash4_rows(q, k, q_offsets, window) if env == "" else sys.maxsize
+    flash2_rows = _flash2_rows(q, k, q_offsets, window) if env == "" else 0
     if tq >= flash4_rows or max(tq, k.shape[0]) < flash2_rows:
         return
-    t = cfg.fwd
-    (_, _), sched = _schedule_args(q_offsets, kv_offsets, tq, max_q_len, t.block_m, h, False,
-                                   _q_order(cfg, cfg.fwd_in_order))
-    ints = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), h * d, d)
-    # The call just made, as `jfa_forward` launched it (q stands in for out, k for lse: the
-    # dtypes differ from lse's, which Triton specializes on, so lse is made for the key).
+    # The call just made, as `jfa_forward` launched it: one split, out `[1, Tq, H, D]`
+    # contiguous. q stands in for out (same dtype, both aligned); lse is made for the key
+    # (Triton specializes on its fp32 dtype; a few bytes per row, once per signature).
     lse = torch.empty((1, tq, h), dtype=torch.float32, device=q.device)
-    args = (q, k, v, q, lse, q_offsets, kv_offsets, *ints, tq * h * d, tq * h, _NO_SPLIT, q_offsets, q_offsets,
-            b, h, scale * _LOG2E, window if window is not None else 0)
-    consts = dict(CAUSAL=causal, HAS_WINDOW=window is not None, D=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-                  DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q), TILE_LIST=sched["TILE_LIST"], LOG2B=sched["LOG2B"],
-                  IN_ORDER=sched["IN_ORDER"], num_warps=t.num_warps, num_stages=t.num_stages)
-    op = _PlanOp(env=env, flash4_rows=flash4_rows, flash2_rows=flash2_rows, block_m=t.block_m,
-                 in_order=bool(sched["IN_ORDER"]), scale=1.0 / math.sqrt(d))
+    _, args, consts = fwd_launch_args(cfg, q, k, v, q, lse, (h * d, d, tq * h * d, tq * h), 1, q_offsets, kv_offsets,
+                                      max_q_len, causal, window, scale)
+    op = _PlanOp(env=env, flash4_rows=flash4_rows, flash2_rows=flash2_rows, block_m=cfg.fwd.block_m,
+                 in_order=bool(consts["IN_ORDER"]), scale=1.0 / math.sqrt(d))
+    ints = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), h * d, d)
     _attn_plan.keep(_PLANS, key, _attn_plan.make(_fwd_launch(), args, consts, q=q, k=k, v=v, b=b, ints=ints, op=op))
 
 

@@ -38,6 +38,7 @@ import functools
 import math
 import os
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 import triton
@@ -982,7 +983,7 @@ def _schedule_args(
 def in_order_tiles(rows: int, b: int, max_len: int, block: int) -> int:
     """Programs per head of a batch-order schedule (`_schedule_args`' `in_order`): every real
     `block`-row tile of `b` samples and `rows` rows, bounded both ways (host ints)."""
-    by_rows, by_len = -(-rows // block) + b, b * -(-max_len // block)
+    by_rows, by_len = cdiv(rows, block) + b, b * cdiv(max_len, block)
     return by_rows if by_rows < by_len else by_len
 
 
@@ -1027,25 +1028,41 @@ def jfa_forward(
     else:
         out_ws = torch.empty_like(q).unsqueeze(0)
         lse_ws = torch.empty((1, tq, h), dtype=torch.float32, device=q.device)
-    (g0, g1), sched = _schedule_args(q_offsets, kv_offsets, tq, max_q_len, t.block_m, h, cfg.tile_list,
-                                     _q_order(cfg, cfg.fwd_in_order))
     # Through `_fwd_launch` (gem_kernels._launch.CachedLaunch): Triton's binder once per
     # specialization, then the compiled kernel's runner (host time: the table's eager figures).
-    _fwd_launch()(
-        (g0, g1, splits),
-        (q, k, v, out_ws, lse_ws, q_offsets, kv_offsets,
-         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-         out_ws.stride(1), out_ws.stride(2), out_ws.stride(0), lse_ws.stride(0),
-         cfg.kv_split if splits > 1 else _NO_SPLIT, sched["CUM"], sched["ORDER"], sched["B"],
-         h, scale * _LOG2E, window if window is not None else 0),
-        dict(CAUSAL=causal, HAS_WINDOW=window is not None, D=d,
-             BLOCK_M=t.block_m, BLOCK_N=t.block_n, DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q),
-             TILE_LIST=sched["TILE_LIST"], LOG2B=sched["LOG2B"], IN_ORDER=sched["IN_ORDER"],
-             num_warps=t.num_warps, num_stages=t.num_stages),
-    )
+    ws_strides = (out_ws.stride(1), out_ws.stride(2), out_ws.stride(0), lse_ws.stride(0))
+    (g0, g1), args, consts = fwd_launch_args(cfg, q, k, v, out_ws, lse_ws, ws_strides, splits, q_offsets, kv_offsets,
+                                             max_q_len, causal, window, scale)
+    _fwd_launch()((g0, g1, splits), args, consts)
     if splits == 1:
         return out_ws[0], lse_ws[0]
     return _combine_splits(out_ws, lse_ws, q.dtype)
+
+
+def fwd_launch_args(
+    cfg: JfaConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_ws: torch.Tensor, lse_ws: torch.Tensor,
+    ws_strides: tuple[int, int, int, int], splits: int, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
+    max_q_len: int, causal: bool, window: int | None, scale: float,
+) -> tuple[tuple[int, int], tuple[Any, ...], dict[str, Any]]:
+    """(grid axes 0 and 1, runtime arguments, constexprs and launch options) of the forward
+    kernel writing the workspaces `out_ws` `[S, Tq, H, D]` and `lse_ws` `[S, Tq, H]` (S =
+    `splits` kv splits, the grid's axis 2), whose strides are `ws_strides` (out's row, head and
+    split strides, lse's split stride). Shared by `jfa_forward` and the JFA eager plan
+    (`_jfa._remember`, which passes stand-ins for the workspaces with their strides), so the
+    plan keeps the binary this launch selects."""
+    tq, h, d = q.shape
+    t = cfg.fwd
+    grid, sched = _schedule_args(q_offsets, kv_offsets, tq, max_q_len, t.block_m, h, cfg.tile_list,
+                                 _q_order(cfg, cfg.fwd_in_order))
+    args = (q, k, v, out_ws, lse_ws, q_offsets, kv_offsets,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            *ws_strides, cfg.kv_split if splits > 1 else _NO_SPLIT, sched["CUM"], sched["ORDER"], sched["B"],
+            h, scale * _LOG2E, window if window is not None else 0)
+    consts = dict(CAUSAL=causal, HAS_WINDOW=window is not None, D=d,
+                  BLOCK_M=t.block_m, BLOCK_N=t.block_n, DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q),
+                  TILE_LIST=sched["TILE_LIST"], LOG2B=sched["LOG2B"], IN_ORDER=sched["IN_ORDER"],
+                  num_warps=t.num_warps, num_stages=t.num_stages)
+    return grid, args, consts
 
 
 def _combine_splits(
