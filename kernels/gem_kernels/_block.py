@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from gem_kernels._jagged import check_jagged, check_offsets, check_triton_device, debug_checks, resolve_backend
+from gem_kernels._attn_plan import aligned_pointers
 from gem_kernels._launch import CachedLaunch, DirectLaunch, cdiv
 
 _BACKENDS = ("auto", "triton", "reference")
@@ -301,10 +302,8 @@ def _remember(
     t, h, d = q.shape
     b = offsets.shape[0] - 1
     tables = () if cos is None or sin is None else (cos, sin)
-    ptr = 0
-    for x in (q, k, v, offsets, *tables):
-        ptr |= x.data_ptr()
-    if (key is None or t == 0 or b == 0 or ptr & 15 or not offsets.is_contiguous()
+    if (key is None or t == 0 or b == 0 or aligned_pointers(q, k, v, offsets, *tables) is None
+            or not offsets.is_contiguous()
             or any(x.stride() != (h * d, d, 1) for x in (q, k, v))
             or any(x.stride() != (d // 2, 1) for x in tables)):
         return
