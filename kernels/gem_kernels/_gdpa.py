@@ -387,15 +387,22 @@ class _GdpaFunction(torch.autograd.Function):
         q, k, v, q_offsets, kv_offsets, *meta = args
         ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
         ctx.meta = tuple(meta)
-        if plan is not None and ptrs is not None:
-            return _plan_forward(plan, ptrs, *args)
+        planned = plan is not None and ptrs is not None
+        ctx.plan = plan if planned else None
+        if planned:
+            return _plan_forward(plan, ptrs, *args)  # type: ignore[arg-type]
         return gdpa_forward_triton(*args)
 
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, q_offsets, kv_offsets = ctx.saved_tensors
-        dq, dk, dv = gdpa_backward_triton(dout, q, k, v, q_offsets, kv_offsets, *ctx.meta)
-        return (None, None, dq, dk, dv) + (None,) * 9
+        plan = ctx.plan
+        got = None if plan is None else _plan_backward(plan, dout, q, k, v, q_offsets, kv_offsets, *ctx.meta)
+        if got is None:
+            got = gdpa_backward_triton(dout, q, k, v, q_offsets, kv_offsets, *ctx.meta)
+            if plan is not None:
+                _remember_backward(plan, dout, q, k, v, q_offsets, kv_offsets, *ctx.meta)
+        return (None, None, *got) + (None,) * 9
 
 
 # --- the eager fast path: one plan per call signature (gem_kernels._attn_plan) ------------------
@@ -404,8 +411,26 @@ class _GdpaFunction(torch.autograd.Function):
 # schedule, where the first call passed q, k, v and the offsets contiguous and 16-byte aligned
 # (the kernel then reads the caller's tensors). Per call the plan re-applies what its signature
 # leaves out: `max_kv_len` still past one tile, no `force_tiles`, and `_attn_plan.admits`.
+#
+# The backward of a planned call has a plan of its own (`_BwdPlan`), kept in the forward's by
+# the first such backward that ran the two-kernel (dQ, then dK/dV) backward in batch order: the
+# binaries it launched, their stride arguments and tiles. Per call it re-applies what the
+# forward's signature leaves out: no `force_tiles`, the two-pass rule (`_one_pass`: torch's
+# deterministic switch, GEM_GDPA_BWD), `max_kv_len` past the short-kv bound, and dO in q's
+# dtype, shape and (contiguous) strides, 16-byte aligned. Anything else takes
+# `gdpa_backward_triton`.
 
 _PLANS: dict[tuple[Any, ...], _attn_plan.Plan] = {}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _BwdPlan:
+    dq: _attn_plan.Plan  # the dQ kernel's kept binary; its `ints` are the kernel's stride arguments
+    dkdv: _attn_plan.Plan  # the dK/dV kernel's
+    dq_block_m: int
+    dkdv_block_n: int
+    short_kv: int  # max_kv_len at or below this takes the short-kv kernel instead
+    t_kv: GdpaTiles  # the dK/dV tiles (for `_one_pass`)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -413,6 +438,8 @@ class _PlanOp:
     block_m: int
     block_n: int  # the plan serves max_kv_len > block_n (the long-kv kernel)
     scale: float  # the default, 1/sqrt(D)
+    # The backward's plan, once kept (`_remember_backward`): a one-slot list, this record being frozen.
+    bwd: list[_BwdPlan] = dataclasses.field(default_factory=list, compare=False)
 
 
 def _signature(q: Any, k: Any, v: Any, q_offsets: Any, kv_offsets: Any, max_q_len: Any, max_kv_len: Any,
@@ -489,6 +516,73 @@ def _remember(
     op = _PlanOp(block_m=t.block_m, block_n=t.block_n, scale=1.0 / math.sqrt(d))
     _attn_plan.keep(_PLANS, key, _attn_plan.make(_fwd_launch(), args, consts, q=q, k=k, v=v, b=b,
                                                  ints=(h * d, d) * 4, op=op))
+
+
+def _plan_backward(
+    plan: _attn_plan.Plan, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q_len: int, max_kv_len: int, activation: str,
+    scale: float, divisor: float, causal: bool, window: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """`gdpa_backward_triton`'s two-kernel launch for the backward of a planned call, or None
+    where its plan cannot serve it (see above). q, k, v and the offsets are the forward's (the
+    plan admitted them: contiguous, aligned, within the 32-bit row bounds)."""
+    held = plan.op.bwd
+    if not held or _TILE_OVERRIDE:
+        return None
+    bp = held[0]
+    if max_kv_len <= bp.short_kv or _one_pass(bp.t_kv, False):
+        return None
+    dout = dout.contiguous()
+    if dout.dtype != q.dtype or dout.shape != q.shape or dout.data_ptr() & 15:
+        return None
+    from gem_kernels._triton_jfa import in_order_tiles
+
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    b, h = plan.b, plan.heads
+    qp, kp, vp, dp, dqp = q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr(), dq.data_ptr()
+    qo, ko = q_offsets.data_ptr(), kv_offsets.data_ptr()
+    rest = (scale, 1.0 / divisor, window or 0, b, h)
+    _attn_plan.run(bp.dq, (in_order_tiles(q.shape[0], b, max_q_len, bp.dq_block_m), h, 1),
+                   (qp, kp, vp, dp, dqp, qo, ko, *bp.dq.ints, *rest, qo, qo),
+                   (q, k, v, dout, dq, q_offsets, kv_offsets, *bp.dq.ints, *rest, q_offsets, q_offsets))
+    _attn_plan.run(bp.dkdv, (in_order_tiles(k.shape[0], b, max_kv_len, bp.dkdv_block_n), h, 1),
+                   (qp, kp, vp, dp, dk.data_ptr(), dv.data_ptr(), dqp, qo, ko, *bp.dkdv.ints, *rest, ko, ko),
+                   (q, k, v, dout, dk, dv, dq, q_offsets, kv_offsets, *bp.dkdv.ints, *rest, kv_offsets, kv_offsets))
+    return dq, dk, dv
+
+
+def _remember_backward(
+    plan: _attn_plan.Plan, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q_len: int, max_kv_len: int, activation: str,
+    scale: float, divisor: float, causal: bool, window: int | None,
+) -> None:
+    """Keeps the backward's plan in the forward's `plan` after `gdpa_backward_triton` ran the
+    backward of a planned call, where what it launched is the plan's (see above)."""
+    if plan.op.bwd or _TILE_OVERRIDE:
+        return
+    d = q.shape[2]
+    t, t_kv = gdpa_tiles(max_kv_len, d, kind="dq"), gdpa_tiles(max_kv_len, d, kind="dkdv")
+    if max_kv_len <= t.block_n or _one_pass(t_kv, False) or t.schedule != "in_order" or t_kv.schedule != "in_order":
+        return
+    dout = dout.contiguous()
+    if dout.dtype != q.dtype or dout.shape != q.shape or _attn_plan.aligned_pointers(dout) is None:
+        return
+    b = plan.b
+    common = dict(D=d, ACT=activation, CAUSAL=causal, HAS_WINDOW=window is not None, PREC=_prec(q.dtype))
+    # The launches just made, as `gdpa_backward_triton` made them: q stands in for dq, k for dk
+    # and dv (same dtypes and strides, all aligned), so the keys are those calls' specializations.
+    dq_launch, dkdv_launch = _bwd_launches()
+    _, args, consts = _dq_args(t, q, k, v, dout, q, q_offsets, kv_offsets, max_q_len, scale, divisor, window, b,
+                               common)
+    dq_plan = _attn_plan.make(dq_launch, args, consts, q=q, k=k, v=v, b=b, ints=args[7:17], op=None)
+    _, args, consts = _dkdv_args(t_kv, q, k, v, dout, k, v, q, q_offsets, kv_offsets, max_kv_len, scale, divisor,
+                                 window, b, common, False)
+    dkdv_plan = _attn_plan.make(dkdv_launch, args, consts, q=q, k=k, v=v, b=b, ints=args[9:23], op=None)
+    if dq_plan is not None and dkdv_plan is not None:
+        plan.op.bwd.append(_BwdPlan(dq=dq_plan, dkdv=dkdv_plan, dq_block_m=t.block_m, dkdv_block_n=t_kv.block_n,
+                                    short_kv=t.block_n, t_kv=t_kv))
 
 
 # --- Triton launchers ------------------------------------------------------------------------
@@ -604,8 +698,6 @@ def gdpa_backward_triton(
     adding dQ into an fp32 workspace with atomics (one-pass, `GdpaTiles.one_pass`), then a
     cast; or for short kv one kernel for all three (`_triton_gdpa._gdpa_bwd_short_kernel`).
     Returns (dq, dk, dv)."""
-    from gem_kernels._triton_gdpa import _gdpa_bwd_dq_kernel
-
     q, k, v, dout = q.contiguous(), k.contiguous(), v.contiguous(), dout.contiguous()
     q_offsets, kv_offsets = q_offsets.contiguous(), kv_offsets.contiguous()
     check_row_offsets(max_q_len, max_kv_len, q, k, v)
@@ -642,17 +734,56 @@ def gdpa_backward_triton(
                        common, dq_atomic=True)
         return dqa.to(q.dtype), dk, dv
     dq = torch.empty_like(q)
-    grid_q, sched, sc = _schedule(t, q_offsets, kv_offsets, tq, max_q_len, t.block_m, h)
-    _gdpa_bwd_dq_kernel[grid_q](
-        q, k, v, dout, dq, q_offsets, kv_offsets,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
-        scale, 1.0 / divisor, window or 0, b, *sched, **sc, TANH=_tanh(t, q.dtype), **common,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
-    )
+    dq_launch, dkdv_launch = _bwd_launches()
+    dq_launch(*_dq_args(t, q, k, v, dout, dq, q_offsets, kv_offsets, max_q_len, scale, divisor, window, b, common))
     dk, dv = _dkdv(t_kv, q, k, v, dout, dq, q_offsets, kv_offsets, max_kv_len, scale, divisor, window, b, common,
                    dq_atomic=False)
     return dq, dk, dv
+
+
+@functools.cache
+def _bwd_launches() -> tuple[CachedLaunch, CachedLaunch]:
+    """The long-kv dQ and dK/dV kernels' cached launches, made at first use (see `_fwd_launch`)."""
+    from gem_kernels._triton_gdpa import _gdpa_bwd_dkdv_kernel, _gdpa_bwd_dq_kernel
+
+    return CachedLaunch(_gdpa_bwd_dq_kernel), CachedLaunch(_gdpa_bwd_dkdv_kernel)
+
+
+_Launch = tuple[tuple[int, int], tuple[Any, ...], dict[str, Any]]  # (grid, runtime arguments, constexprs)
+
+
+def _dq_args(
+    t: GdpaTiles, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, dq: torch.Tensor,
+    q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q_len: int, scale: float, divisor: float,
+    window: int | None, b: int, common: dict[str, Any],
+) -> _Launch:
+    """(grid, runtime arguments, constexprs and launch options) of the long-kv dQ kernel."""
+    grid, sched, sc = _schedule(t, q_offsets, kv_offsets, q.shape[0], max_q_len, t.block_m, q.shape[1])
+    args = (q, k, v, dout, dq, q_offsets, kv_offsets,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
+            scale, 1.0 / divisor, window or 0, b, *sched)
+    consts = dict(**common, BLOCK_M=t.block_m, BLOCK_N=t.block_n, TANH=_tanh(t, q.dtype), **sc,
+                  num_warps=t.num_warps, num_stages=t.num_stages)
+    return grid, args, consts
+
+
+def _dkdv_args(
+    t: GdpaTiles, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, dk: torch.Tensor,
+    dv: torch.Tensor, dqa: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_kv_len: int,
+    scale: float, divisor: float, window: int | None, b: int, common: dict[str, Any], dq_atomic: bool,
+) -> _Launch:
+    """(grid, runtime arguments, constexprs and launch options) of the long-kv dK/dV kernel."""
+    grid, sched, sc = _schedule(t, kv_offsets, q_offsets, k.shape[0], max_kv_len, t.block_n, k.shape[1],
+                                q_side=False)
+    args = (q, k, v, dout, dk, dv, dqa, q_offsets, kv_offsets,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+            dqa.stride(0), dqa.stride(1),
+            scale, 1.0 / divisor, window or 0, b, *sched)
+    consts = dict(**common, BLOCK_M=t.block_m, BLOCK_N=t.block_n, TANH=_tanh(t, q.dtype), **sc,
+                  DQ_ATOMIC=dq_atomic, num_warps=t.num_warps, num_stages=t.num_stages)
+    return grid, args, consts
 
 
 def _dkdv(
@@ -662,19 +793,9 @@ def _dkdv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The long-kv dK/dV kernel; with `dq_atomic` it also adds dQ into the fp32 `dqa` (else
     `dqa` is not read: any tensor)."""
-    from gem_kernels._triton_gdpa import _gdpa_bwd_dkdv_kernel
-
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    grid_kv, sched, sc = _schedule(t, kv_offsets, q_offsets, k.shape[0], max_kv_len, t.block_n, k.shape[1],
-                                   q_side=False)
-    _gdpa_bwd_dkdv_kernel[grid_kv](
-        q, k, v, dout, dk, dv, dqa, q_offsets, kv_offsets,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        dqa.stride(0), dqa.stride(1),
-        scale, 1.0 / divisor, window or 0, b, *sched, **sc, TANH=_tanh(t, q.dtype), **common,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, DQ_ATOMIC=dq_atomic, num_warps=t.num_warps, num_stages=t.num_stages,
-    )
+    _bwd_launches()[1](*_dkdv_args(t, q, k, v, dout, dk, dv, dqa, q_offsets, kv_offsets, max_kv_len, scale, divisor,
+                                   window, b, common, dq_atomic))
     return dk, dv
 
 

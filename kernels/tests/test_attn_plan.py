@@ -330,3 +330,98 @@ def test_jfa_plan_follows_the_flash4_length_rule(monkeypatch: pytest.MonkeyPatch
     assert ordinary.calls == 2 and ran == [58]
     _check(jfa, *_fresh(long_, seed=3), _offsets(long_), 33)  # no plan made from a FlashAttention-4 call
     assert ordinary.calls == 3 and ran == [58, 58] and len(ordinary.plans) == 1
+
+
+class _OrdinaryBackward:
+    """Counts the backwards of one op that take the ordinary path (its launcher), and those
+    the backward's plan serves (the planned launcher returning a result)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, module: Any, ordinary: str, planned: str) -> None:
+        self.calls, self.served = 0, 0
+        real, real_planned = getattr(module, ordinary), getattr(module, planned)
+
+        def counted(*a: Any, **kw: Any) -> Any:
+            self.calls += 1
+            return real(*a, **kw)
+
+        def counted_planned(*a: Any, **kw: Any) -> Any:
+            got = real_planned(*a, **kw)
+            self.served += got is not None
+            return got
+
+        monkeypatch.setattr(module, ordinary, counted)
+        monkeypatch.setattr(module, planned, counted_planned)
+
+
+BACKWARDS = {"gdpa": ("gdpa_backward_triton", "_plan_backward")}
+
+
+def _grads_match(fn: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 off: torch.Tensor, mx: int, dout_of: Callable[[torch.Tensor], torch.Tensor], **kw: Any) -> None:
+    """The Triton path's gradients for the upstream gradient `dout_of(out)` against the reference's."""
+    out = fn(q, k, v, off, mx, mx, **kw)
+    dout = dout_of(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    q32, k32, v32 = (x.detach().float().requires_grad_(True) for x in (q, k, v))
+    ref = fn(q32, k32, v32, off, mx, mx, backend="reference", **kw)
+    atol, rtol = GRAD_TOL[q.dtype]
+    for got, want in zip(grads, torch.autograd.grad(ref, (q32, k32, v32), dout.float())):
+        torch.testing.assert_close(got.float(), want, atol=atol, rtol=rtol)
+
+
+@needs_triton
+@pytest.mark.parametrize("op", list(BACKWARDS))
+def test_backward_plan_serves_repeat_calls_on_fresh_data(monkeypatch: pytest.MonkeyPatch, op: str) -> None:
+    # The first call's forward checks and keeps the forward's plan; the second (planned)
+    # call's backward runs the ordinary launcher and keeps the backward's plan; every later
+    # backward of the signature is served by it (other T and max lengths), and matches the
+    # reference on fresh data, whatever the upstream gradient's layout.
+    fn, module = OPS[op]
+    _ours_only(monkeypatch)
+    ordinary = _Ordinary(monkeypatch, module)
+    backward = _OrdinaryBackward(monkeypatch, module, *BACKWARDS[op])
+    batches = (_lengths(20, 33, 5), _lengths(40, 3, 17), _lengths(9, 50, 22), _lengths(17, 17, 34),
+               _lengths(30, 31, 9))
+    for seed, lengths in enumerate(batches):
+        q, k, v = _fresh(lengths, seed=seed, grad=True)
+        _check(fn, q, k, v, _offsets(lengths), max(lengths), causal=True)
+    assert ordinary.calls == 1 and backward.calls == 2 and backward.served == 3
+    # An upstream gradient that is a transposed view (made contiguous, then served) and one
+    # whose data is not 16-byte aligned (not served: the ordinary path, still right).
+    lengths = _lengths(21, 30, 7)
+    transposed = lambda out: torch.randn(out.shape[2], out.shape[1], out.shape[0], device=DEVICE).to(out.dtype).T
+    _grads_match(fn, *_fresh(lengths, seed=7, grad=True), _offsets(lengths), max(lengths), transposed, causal=True)
+    assert backward.calls == 2 and backward.served == 4
+
+    def misaligned(out: torch.Tensor) -> torch.Tensor:
+        base = torch.randn(out.numel() + 1, device=DEVICE).to(out.dtype)
+        dout = base[1:].view(out.shape)
+        assert dout.data_ptr() % 16
+        return dout
+
+    _grads_match(fn, *_fresh(lengths, seed=8, grad=True), _offsets(lengths), max(lengths), misaligned, causal=True)
+    assert backward.calls == 3 and backward.served == 4
+    assert ordinary.calls == 1
+
+
+@needs_triton
+def test_gdpa_backward_plan_follows_the_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    # force_tiles and GEM_GDPA_BWD (the one-pass backward) are read per call: a backward plan
+    # made under the defaults serves no backward under either, and each such one is right.
+    ordinary = _Ordinary(monkeypatch, _gdpa)
+    backward = _OrdinaryBackward(monkeypatch, _gdpa, *BACKWARDS["gdpa"])
+    lengths = _lengths(20, 33, 5)
+    off, mx = _offsets(lengths), max(lengths)
+    for seed in range(3):
+        _check(gdpa, *_fresh(lengths, seed=seed, grad=True), off, mx)
+    assert backward.calls == 2 and backward.served == 1
+    monkeypatch.setenv("GEM_GDPA_BWD", "one_pass")
+    _check(gdpa, *_fresh(lengths, seed=3, grad=True), off, mx)
+    assert backward.calls == 3 and backward.served == 1
+    monkeypatch.delenv("GEM_GDPA_BWD")
+    tiles = _gdpa.gdpa_tiles(mx, 32, kind="dkdv")
+    with _gdpa.force_tiles(dkdv=tiles):  # (the forward takes its ordinary path too)
+        _check(gdpa, *_fresh(lengths, seed=4, grad=True), off, mx)
+    assert backward.calls == 4 and backward.served == 1 and ordinary.calls == 2
+    _check(gdpa, *_fresh(lengths, seed=5, grad=True), off, mx)
+    assert backward.calls == 4 and backward.served == 2 and ordinary.calls == 2
