@@ -34,7 +34,7 @@ from gem_kernels._jagged import (check_attention, check_row_offsets, check_trito
                                  unpad_jagged, visible_mask)
 from gem_kernels._jfa_reference import padded_mask, run_reference
 from gem_kernels import _attn_plan
-from gem_kernels._launch import CachedLaunch, cdiv
+from gem_kernels._launch import CachedLaunch, cdiv, launch_of
 
 _BACKENDS = ("auto", "triton", "reference")
 # Tests set this to force the two-kernel dK/dV path for short kv too (both paths are tested).
@@ -573,13 +573,12 @@ def _remember_backward(
     common = dict(D=d, ACT=activation, CAUSAL=causal, HAS_WINDOW=window is not None, PREC=_prec(q.dtype))
     # The launches just made, as `gdpa_backward_triton` made them: q stands in for dq, k for dk
     # and dv (same dtypes and strides, all aligned), so the keys are those calls' specializations.
-    dq_launch, dkdv_launch = _bwd_launches()
     _, args, consts = _dq_args(t, q, k, v, dout, q, q_offsets, kv_offsets, max_q_len, scale, divisor, window, b,
                                common)
-    dq_plan = _attn_plan.make(dq_launch, args, consts, q=q, k=k, v=v, b=b, ints=args[7:17], op=None)
+    dq_plan = _attn_plan.make(_bwd_launch("dq"), args, consts, q=q, k=k, v=v, b=b, ints=args[7:17], op=None)
     _, args, consts = _dkdv_args(t_kv, q, k, v, dout, k, v, q, q_offsets, kv_offsets, max_kv_len, scale, divisor,
                                  window, b, common, False)
-    dkdv_plan = _attn_plan.make(dkdv_launch, args, consts, q=q, k=k, v=v, b=b, ints=args[9:23], op=None)
+    dkdv_plan = _attn_plan.make(_bwd_launch("dkdv"), args, consts, q=q, k=k, v=v, b=b, ints=args[9:23], op=None)
     if dq_plan is not None and dkdv_plan is not None:
         plan.op.bwd.append(_BwdPlan(dq=dq_plan, dkdv=dkdv_plan, dq_block_m=t.block_m, dkdv_block_n=t_kv.block_n,
                                     short_kv=t.block_n, t_kv=t_kv))
@@ -734,19 +733,18 @@ def gdpa_backward_triton(
                        common, dq_atomic=True)
         return dqa.to(q.dtype), dk, dv
     dq = torch.empty_like(q)
-    dq_launch, dkdv_launch = _bwd_launches()
-    dq_launch(*_dq_args(t, q, k, v, dout, dq, q_offsets, kv_offsets, max_q_len, scale, divisor, window, b, common))
+    _bwd_launch("dq")(*_dq_args(t, q, k, v, dout, dq, q_offsets, kv_offsets, max_q_len, scale, divisor, window, b, common))
     dk, dv = _dkdv(t_kv, q, k, v, dout, dq, q_offsets, kv_offsets, max_kv_len, scale, divisor, window, b, common,
                    dq_atomic=False)
     return dq, dk, dv
 
 
-@functools.cache
-def _bwd_launches() -> tuple[CachedLaunch, CachedLaunch]:
-    """The long-kv dQ and dK/dV kernels' cached launches, made at first use (see `_fwd_launch`)."""
-    from gem_kernels._triton_gdpa import _gdpa_bwd_dkdv_kernel, _gdpa_bwd_dq_kernel
+def _bwd_launch(kind: str) -> CachedLaunch:
+    """The long-kv backward's "dq" or "dkdv" kernel's cached launch (`_launch.launch_of`: the
+    kernel as `_triton_gdpa` holds it now)."""
+    from gem_kernels import _triton_gdpa
 
-    return CachedLaunch(_gdpa_bwd_dq_kernel), CachedLaunch(_gdpa_bwd_dkdv_kernel)
+    return launch_of(_triton_gdpa._gdpa_bwd_dq_kernel if kind == "dq" else _triton_gdpa._gdpa_bwd_dkdv_kernel)
 
 
 _Launch = tuple[tuple[int, int], tuple[Any, ...], dict[str, Any]]  # (grid, runtime arguments, constexprs)
@@ -794,7 +792,7 @@ def _dkdv(
     """The long-kv dK/dV kernel; with `dq_atomic` it also adds dQ into the fp32 `dqa` (else
     `dqa` is not read: any tensor)."""
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    _bwd_launches()[1](*_dkdv_args(t, q, k, v, dout, dk, dv, dqa, q_offsets, kv_offsets, max_kv_len, scale, divisor,
+    _bwd_launch("dkdv")(*_dkdv_args(t, q, k, v, dout, dk, dv, dqa, q_offsets, kv_offsets, max_kv_len, scale, divisor,
                                    window, b, common, dq_atomic))
     return dk, dv
 

@@ -109,6 +109,20 @@ class CachedLaunch:
         return (torch.cuda.current_device(), tuple(consts.items()), spec_key(args))
 
 
+_OF: dict[int, CachedLaunch] = {}
+
+
+def launch_of(kernel: Any) -> CachedLaunch:
+    """The `CachedLaunch` of `kernel`, one per kernel object, made at its first use. Looked up
+    per call by the launchers that read their kernel from the module at call time (so a test's
+    stand-in for a kernel gets a launch of its own, and a kernel decorated under Triton's
+    interpreter stays interpreted)."""
+    got = _OF.get(id(kernel))
+    if got is None or got.kernel is not kernel:
+        got = _OF[id(kernel)] = CachedLaunch(kernel)
+    return got
+
+
 class DirectLaunch:
     """`launch(grid, args)` runs one kept binary of a `CachedLaunch` on the current stream.
 

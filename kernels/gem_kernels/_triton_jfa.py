@@ -46,7 +46,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gem_kernels._jagged import same_view
-from gem_kernels._launch import CachedLaunch, cdiv
+from gem_kernels._launch import CachedLaunch, cdiv, launch_of
 
 _LOG2E = 1.4426950408889634
 _NO_SPLIT = 1 << 30  # one split covering any kv length
@@ -1151,30 +1151,15 @@ def jfa_backward(
     # FA2 preprocess: delta_i = sum_d dO_id · O_id (fp32).
     out = _last_dim_contiguous(out)
     delta = torch.empty((tq, h), dtype=torch.float32, device=q.device)
-    _jfa_bwd_delta_kernel[(cdiv(tq * h, 64),)](
-        out, dout, delta, dq_acc, tq * h, h, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1),
-        D=d, BLOCK=64, ZERO_DQ=cfg.one_pass, num_warps=4,
-    )
-    common = dict(
-        CAUSAL=causal, HAS_WINDOW=window is not None, D=d, DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q)
-    )
-    win = window if window is not None else 0
-    grid_kv, sched_kv = _schedule_args(kv_offsets, q_offsets, k.shape[0], max_kv_len, cfg.dkdv.block_n, h, cfg.tile_list,
-                                       int(cfg.in_order))
+    grid, args, consts = bwd_delta_args(cfg, out, dout, delta, dq_acc)
+    launch_of(_jfa_bwd_delta_kernel)(grid, args, consts)
     dq_tma, tma_loads = _tma_modes(cfg, q, dout, dq_acc)
-    bm = cfg.dkdv.block_m
-    _jfa_bwd_dkdv_kernel[grid_kv](
-        q, k, v, dout, lse, delta, dk, dv, dq_acc, q_offsets, kv_offsets,
-        desc_2d(q, bm) if tma_loads else q, desc_2d(dout, bm) if tma_loads else dout,
-        desc_2d(dq_acc, bm) if dq_tma else dq_acc,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        dq_acc.stride(0), dq_acc.stride(1),
-        sched_kv["CUM"], sched_kv["ORDER"], sched_kv["B"], h, scale, scale * _LOG2E, win,
-        TILE_LIST=sched_kv["TILE_LIST"], LOG2B=sched_kv["LOG2B"], IN_ORDER=sched_kv["IN_ORDER"],
-        BLOCK_M=bm, BLOCK_N=cfg.dkdv.block_n, DQ_ATOMIC=cfg.one_pass, DQ_TMA=dq_tma, TMA_LOADS=tma_loads,
-        num_warps=cfg.dkdv.num_warps, num_stages=cfg.dkdv.num_stages, **common,
-    )
+    grid, args, consts = bwd_dkdv_args(cfg, q, k, v, dout, lse, delta, dk, dv, dq_acc, q_offsets, kv_offsets,
+                                       max_kv_len, causal, window, scale, dq_tma, tma_loads)
+    if dq_tma or tma_loads:  # descriptor arguments: Triton's own launch (CachedLaunch keys tensors and ints)
+        _jfa_bwd_dkdv_kernel[grid](*args, **consts)
+    else:
+        launch_of(_jfa_bwd_dkdv_kernel)(grid, args, consts)
     if cfg.one_pass:
         return dq_acc.to(q.dtype), dk, dv
     splits = cdiv(max_kv_len, cfg.kv_split) if cfg.kv_split else 1
@@ -1182,17 +1167,69 @@ def jfa_backward(
         dq_ws = torch.empty((splits, tq, h, d), dtype=torch.float32, device=q.device)
     else:
         dq_ws = torch.empty_like(q).unsqueeze(0)
-    (g0, g1), sched_q = _schedule_args(q_offsets, kv_offsets, tq, max_q_len, cfg.dq.block_m, h, cfg.tile_list,
-                                       _q_order(cfg, cfg.in_order))
-    _jfa_bwd_dq_kernel[(g0, g1, splits)](
-        q, k, v, dout, lse, delta, dq_ws, q_offsets, kv_offsets,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        dout.stride(0), dout.stride(1), dq_ws.stride(1), dq_ws.stride(2), dq_ws.stride(0),
-        cfg.kv_split if splits > 1 else _NO_SPLIT, sched_q["CUM"], sched_q["ORDER"], sched_q["B"],
-        h, scale, scale * _LOG2E, win,
-        TILE_LIST=sched_q["TILE_LIST"], LOG2B=sched_q["LOG2B"], IN_ORDER=sched_q["IN_ORDER"],
-        BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n,
-        num_warps=cfg.dq.num_warps, num_stages=cfg.dq.num_stages, **common,
-    )
+    (g0, g1), args, consts = bwd_dq_args(cfg, q, k, v, dout, lse, delta, dq_ws, splits, q_offsets, kv_offsets,
+                                         max_q_len, causal, window, scale)
+    launch_of(_jfa_bwd_dq_kernel)((g0, g1, splits), args, consts)
     dq = dq_ws[0] if splits == 1 else dq_ws.sum(0).to(q.dtype)
     return dq, dk, dv
+
+
+# The launches' builders below are shared by `jfa_backward` and the JFA backward plan
+# (`_jfa._remember_backward`, which passes stand-ins for the buffers), so the plan keeps the
+# binaries these launches select. Each returns (grid, runtime arguments, constexprs and launch
+# options).
+
+
+def bwd_delta_args(
+    cfg: JfaConfig, out: torch.Tensor, dout: torch.Tensor, delta: torch.Tensor, dq_acc: torch.Tensor,
+) -> tuple[tuple[int, ...], tuple[Any, ...], dict[str, Any]]:
+    """The delta kernel (one-pass: it also zeroes the fp32 dQ workspace `dq_acc`)."""
+    tq, h, d = out.shape
+    args = (out, dout, delta, dq_acc, tq * h, h, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1))
+    return (cdiv(tq * h, 64),), args, dict(D=d, BLOCK=64, ZERO_DQ=cfg.one_pass, num_warps=4)
+
+
+def bwd_dkdv_args(
+    cfg: JfaConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
+    delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dq_acc: torch.Tensor, q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor, max_kv_len: int, causal: bool, window: int | None, scale: float, dq_tma: bool,
+    tma_loads: bool,
+) -> tuple[tuple[int, int], tuple[Any, ...], dict[str, Any]]:
+    """The dK/dV kernel (one-pass: adding dQ into `dq_acc`; else `dq_acc` is not read)."""
+    h, d = q.shape[1], q.shape[2]
+    grid, sched = _schedule_args(kv_offsets, q_offsets, k.shape[0], max_kv_len, cfg.dkdv.block_n, h, cfg.tile_list,
+                                 int(cfg.in_order))
+    bm = cfg.dkdv.block_m
+    args = (q, k, v, dout, lse, delta, dk, dv, dq_acc, q_offsets, kv_offsets,
+            desc_2d(q, bm) if tma_loads else q, desc_2d(dout, bm) if tma_loads else dout,
+            desc_2d(dq_acc, bm) if dq_tma else dq_acc,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+            dq_acc.stride(0), dq_acc.stride(1),
+            sched["CUM"], sched["ORDER"], sched["B"], h, scale, scale * _LOG2E, window if window is not None else 0)
+    consts = dict(CAUSAL=causal, HAS_WINDOW=window is not None, D=d, DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q),
+                  TILE_LIST=sched["TILE_LIST"], LOG2B=sched["LOG2B"], IN_ORDER=sched["IN_ORDER"],
+                  BLOCK_M=bm, BLOCK_N=cfg.dkdv.block_n, DQ_ATOMIC=cfg.one_pass, DQ_TMA=dq_tma, TMA_LOADS=tma_loads,
+                  num_warps=cfg.dkdv.num_warps, num_stages=cfg.dkdv.num_stages)
+    return grid, args, consts
+
+
+def bwd_dq_args(
+    cfg: JfaConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
+    delta: torch.Tensor, dq_ws: torch.Tensor, splits: int, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
+    max_q_len: int, causal: bool, window: int | None, scale: float,
+) -> tuple[tuple[int, int], tuple[Any, ...], dict[str, Any]]:
+    """The two-pass dQ kernel writing `dq_ws` `[splits, Tq, H, D]` (grid axis 2: the kv splits)."""
+    h, d = q.shape[1], q.shape[2]
+    grid, sched = _schedule_args(q_offsets, kv_offsets, q.shape[0], max_q_len, cfg.dq.block_m, h, cfg.tile_list,
+                                 _q_order(cfg, cfg.in_order))
+    args = (q, k, v, dout, lse, delta, dq_ws, q_offsets, kv_offsets,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            dout.stride(0), dout.stride(1), dq_ws.stride(1), dq_ws.stride(2), dq_ws.stride(0),
+            cfg.kv_split if splits > 1 else _NO_SPLIT, sched["CUM"], sched["ORDER"], sched["B"],
+            h, scale, scale * _LOG2E, window if window is not None else 0)
+    consts = dict(CAUSAL=causal, HAS_WINDOW=window is not None, D=d, DOT_PREC=_dot_prec(q.dtype), UPCAST=_upcast(q),
+                  TILE_LIST=sched["TILE_LIST"], LOG2B=sched["LOG2B"], IN_ORDER=sched["IN_ORDER"],
+                  BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n,
+                  num_warps=cfg.dq.num_warps, num_stages=cfg.dq.num_stages)
+    return grid, args, consts

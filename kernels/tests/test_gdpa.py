@@ -195,6 +195,8 @@ def _deterministic() -> Iterator[None]:
 class _Refuse:
     """Stands in for a Triton kernel: launching it (`kernel[grid]`) raises "<what> was launched"."""
 
+    arg_names: list[str] = []  # (the launchers wrap kernels in a CachedLaunch, which reads them)
+
     def __init__(self, what: str) -> None:
         self.what = what
 

@@ -234,6 +234,8 @@ def test_config_and_env_choice(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class _Forbidden:
+    arg_names: list[str] = []  # (the launchers wrap kernels in a CachedLaunch, which reads them)
+
     def __getitem__(self, grid: object) -> object:
         raise AssertionError("the two-pass dQ kernel ran under GEM_JFA_BWD=one_pass")
 
@@ -258,6 +260,7 @@ class _Spy:
 
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
+        self.arg_names = kernel.arg_names  # (the launchers' CachedLaunch reads them)
         self.launches: list[tuple[dict[str, Any], Any]] = []
 
     def __getitem__(self, grid: object) -> Any:
