@@ -328,8 +328,10 @@ class _JfaFunction(torch.autograd.Function):
         plan: _attn_plan.Plan | None,
         ptrs: tuple[int, ...] | None,
     ) -> torch.Tensor:
+        ctx.plan = None
         if plan is not None and ptrs is not None:  # a planned signature (`_planned`)
             out, lse = _plan_forward(plan, ptrs, q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, window, scale)
+            ctx.plan = plan
         else:
             out, lse = _run_forward(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
         ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
@@ -340,9 +342,14 @@ class _JfaFunction(torch.autograd.Function):
     def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         from gem_kernels._triton_jfa import jfa_backward
 
-        q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
-        dq, dk, dv = jfa_backward(dout.contiguous(), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.meta)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+        saved = ctx.saved_tensors
+        plan = ctx.plan
+        got = None if plan is None else _plan_backward(plan, dout, *saved, *ctx.meta)
+        if got is None:
+            got = jfa_backward(dout.contiguous(), *saved, *ctx.meta)
+            if plan is not None:
+                _remember_backward(plan, dout, *saved, *ctx.meta)
+        return (*got, None, None, None, None, None, None, None, None, None)
 
 
 # --- the eager fast path: one plan per call signature (gem_kernels._attn_plan) ------------------
@@ -356,8 +363,26 @@ class _JfaFunction(torch.autograd.Function):
 # `GEM_JFA_FWD` as it was, no `force_config`, the length rules that send a batch to
 # FlashAttention-4 / FlashAttention-2 (`fwd_uses_flash4`, `fwd_uses_flash`), and
 # `_attn_plan.admits`.
+#
+# The backward of a planned call has plans of its own (`_BwdPlan`), one per backward config
+# (`pick_config`: the tiles, one- or two-pass), kept in the forward's by the first such backward
+# that ran our kernels in batch order without TMA, split-kv or a tile list, on contiguous q, k,
+# v: the binaries it launched (delta, dK/dV, and dQ for two-pass) and their stride arguments.
+# Per call it re-applies what the forward's signature leaves out: no `force_config`, neither
+# FlashAttention backward's rule (`bwd_uses_flash4`, `bwd_uses_flash`: GEM_JFA_BWD, torch's
+# deterministic switch), the config `pick_config` picks now, and dO in q's dtype and shape,
+# 16-byte aligned once contiguous. Anything else takes `jfa_backward`.
 
 _PLANS: dict[tuple[Any, ...], _attn_plan.Plan] = {}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _BwdPlan:
+    delta: _attn_plan.Plan  # the kept binaries; each `ints` holds the kernel's stride arguments
+    dkdv: _attn_plan.Plan
+    dq: _attn_plan.Plan | None  # None: one-pass (dQ by the dK/dV kernel's atomics)
+    dkdv_block_n: int
+    dq_block_m: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -368,6 +393,8 @@ class _PlanOp:
     block_m: int
     in_order: bool
     scale: float  # the default, 1/sqrt(D)
+    # The backward's plans by backward config (`_remember_backward`; this record is frozen).
+    bwd: dict[Any, _BwdPlan] = dataclasses.field(default_factory=dict, compare=False)
 
 
 def _signature(q: Any, k: Any, v: Any, q_offsets: Any, kv_offsets: Any, max_q_len: Any, max_kv_len: Any,
@@ -468,6 +495,98 @@ def _remember(
                  in_order=bool(consts["IN_ORDER"]), scale=1.0 / math.sqrt(d))
     ints = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), h * d, d)
     _attn_plan.keep(_PLANS, key, _attn_plan.make(_fwd_launch(), args, consts, q=q, k=k, v=v, b=b, ints=ints, op=op))
+
+
+def _plan_backward(
+    plan: _attn_plan.Plan, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q_len: int, max_kv_len: int,
+    causal: bool, window: int | None, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """`_triton_jfa.jfa_backward`'s launches for the backward of a planned call, or None where no
+    backward plan serves it (see above). q, k, v and the offsets are the forward's (its plan
+    admitted them), out and lse its fresh outputs."""
+    from gem_kernels._triton_jfa import (_FORCED, _LOG2E, _NO_SPLIT, bwd_uses_flash, bwd_uses_flash4, cdiv,
+                                         in_order_tiles, pick_config)
+
+    held = plan.op.bwd
+    if not held or _FORCED or bwd_uses_flash4(q, k, window) or bwd_uses_flash(q, window):
+        return None
+    tq, h, d = q.shape
+    bp = held.get(pick_config(max_q_len, max_kv_len, d, q.dtype))
+    if bp is None:
+        return None
+    dout = dout.contiguous()
+    if dout.dtype != q.dtype or dout.shape != q.shape or dout.data_ptr() & 15:
+        return None
+    b, tk = plan.b, k.shape[0]
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    delta = torch.empty((tq, h), dtype=torch.float32, device=q.device)
+    dq_acc = dk if bp.dq is not None else torch.empty((tq, h, d), dtype=torch.float32, device=q.device)
+    qp, kp, vp, dp, lp = q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr(), lse.data_ptr()
+    qo, ko, ep, ap = q_offsets.data_ptr(), kv_offsets.data_ptr(), delta.data_ptr(), dq_acc.data_ptr()
+    _attn_plan.run(bp.delta, (cdiv(tq * h, 64), 1, 1), (out.data_ptr(), dp, ep, ap, tq * h, h, *bp.delta.ints),
+                   (out, dout, delta, dq_acc, tq * h, h, *bp.delta.ints))
+    rest = (b, h, scale, scale * _LOG2E, window if window is not None else 0)
+    _attn_plan.run(bp.dkdv, (in_order_tiles(tk, b, max_kv_len, bp.dkdv_block_n), h, 1),
+                   (qp, kp, vp, dp, lp, ep, dk.data_ptr(), dv.data_ptr(), ap, qo, ko, qp, dp, ap, *bp.dkdv.ints,
+                    ko, ko, *rest),
+                   (q, k, v, dout, lse, delta, dk, dv, dq_acc, q_offsets, kv_offsets, q, dout, dq_acc,
+                    *bp.dkdv.ints, kv_offsets, kv_offsets, *rest))
+    if bp.dq is None:
+        return dq_acc.to(q.dtype), dk, dv
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    ints = (*bp.dq.ints, tq * h * d, _NO_SPLIT)
+    _attn_plan.run(bp.dq, (in_order_tiles(tq, b, max_q_len, bp.dq_block_m), h, 1),
+                   (qp, kp, vp, dp, lp, ep, dq.data_ptr(), qo, ko, *ints, qo, qo, *rest),
+                   (q, k, v, dout, lse, delta, dq.unsqueeze(0), q_offsets, kv_offsets, *ints, q_offsets, q_offsets,
+                    *rest))
+    return dq, dk, dv
+
+
+def _remember_backward(
+    plan: _attn_plan.Plan, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q_len: int, max_kv_len: int,
+    causal: bool, window: int | None, scale: float,
+) -> None:
+    """Keeps a backward plan in the forward's `plan` after `jfa_backward` ran the backward of a
+    planned call, where what it launched is the plan's (see above)."""
+    from gem_kernels import _triton_jfa as tj
+
+    tq, h, d = q.shape
+    if tj._FORCED or tj.bwd_uses_flash4(q, k, window) or tj.bwd_uses_flash(q, window):
+        return
+    cfg = tj.pick_config(max_q_len, max_kv_len, d, q.dtype)
+    contiguous = (h * d, d, 1)
+    if (cfg in plan.op.bwd or not cfg.in_order or cfg.tile_list is not False or cfg.kv_split
+            or (cfg.one_pass and (cfg.tma or cfg.tma_loads))
+            or any(x.stride() != contiguous for x in (q, k, v, out)) or not lse.is_contiguous()):
+        return
+    dout = dout.contiguous()
+    if dout.dtype != q.dtype or dout.shape != q.shape or _attn_plan.aligned_pointers(dout, out, lse) is None:
+        return
+    # The launches just made, as `jfa_backward` made them, with stand-ins of the same dtypes and
+    # strides for its fresh buffers (lse for delta, k / v for dk / dv, q for dQ's workspace).
+    dq_acc = torch.empty((tq, h, d), dtype=torch.float32, device=q.device) if cfg.one_pass else k
+    b = plan.b
+    grid, args, consts = tj.bwd_delta_args(cfg, out, dout, lse, dq_acc)
+    delta = _attn_plan.make(tj.launch_of(tj._jfa_bwd_delta_kernel), args, consts, q=q, k=k, v=v, b=b,
+                            ints=args[6:10], op=None)
+    grid, args, consts = tj.bwd_dkdv_args(cfg, q, k, v, dout, lse, lse, k, v, dq_acc, q_offsets, kv_offsets,
+                                          max_kv_len, causal, window, scale, False, False)
+    dkdv = _attn_plan.make(tj.launch_of(tj._jfa_bwd_dkdv_kernel), args, consts, q=q, k=k, v=v, b=b,
+                           ints=args[14:28], op=None)
+    dq = None
+    if not cfg.one_pass:
+        grid, args, consts = tj.bwd_dq_args(cfg, q, k, v, dout, lse, lse, q.unsqueeze(0), 1, q_offsets, kv_offsets,
+                                            max_q_len, causal, window, scale)
+        dq = _attn_plan.make(tj.launch_of(tj._jfa_bwd_dq_kernel), args, consts, q=q, k=k, v=v, b=b,
+                             ints=args[9:19], op=None)
+        if dq is None:
+            return
+    if delta is not None and dkdv is not None:
+        plan.op.bwd[cfg] = _BwdPlan(delta=delta, dkdv=dkdv, dq=dq, dkdv_block_n=cfg.dkdv.block_n,
+                                    dq_block_m=cfg.dq.block_m)
 
 
 class _JfaKvFunction(torch.autograd.Function):

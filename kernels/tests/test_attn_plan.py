@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from _launch_hook import under_launch_hook
-from gem_kernels import _gdpa, _jfa, generalized_dot_product_attention, jagged_flash_attention
+from gem_kernels import _gdpa, _jfa, _triton_jfa, generalized_dot_product_attention, jagged_flash_attention
 
 CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -336,9 +336,11 @@ class _OrdinaryBackward:
     """Counts the backwards of one op that take the ordinary path (its launcher), and those
     the backward's plan serves (the planned launcher returning a result)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, module: Any, ordinary: str, planned: str) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, op: str) -> None:
         self.calls, self.served = 0, 0
-        real, real_planned = getattr(module, ordinary), getattr(module, planned)
+        module, planned = OPS[op][1], "_plan_backward"
+        launcher, ordinary = BACKWARDS[op]
+        real, real_planned = getattr(launcher, ordinary), getattr(module, planned)
 
         def counted(*a: Any, **kw: Any) -> Any:
             self.calls += 1
@@ -349,11 +351,12 @@ class _OrdinaryBackward:
             self.served += got is not None
             return got
 
-        monkeypatch.setattr(module, ordinary, counted)
+        monkeypatch.setattr(launcher, ordinary, counted)
         monkeypatch.setattr(module, planned, counted_planned)
 
 
-BACKWARDS = {"gdpa": ("gdpa_backward_triton", "_plan_backward")}
+# op -> (the module whose launcher the ordinary backward calls, its name)
+BACKWARDS = {"gdpa": (_gdpa, "gdpa_backward_triton"), "jfa": (_triton_jfa, "jfa_backward")}
 
 
 def _grads_match(fn: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -378,17 +381,18 @@ def test_backward_plan_serves_repeat_calls_on_fresh_data(monkeypatch: pytest.Mon
     # reference on fresh data, whatever the upstream gradient's layout.
     fn, module = OPS[op]
     _ours_only(monkeypatch)
+    monkeypatch.setattr(_triton_jfa, "FLASH4_DEFAULT", False)  # our backward, where flash-attn-4 is installed too
     ordinary = _Ordinary(monkeypatch, module)
-    backward = _OrdinaryBackward(monkeypatch, module, *BACKWARDS[op])
+    backward = _OrdinaryBackward(monkeypatch, op)
     batches = (_lengths(20, 33, 5), _lengths(40, 3, 17), _lengths(9, 50, 22), _lengths(17, 17, 34),
-               _lengths(30, 31, 9))
+               _lengths(30, 36, 9))
     for seed, lengths in enumerate(batches):
         q, k, v = _fresh(lengths, seed=seed, grad=True)
         _check(fn, q, k, v, _offsets(lengths), max(lengths), causal=True)
     assert ordinary.calls == 1 and backward.calls == 2 and backward.served == 3
     # An upstream gradient that is a transposed view (made contiguous, then served) and one
     # whose data is not 16-byte aligned (not served: the ordinary path, still right).
-    lengths = _lengths(21, 30, 7)
+    lengths = _lengths(21, 40, 7)
     transposed = lambda out: torch.randn(out.shape[2], out.shape[1], out.shape[0], device=DEVICE).to(out.dtype).T
     _grads_match(fn, *_fresh(lengths, seed=7, grad=True), _offsets(lengths), max(lengths), transposed, causal=True)
     assert backward.calls == 2 and backward.served == 4
@@ -409,7 +413,7 @@ def test_gdpa_backward_plan_follows_the_switches(monkeypatch: pytest.MonkeyPatch
     # force_tiles and GEM_GDPA_BWD (the one-pass backward) are read per call: a backward plan
     # made under the defaults serves no backward under either, and each such one is right.
     ordinary = _Ordinary(monkeypatch, _gdpa)
-    backward = _OrdinaryBackward(monkeypatch, _gdpa, *BACKWARDS["gdpa"])
+    backward = _OrdinaryBackward(monkeypatch, "gdpa")
     lengths = _lengths(20, 33, 5)
     off, mx = _offsets(lengths), max(lengths)
     for seed in range(3):
@@ -425,3 +429,46 @@ def test_gdpa_backward_plan_follows_the_switches(monkeypatch: pytest.MonkeyPatch
     assert backward.calls == 4 and backward.served == 1 and ordinary.calls == 2
     _check(gdpa, *_fresh(lengths, seed=5, grad=True), off, mx)
     assert backward.calls == 4 and backward.served == 2 and ordinary.calls == 2
+
+
+@needs_triton
+def test_jfa_backward_plan_follows_the_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The backward config is read per call: GEM_JFA_BWD's one- and two-pass backwards each get
+    # a plan of their own (and each serves only its own); force_config and the FlashAttention-2
+    # backward's switch (a recording stand-in: it needs CUDA) take the ordinary path.
+    from gem_kernels import _flash2
+    from gem_kernels._triton_jfa import JfaConfig, JfaTiles, force_config
+
+    _ours_only(monkeypatch)
+    monkeypatch.setattr(_triton_jfa, "FLASH4_DEFAULT", False)
+    ordinary = _Ordinary(monkeypatch, _jfa)
+    backward = _OrdinaryBackward(monkeypatch, "jfa")
+    lengths = _lengths(20, 33, 5)
+    off, mx = _offsets(lengths), max(lengths)
+    for mode, seeds in (("two_pass", (0, 1, 2)), ("one_pass", (3, 4, 5)), ("two_pass", (6,))):
+        monkeypatch.setenv("GEM_JFA_BWD", mode)
+        for seed in seeds:
+            _check(jfa, *_fresh(lengths, seed=seed, grad=True), off, mx)
+    # two-pass: ordinary, ordinary (kept), served; one-pass: ordinary (kept), served, served;
+    # two-pass again: served by its own plan.
+    assert ordinary.calls == 1 and backward.calls == 3 and backward.served == 4
+    tiles = JfaTiles(block_m=16, block_n=16, num_warps=4, num_stages=1)
+    with force_config(JfaConfig(fwd=tiles, dkdv=tiles, dq=tiles)):  # (the forward takes its ordinary path too)
+        _check(jfa, *_fresh(lengths, seed=7, grad=True), off, mx)
+    assert backward.calls == 4 and backward.served == 4
+    ran: list[int] = []
+
+    def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                       lse: torch.Tensor, qo: torch.Tensor, ko: torch.Tensor, mq: int, mk: int, causal: bool,
+                       scale: float) -> tuple[torch.Tensor, ...]:
+        ran.append(q.shape[0])
+        with torch.enable_grad():
+            xs = [x.detach().requires_grad_(True) for x in (q, k, v)]
+            ref = jfa(*xs, qo, mq, mk, backend="reference", causal=causal, scale=scale)
+            return torch.autograd.grad(ref, xs, dout)
+
+    monkeypatch.setenv("GEM_JFA_BWD", "flash")
+    monkeypatch.setattr(_flash2, "unavailable_reason", lambda *a, **k: None)
+    monkeypatch.setattr(_flash2, "flash_backward", flash_backward)
+    _check(jfa, *_fresh(lengths, seed=8, grad=True), off, mx)
+    assert ran == [sum(lengths)] and backward.calls == 5 and backward.served == 4
