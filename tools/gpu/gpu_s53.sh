@@ -4,8 +4,9 @@
 #   the FlashAttention-4 length-rule test), the forward+backward rows' host time by function
 #   (`bench.eager --profile`), and Nsight Compute over the JFA / GDPA backward kernels at
 #   gem-kernels 0.3.12 (do they spill on triton 3.6? what stalls them?).
-# PART=2 (carries .ab, the session's starting kernels): the backward plans (gem-kernels 0.3.13)
-#   A/B against the start, alternating; their GPU tests; issue 15's table.
+# PART=2 (carries .ab, the session's starting kernels 657a0cb): the backward plans (gem-kernels
+#   0.3.13): their GPU tests and the launchers' (one-pass, TMA, GDPA); the eager bench A/B against
+#   the start, alternating; the fwd+bwd rows' host profile; issue 15's table.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 . tools/stage.sh
@@ -27,11 +28,11 @@ case ${PART:-1} in
       --set full --import-source no -f -o /tmp/ncu/k python3 -m gem_kernels.bench.ncu_cases \
       --cases jfa_fb_full_two_pass,jfa_fb_causal_two_pass,gdpa_fb)
    st ncusum 60 sh -c "python3 tools/ncu_summary.py /tmp/ncu/k.ncu-rep --json $OUT/ncu.json > $OUT/ncu_table.md";;
-2) for r in ${ROUNDS:-1 2}; do
+2) st kt 150 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_attn_plan.py kernels/tests/test_jfa_one_pass.py kernels/tests/test_gdpa.py kernels/tests/test_jfa.py -k "plan or gpu or tma"
+   for r in ${ROUNDS:-1 2}; do
      st eager_new_$r 70 bash -c "cd kernels && $EG"
      st eager_old_$r 70 env PYTHONPATH=$PWD/.ab/old/kernels:$PYTHONPATH bash -c "cd .ab/old/kernels && $EG"
    done
-   st kt 150 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_attn_plan.py kernels/tests/test_jfa.py kernels/tests/test_gdpa.py -k "plan or gpu_real or gpu_matches"
    st eager_prof 90 bash -c "cd kernels && $EG --profile"
    st table "$(gpu_left)" bash -c "cd kernels && python3 -m gem_kernels.bench.table --iters 7 --no-sweep";;
 esac
