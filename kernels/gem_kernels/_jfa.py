@@ -505,8 +505,9 @@ def _plan_backward(
     """`_triton_jfa.jfa_backward`'s launches for the backward of a planned call, or None where no
     backward plan serves it (see above). q, k, v and the offsets are the forward's (its plan
     admitted them), out and lse its fresh outputs."""
-    from gem_kernels._triton_jfa import (_FORCED, _LOG2E, _NO_SPLIT, bwd_uses_flash, bwd_uses_flash4, cdiv,
-                                         in_order_tiles, pick_config)
+    from gem_kernels._launch import cdiv
+    from gem_kernels._triton_jfa import (_FORCED, _LOG2E, _NO_SPLIT, bwd_uses_flash, bwd_uses_flash4, in_order_tiles,
+                                         pick_config)
 
     held = plan.op.bwd
     if not held or _FORCED or bwd_uses_flash4(q, k, window) or bwd_uses_flash(q, window):
@@ -552,6 +553,7 @@ def _remember_backward(
     """Keeps a backward plan in the forward's `plan` after `jfa_backward` ran the backward of a
     planned call, where what it launched is the plan's (see above)."""
     from gem_kernels import _triton_jfa as tj
+    from gem_kernels._launch import launch_of
 
     tq, h, d = q.shape
     if tj._FORCED or tj.bwd_uses_flash4(q, k, window) or tj.bwd_uses_flash(q, window):
@@ -570,17 +572,17 @@ def _remember_backward(
     dq_acc = torch.empty((tq, h, d), dtype=torch.float32, device=q.device) if cfg.one_pass else k
     b = plan.b
     grid, args, consts = tj.bwd_delta_args(cfg, out, dout, lse, dq_acc)
-    delta = _attn_plan.make(tj.launch_of(tj._jfa_bwd_delta_kernel), args, consts, q=q, k=k, v=v, b=b,
+    delta = _attn_plan.make(launch_of(tj._jfa_bwd_delta_kernel), args, consts, q=q, k=k, v=v, b=b,
                             ints=args[6:10], op=None)
     grid, args, consts = tj.bwd_dkdv_args(cfg, q, k, v, dout, lse, lse, k, v, dq_acc, q_offsets, kv_offsets,
                                           max_kv_len, causal, window, scale, False, False)
-    dkdv = _attn_plan.make(tj.launch_of(tj._jfa_bwd_dkdv_kernel), args, consts, q=q, k=k, v=v, b=b,
+    dkdv = _attn_plan.make(launch_of(tj._jfa_bwd_dkdv_kernel), args, consts, q=q, k=k, v=v, b=b,
                            ints=args[14:28], op=None)
     dq = None
     if not cfg.one_pass:
         grid, args, consts = tj.bwd_dq_args(cfg, q, k, v, dout, lse, lse, q.unsqueeze(0), 1, q_offsets, kv_offsets,
                                             max_q_len, causal, window, scale)
-        dq = _attn_plan.make(tj.launch_of(tj._jfa_bwd_dq_kernel), args, consts, q=q, k=k, v=v, b=b,
+        dq = _attn_plan.make(launch_of(tj._jfa_bwd_dq_kernel), args, consts, q=q, k=k, v=v, b=b,
                              ints=args[9:19], op=None)
         if dq is None:
             return
