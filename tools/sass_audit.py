@@ -6,7 +6,11 @@ Triton compiles to a cubin without a GPU (`triton.compile(ASTSource(...), target
 "cuda", arch, 32))`, with the ptxas it ships); `cuobjdump -res-usage` gives the registers and
 the stack (local memory) per thread, and `nvdisasm` the SASS, whose `STL`/`LDL` count the
 spill stores and loads in the code (static counts, not executions) and `HGMMA`/`MUFU` the
-tensor-core and special-function instructions. Each kernel is built at its default tiles for
+tensor-core and special-function instructions (`LDGSTS`: cp.async copies, i.e. pipelined
+loads). Kernels are specialized as a launch with 16-byte aligned tensors and strides divisible
+by 16 is (`tt.divisibility` hints; `--unaligned` leaves them out, as this tool did before
+2026-12-07: its loads are then not vectorized nor pipelined, and it reported spills that the
+launched binaries do not have). Each kernel is built at its default tiles for
 D=128 bf16 (causal, SiLU for GDPA) and a few alternatives. Nothing runs: this says what the
 compiler made of the source, not how fast it is (a GPU bench says that). Put another tree's
 module folder first on PYTHONPATH to compare.
@@ -33,12 +37,20 @@ BF16 = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ", "Q_DESC", "DO_DESC", "DQ_DES
 
 
 def audit(kern: Any, consts: dict[str, Any], warps: int, stages: int, arch: int,
-          ptrs: dict[str, str] | None = None) -> dict[str, int]:
-    """Compiles `kern` with `consts` and returns its resource and instruction counts."""
+          ptrs: dict[str, str] | None = None, aligned: bool = True) -> dict[str, int]:
+    """Compiles `kern` with `consts` and returns its resource and instruction counts.
+    `aligned`: specialized as a launch with aligned tensors and 16-divisible strides is (the
+    trainer's and issue 15's); False: no divisibility known (before 2026-12-07 the tool always
+    compiled so, and reported spills the launched binaries do not have)."""
     names = kern.arg_names
     types = {**PTRS, **{n: "*bf16" for n in BF16}, **(ptrs or {})}
     sig = {n: "constexpr" if n in consts else types.get(n, "fp32" if n in FLOATS else "i32") for n in names}
-    src = ASTSource(fn=kern, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    # What a launch with 16-byte aligned tensors and strides divisible by 16 (D = 128, any H)
+    # specializes on: without these hints loads are not vectorized, so cp.async pipelining (and
+    # the register allocation that follows) differs from the binary a real launch runs.
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if n not in consts and (sig[n].startswith("*") or n.startswith("stride_"))} if aligned else {}
+    src = ASTSource(fn=kern, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
     c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=stages))
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
@@ -49,7 +61,7 @@ def audit(kern: Any, consts: dict[str, Any], warps: int, stages: int, arch: int,
         sass = subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", path], capture_output=True, text=True,
                               check=True).stdout
     res = {k.lower(): int(v) for k, v in re.findall(r"(REG|STACK):(\d+)", usage)}
-    for op in ("STL", "LDL", "HGMMA", "MUFU"):
+    for op in ("STL", "LDL", "HGMMA", "MUFU", "LDGSTS"):
         res[op.lower()] = len(re.findall(rf"\b{op}\b", sass))
     res["smem"] = int(c.metadata.shared)
     return res
@@ -76,6 +88,14 @@ def cases() -> list[tuple[str, Any, dict[str, Any], int, int, dict[str, str] | N
          dict(short, BLOCK_M=128, BLOCK_N=32, Q_TILES=8), 8, 2, {"DQ": "*bf16"}),
         ("jfa fwd 128x128 w8 s3 (default)", j._jfa_fwd_kernel, dict(jf, BLOCK_M=128, BLOCK_N=128), 8, 3, None),
         ("jfa fwd 128x64 w8 s3", j._jfa_fwd_kernel, dict(jf, BLOCK_M=128, BLOCK_N=64), 8, 3, None),
+        ("jfa dq 64x32 w4 s3 (default)", j._jfa_bwd_dq_kernel, dict(jf, BLOCK_M=64, BLOCK_N=32), 4, 3,
+         {"DQ": "*bf16"}),
+        ("jfa dkdv 32x64 w4 s3 (default two-pass)", j._jfa_bwd_dkdv_kernel,
+         dict(jf, BLOCK_M=32, BLOCK_N=64, DQ_ATOMIC=False, DQ_TMA=False, TMA_LOADS=False), 4, 3,
+         {"DQ": "*fp32", "DQ_DESC": "*fp32"}),
+        ("jfa dkdv 32x128 w8 s3 (one-pass tiles, as two-pass)", j._jfa_bwd_dkdv_kernel,
+         dict(jf, BLOCK_M=32, BLOCK_N=128, DQ_ATOMIC=False, DQ_TMA=False, TMA_LOADS=False), 8, 3,
+         {"DQ": "*fp32", "DQ_DESC": "*fp32"}),
         ("jfa dq 128x64 w8 s3", j._jfa_bwd_dq_kernel, dict(jf, BLOCK_M=128, BLOCK_N=64, IN_ORDER=0), 8, 3,
          {"DQ": "*bf16"}),
         ("jfa dkdv 64x128 w8 s3", j._jfa_bwd_dkdv_kernel,
@@ -91,16 +111,19 @@ def cases() -> list[tuple[str, Any, dict[str, Any], int, int, dict[str, str] | N
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper)")
+    p.add_argument("--unaligned", action="store_true",
+                   help="compile without divisibility hints (no aligned tensors or 16-divisible strides known)")
     args = p.parse_args(argv)
     import gem_kernels
 
     print(f"gem_kernels {gem_kernels.__version__} from {os.path.dirname(gem_kernels.__file__)}; "
           f"triton {triton.__version__}; sm_{args.arch}")
-    print(f"{'kernel':44s} {'reg':>4s} {'stack':>6s} {'STL':>5s} {'LDL':>5s} {'HGMMA':>6s} {'MUFU':>5s} {'smem':>7s}")
+    print(f"{'kernel':44s} {'reg':>4s} {'stack':>6s} {'STL':>5s} {'LDL':>5s} {'HGMMA':>6s} {'MUFU':>5s} "
+          f"{'LDGSTS':>6s} {'smem':>7s}")
     for name, kern, consts, warps, stages, ptrs in cases():
-        r = audit(kern, consts, warps, stages, args.arch, ptrs)
+        r = audit(kern, consts, warps, stages, args.arch, ptrs, aligned=not args.unaligned)
         print(f"{name:44s} {r.get('reg', 0):4d} {r.get('stack', 0):6d} {r['stl']:5d} {r['ldl']:5d} {r['hgmma']:6d} "
-              f"{r['mufu']:5d} {r['smem']:7d}", flush=True)
+              f"{r['mufu']:5d} {r['ldgsts']:6d} {r['smem']:7d}", flush=True)
     return 0
 
 
