@@ -464,7 +464,7 @@ def test_jfa_backward_plan_follows_the_switches(monkeypatch: pytest.MonkeyPatch)
         ran.append(q.shape[0])
         with torch.enable_grad():
             xs = [x.detach().requires_grad_(True) for x in (q, k, v)]
-            ref = jfa(*xs, qo, mq, mk, backend="reference", causal=causal, scale=scale)
+            ref = jfa(xs[0], xs[1], xs[2], qo, mq, mk, backend="reference", causal=causal, scale=scale)
             return torch.autograd.grad(ref, xs, dout)
 
     monkeypatch.setenv("GEM_JFA_BWD", "flash")
