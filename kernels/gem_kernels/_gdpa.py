@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -514,7 +513,7 @@ def _remember(
     _, args, consts = _long_fwd(t, q, k, v, q, q_offsets, kv_offsets, max_q_len, activation, scale, divisor,
                                 causal, window)
     op = _PlanOp(block_m=t.block_m, block_n=t.block_n, scale=1.0 / math.sqrt(d))
-    _attn_plan.keep(_PLANS, key, _attn_plan.make(_fwd_launch(), args, consts, q=q, k=k, v=v, b=b,
+    _attn_plan.keep(_PLANS, key, _attn_plan.make(_kernel_launch("fwd"), args, consts, q=q, k=k, v=v, b=b,
                                                  ints=(h * d, d) * 4, op=op))
 
 
@@ -575,10 +574,10 @@ def _remember_backward(
     # and dv (same dtypes and strides, all aligned), so the keys are those calls' specializations.
     _, args, consts = _dq_args(t, q, k, v, dout, q, q_offsets, kv_offsets, max_q_len, scale, divisor, window, b,
                                common)
-    dq_plan = _attn_plan.make(_bwd_launch("dq"), args, consts, q=q, k=k, v=v, b=b, ints=args[7:17], op=None)
+    dq_plan = _attn_plan.make(_kernel_launch("dq"), args, consts, q=q, k=k, v=v, b=b, ints=args[7:17], op=None)
     _, args, consts = _dkdv_args(t_kv, q, k, v, dout, k, v, q, q_offsets, kv_offsets, max_kv_len, scale, divisor,
                                  window, b, common, False)
-    dkdv_plan = _attn_plan.make(_bwd_launch("dkdv"), args, consts, q=q, k=k, v=v, b=b, ints=args[9:23], op=None)
+    dkdv_plan = _attn_plan.make(_kernel_launch("dkdv"), args, consts, q=q, k=k, v=v, b=b, ints=args[9:23], op=None)
     if dq_plan is not None and dkdv_plan is not None:
         plan.op.bwd.append(_BwdPlan(dq=dq_plan, dkdv=dkdv_plan, dq_block_m=t.block_m, dkdv_block_n=t_kv.block_n,
                                     short_kv=t.block_n, t_kv=t_kv))
@@ -657,7 +656,7 @@ def gdpa_forward_triton(
         return out
     grid, args, consts = _long_fwd(t, q, k, v, out, q_offsets, kv_offsets, max_q_len, activation, scale, divisor,
                                    causal, window)
-    _fwd_launch()(grid, args, consts)
+    _kernel_launch("fwd")(grid, args, consts)
     return out
 
 
@@ -679,13 +678,15 @@ def _long_fwd(
     return grid, args, consts
 
 
-@functools.cache
-def _fwd_launch() -> CachedLaunch:
-    """The long-kv forward kernel's cached launch, made at first use (a kernel decorated under
-    Triton's interpreter stays interpreted, and so does its launch)."""
-    from gem_kernels._triton_gdpa import _gdpa_fwd_kernel
+_KERNELS = {"fwd": "_gdpa_fwd_kernel", "dq": "_gdpa_bwd_dq_kernel", "dkdv": "_gdpa_bwd_dkdv_kernel"}
 
-    return CachedLaunch(_gdpa_fwd_kernel)
+
+def _kernel_launch(kind: str) -> CachedLaunch:
+    """The cached launch (`_launch.launch_of`) of the long-kv "fwd", "dq" or "dkdv" kernel, as
+    `_triton_gdpa` holds it now (a test's stand-in included)."""
+    from gem_kernels import _triton_gdpa
+
+    return launch_of(getattr(_triton_gdpa, _KERNELS[kind]))
 
 
 def gdpa_backward_triton(
@@ -733,18 +734,10 @@ def gdpa_backward_triton(
                        common, dq_atomic=True)
         return dqa.to(q.dtype), dk, dv
     dq = torch.empty_like(q)
-    _bwd_launch("dq")(*_dq_args(t, q, k, v, dout, dq, q_offsets, kv_offsets, max_q_len, scale, divisor, window, b, common))
+    _kernel_launch("dq")(*_dq_args(t, q, k, v, dout, dq, q_offsets, kv_offsets, max_q_len, scale, divisor, window, b, common))
     dk, dv = _dkdv(t_kv, q, k, v, dout, dq, q_offsets, kv_offsets, max_kv_len, scale, divisor, window, b, common,
                    dq_atomic=False)
     return dq, dk, dv
-
-
-def _bwd_launch(kind: str) -> CachedLaunch:
-    """The long-kv backward's "dq" or "dkdv" kernel's cached launch (`_launch.launch_of`: the
-    kernel as `_triton_gdpa` holds it now)."""
-    from gem_kernels import _triton_gdpa
-
-    return launch_of(_triton_gdpa._gdpa_bwd_dq_kernel if kind == "dq" else _triton_gdpa._gdpa_bwd_dkdv_kernel)
 
 
 _Launch = tuple[tuple[int, int], tuple[Any, ...], dict[str, Any]]  # (grid, runtime arguments, constexprs)
@@ -792,7 +785,7 @@ def _dkdv(
     """The long-kv dK/dV kernel; with `dq_atomic` it also adds dQ into the fp32 `dqa` (else
     `dqa` is not read: any tensor)."""
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    _bwd_launch("dkdv")(*_dkdv_args(t, q, k, v, dout, dk, dv, dqa, q_offsets, kv_offsets, max_kv_len, scale, divisor,
+    _kernel_launch("dkdv")(*_dkdv_args(t, q, k, v, dout, dk, dv, dqa, q_offsets, kv_offsets, max_kv_len, scale, divisor,
                                    window, b, common, dq_atomic))
     return dk, dv
 

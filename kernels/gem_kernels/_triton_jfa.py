@@ -987,11 +987,9 @@ def in_order_tiles(rows: int, b: int, max_len: int, block: int) -> int:
     return by_rows if by_rows < by_len else by_len
 
 
-@functools.cache
 def _fwd_launch() -> CachedLaunch:
-    """The forward kernel's cached launch, made at first use (a kernel decorated under Triton's
-    interpreter stays interpreted, and so does its launch)."""
-    return CachedLaunch(_jfa_fwd_kernel)
+    """The forward kernel's cached launch (`_launch.launch_of`, as the backward's)."""
+    return launch_of(_jfa_fwd_kernel)
 
 
 def _q_order(cfg: JfaConfig, in_order: bool) -> int:

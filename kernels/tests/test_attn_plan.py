@@ -86,16 +86,16 @@ def _fresh(lengths: list[int], *, h: int = 2, d: int = 32, dtype: torch.dtype = 
 
 
 def _check(fn: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, off: torch.Tensor,
-           mx: int, **kw: Any) -> torch.Tensor:
-    """Runs the Triton path, compares with the reference (outputs, and gradients where q wants
-    one); returns the Triton output."""
+           mx: int, dout_of: Callable[[torch.Tensor], torch.Tensor] = torch.randn_like, **kw: Any) -> torch.Tensor:
+    """Runs the Triton path, compares with the reference (outputs, and gradients for the upstream
+    gradient `dout_of(out)` where q wants one); returns the Triton output."""
     out = fn(q, k, v, off, mx, mx, **kw)
     q32, k32, v32 = (x.detach().float().requires_grad_(x.requires_grad) for x in (q, k, v))
     ref = fn(q32, k32, v32, off, mx, mx, backend="reference", **kw)
     atol, rtol = TOL[q.dtype]
     torch.testing.assert_close(out.float(), ref, atol=atol, rtol=rtol)
     if q.requires_grad:
-        dout = torch.randn_like(out)
+        dout = dout_of(out)
         grads = torch.autograd.grad(out, (q, k, v), dout)
         atol, rtol = GRAD_TOL[q.dtype]
         for got, want in zip(grads, torch.autograd.grad(ref, (q32, k32, v32), dout.float())):
@@ -359,19 +359,6 @@ class _OrdinaryBackward:
 BACKWARDS = {"gdpa": (_gdpa, "gdpa_backward_triton"), "jfa": (_triton_jfa, "jfa_backward")}
 
 
-def _grads_match(fn: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 off: torch.Tensor, mx: int, dout_of: Callable[[torch.Tensor], torch.Tensor], **kw: Any) -> None:
-    """The Triton path's gradients for the upstream gradient `dout_of(out)` against the reference's."""
-    out = fn(q, k, v, off, mx, mx, **kw)
-    dout = dout_of(out)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    q32, k32, v32 = (x.detach().float().requires_grad_(True) for x in (q, k, v))
-    ref = fn(q32, k32, v32, off, mx, mx, backend="reference", **kw)
-    atol, rtol = GRAD_TOL[q.dtype]
-    for got, want in zip(grads, torch.autograd.grad(ref, (q32, k32, v32), dout.float())):
-        torch.testing.assert_close(got.float(), want, atol=atol, rtol=rtol)
-
-
 @needs_triton
 @pytest.mark.parametrize("op", list(BACKWARDS))
 def test_backward_plan_serves_repeat_calls_on_fresh_data(monkeypatch: pytest.MonkeyPatch, op: str) -> None:
@@ -394,7 +381,7 @@ def test_backward_plan_serves_repeat_calls_on_fresh_data(monkeypatch: pytest.Mon
     # whose data is not 16-byte aligned (not served: the ordinary path, still right).
     lengths = _lengths(21, 40, 7)
     transposed = lambda out: torch.randn(out.shape[2], out.shape[1], out.shape[0], device=DEVICE).to(out.dtype).T
-    _grads_match(fn, *_fresh(lengths, seed=7, grad=True), _offsets(lengths), max(lengths), transposed, causal=True)
+    _check(fn, *_fresh(lengths, seed=7, grad=True), _offsets(lengths), max(lengths), transposed, causal=True)
     assert backward.calls == 2 and backward.served == 4
 
     def misaligned(out: torch.Tensor) -> torch.Tensor:
@@ -403,7 +390,7 @@ def test_backward_plan_serves_repeat_calls_on_fresh_data(monkeypatch: pytest.Mon
         assert dout.data_ptr() % 16
         return dout
 
-    _grads_match(fn, *_fresh(lengths, seed=8, grad=True), _offsets(lengths), max(lengths), misaligned, causal=True)
+    _check(fn, *_fresh(lengths, seed=8, grad=True), _offsets(lengths), max(lengths), misaligned, causal=True)
     assert backward.calls == 3 and backward.served == 4
     assert ordinary.calls == 1
 
