@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gem_kernels import _attn_plan
+from gem_kernels import _attn_plan, _gluon_jfa
 from gem_kernels._jagged import check_attention, check_row_offsets, check_triton_device, resolve_backend
 from gem_kernels._jfa_reference import jfa_padded, jfa_reference, run_reference
 
@@ -510,7 +510,8 @@ def _plan_backward(
                                          pick_config)
 
     held = plan.op.bwd
-    if not held or _FORCED or bwd_uses_flash4(q, k, window) or bwd_uses_flash(q, window):
+    if (not held or _FORCED or bwd_uses_flash4(q, k, window) or bwd_uses_flash(q, window)
+            or _gluon_jfa.requested()):
         return None
     tq, h, d = q.shape
     bp = held.get(pick_config(max_q_len, max_kv_len, d, q.dtype))
@@ -556,7 +557,7 @@ def _remember_backward(
     from gem_kernels._launch import launch_of
 
     tq, h, d = q.shape
-    if tj._FORCED or tj.bwd_uses_flash4(q, k, window) or tj.bwd_uses_flash(q, window):
+    if tj._FORCED or tj.bwd_uses_flash4(q, k, window) or tj.bwd_uses_flash(q, window) or _gluon_jfa.requested():
         return
     cfg = tj.pick_config(max_q_len, max_kv_len, d, q.dtype)
     contiguous = (h * d, d, 1)

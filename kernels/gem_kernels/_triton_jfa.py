@@ -942,6 +942,15 @@ def settle(grads: tuple[torch.Tensor, ...], buf: torch.Tensor) -> torch.Tensor:
     return buf
 
 
+def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, window: int | None, one_pass: bool) -> bool:
+    """Whether the two-pass backward's dK/dV runs as the Gluon kernel (`_gluon_jfa`): asked for by
+    `GEM_JFA_DKDV=gluon` and possible here (a Hopper GPU, bf16/fp16, D 64 or 128, no window);
+    else the Triton kernel, silently where Gluon cannot serve (e.g. on the CPU)."""
+    from gem_kernels import _gluon_jfa
+
+    return _gluon_jfa.requested() and _gluon_jfa.problem(q, k, window, one_pass) is None
+
+
 def _upcast(t: torch.Tensor) -> bool:
     return t.dtype == torch.bfloat16 and (t.device.type != "cuda" or interpreting())
 
@@ -1154,7 +1163,11 @@ def jfa_backward(
     dq_tma, tma_loads = _tma_modes(cfg, q, dout, dq_acc)
     grid, args, consts = bwd_dkdv_args(cfg, q, k, v, dout, lse, delta, dk, dv, dq_acc, q_offsets, kv_offsets,
                                        max_kv_len, causal, window, scale, dq_tma, tma_loads)
-    if dq_tma or tma_loads:  # descriptor arguments: Triton's own launch (CachedLaunch keys tensors and ints)
+    if gluon_dkdv(q, k, window, cfg.one_pass):  # GEM_JFA_DKDV=gluon: the Gluon twin of the same kernel
+        from gem_kernels import _gluon_jfa
+
+        _gluon_jfa.dkdv(q, k, v, dout, lse, delta, dk, dv, q_offsets, kv_offsets, max_kv_len, causal, scale)
+    elif dq_tma or tma_loads:  # descriptor arguments: Triton's own launch (CachedLaunch keys tensors and ints)
         _jfa_bwd_dkdv_kernel[grid](*args, **consts)
     else:
         launch_of(_jfa_bwd_dkdv_kernel)(grid, args, consts)

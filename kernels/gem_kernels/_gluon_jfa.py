@@ -1,0 +1,312 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator,no-untyped-call,no-any-return"
+"""JFA's dK/dV backward kernel in Gluon (Hopper): the score GEMMs overlap the softmax math.
+
+Why this file exists: the two-pass backward's dK/dV kernel is the largest item of the
+trainer's step (22.7 % of GPU time, kernels/BENCHMARKS.md). Triton's `tl.dot` waits for each
+non-accumulating wgmma right after issuing it, so Kᵀ·Q, V·dOᵀ, the exp and dS run one after
+the other. Gluon exposes the asynchronous wgmma (`warpgroup_mma(..., is_async=True)` and
+`warpgroup_mma_wait(n)`), so this kernel issues both score GEMMs at once, computes
+Pᵀ = exp2(Sᵀ - lse) while V·dOᵀ is still running, and leaves dV += Pᵀ·dO and dK += dSᵀ·Q in
+flight under the next q tile's loads and score GEMMs.
+
+Same contract as `_triton_jfa._jfa_bwd_dkdv_kernel` in its two-pass, batch-order mode
+(self- or cross-attention, full or causal bottom-right aligned, no window): one program per
+(kv tile of BLOCK_N rows, head), walking the q tiles that see it; q/dO tiles come through
+`cp.async` with row masks (rows past the sample's end are zero-filled, so a neighbour's
+non-finite values never enter an MMA), STAGES-deep; K and V stay in shared memory as the
+MMAs' A operands, Pᵀ and dSᵀ feed the dV / dK MMAs from registers.
+
+Gluon kernels run only on a Hopper GPU: no CPU interpreter. The Triton kernel is the
+reference twin (checked on the CPU under TRITON_INTERPRET=1 and against the PyTorch
+reference); the GPU tests (`tests/test_gluon_jfa.py`) compare this kernel with it and with
+the reference at real sizes. Used when `GEM_JFA_DKDV=gluon` (opt-in until measured faster).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import torch
+
+try:  # Gluon is experimental: absent on older Triton, and its API may move
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_init,
+        warpgroup_mma_wait,
+    )
+
+    # The CTA-wide barrier: `thread_barrier` in Triton 3.6, `barrier` from 3.7.
+    _cta_sync = getattr(gl, "thread_barrier", None) or gl.barrier
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    HAVE_GLUON = False
+
+ENV = "GEM_JFA_DKDV"
+CHOICES = ("triton", "gluon")
+
+
+def requested() -> bool:
+    """Whether `GEM_JFA_DKDV=gluon` asks for this kernel (an unknown value is an error)."""
+    value = os.environ.get(ENV, "").strip().lower()
+    if value not in ("", *CHOICES):
+        raise ValueError(f"{ENV}={value!r} must be one of {CHOICES} (or unset: triton)")
+    return value == "gluon"
+
+
+def problem(q: torch.Tensor, k: torch.Tensor, window: int | None, one_pass: bool) -> str | None:
+    """Why this kernel cannot serve a backward (None: it can)."""
+    if not HAVE_GLUON:
+        return "this Triton has no Gluon"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "Gluon kernels do not run under TRITON_INTERPRET=1"
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return "needs a Hopper (SM90) GPU"
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype:
+        return f"dtype {q.dtype} (needs bf16 or fp16)"
+    if q.shape[2] not in (64, 128):
+        return f"head dim {q.shape[2]} (needs 64 or 128)"
+    if window is not None:
+        return "windowed attention"
+    if one_pass:
+        return "the one-pass backward (this kernel adds no dQ)"
+    return None
+
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _add(a, b):
+        return a + b
+
+    @gluon.jit
+    def _locate(OFF, pid, B, BLOCK: gl.constexpr, BLOCK_B: gl.constexpr, layout: gl.constexpr):
+        """(sample, tile within it, total tiles) of batch-order tile `pid` (`_triton_jfa._locate`)."""
+        idx = gl.arange(0, BLOCK_B, layout=layout)
+        m = idx < B
+        lo = gl.load(OFF + idx, mask=m, other=0)
+        hi = gl.load(OFF + idx + 1, mask=m, other=0)
+        cnt = ((hi - lo + (BLOCK - 1)) // BLOCK).to(gl.int32)
+        cum = gl.associative_scan(cnt, 0, _add)
+        b = gl.sum((cum <= pid).to(gl.int32), 0)
+        first = gl.sum(gl.where(idx == b, cum - cnt, 0), 0)
+        return b, pid - first, gl.sum(cnt, 0)
+
+    @gluon.jit
+    def _issue_tile(q_buf, do_buf, q_base, do_base, start_m, lq, stride_qt, stride_dot,
+                    BLOCK_M: gl.constexpr, D: gl.constexpr, ld_layout: gl.constexpr):
+        """cp.async of one [BLOCK_M, D] q tile and dO tile; rows past lq are zero-filled."""
+        rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_layout))
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, ld_layout))
+        ok = (rows < lq)[:, None]
+        cp.async_copy_global_to_shared(q_buf, q_base + rows[:, None] * stride_qt + cols[None, :], mask=ok)
+        cp.async_copy_global_to_shared(do_buf, do_base + rows[:, None] * stride_dot + cols[None, :], mask=ok)
+
+    @gluon.jit
+    def _jfa_bwd_dkdv_gluon_kernel(
+        Q, K, V, DO, LSE, DELTA, DK, DV, QO, KO,
+        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+        stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+        B, H, scale, scale_log2,
+        CAUSAL: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        LOG2B: gl.constexpr, STAGES: gl.constexpr, OVERLAP_ACC: gl.constexpr,
+        q_sl: gl.constexpr, kv_sl: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        # Register layouts: S/dP tiles [BLOCK_N, BLOCK_M] and dK/dV [BLOCK_N, D] as wgmma
+        # accumulators (warps stacked along the kv rows: each warpgroup owns 64 of them),
+        # Pᵀ/dSᵀ as the dV/dK MMAs' register A operand, a 16-byte-per-thread copy layout.
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, BLOCK_M, 16])
+        d_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, D, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=d_layout, k_width=2)
+        TPW_D: gl.constexpr = D // 8
+        ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPW_D, TPW_D], [num_warps, 1], [1, 0])
+        b_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # along the q rows of an Sᵀ tile
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)  # along its kv rows
+
+        b, blk, total = _locate(KO, gl.program_id(0), B, BLOCK_N, 1 << LOG2B, b_layout)
+        if gl.program_id(0) >= total:
+            return
+        h = gl.program_id(1)
+        n_start = blk * BLOCK_N
+        kv_start = gl.load(KO + b)
+        lk = (gl.load(KO + b + 1) - kv_start).to(gl.int32)
+        q_start = gl.load(QO + b)
+        lq = (gl.load(QO + b + 1) - q_start).to(gl.int32)
+        shift = lk - lq
+
+        dtype: gl.constexpr = K.dtype.element_ty
+        k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, D], kv_sl)
+        v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, D], kv_sl)
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, D], q_sl)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, D], q_sl)
+
+        krows = n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
+        dcols = gl.arange(0, D, layout=gl.SliceLayout(0, ld_layout))
+        kok = (krows < lk)[:, None]
+        k_base = K + kv_start * stride_kt + h * stride_kh
+        v_base = V + kv_start * stride_vt + h * stride_vh
+        cp.async_copy_global_to_shared(k_smem, k_base + krows[:, None] * stride_kt + dcols[None, :], mask=kok)
+        cp.async_copy_global_to_shared(v_smem, v_base + krows[:, None] * stride_vt + dcols[None, :], mask=kok)
+
+        # q tiles that see keys [n_start, n_start + BLOCK_N): [lo, lq); those before f_lo
+        # hold a causal diagonal (element mask), the rest see the whole kv tile.
+        lo = 0
+        f_lo = 0
+        if CAUSAL:
+            lo = gl.maximum(n_start - shift, 0)
+            f_lo = gl.maximum(n_start + BLOCK_N - 1 - shift, 0)
+        lo = (lo // BLOCK_M) * BLOCK_M
+        hi = gl.maximum(lq, lo)
+        n_tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M
+
+        q_base = Q + q_start * stride_qt + h * stride_qh
+        do_base = DO + q_start * stride_dot + h * stride_doh
+        lse_base = LSE + q_start * H + h
+        delta_base = DELTA + q_start * H + h
+
+        # K, V and the first PD q/dO tiles form the first copy groups (a tile past the last
+        # loads nothing: every row masked). Tile t lives in slot t % STAGES; it is refilled
+        # (with tile t + STAGES) at iteration t + STAGES - PD >= t + 2, after every warpgroup
+        # passed the barrier of iteration t + 1, whose MMA wait retired tile t's dV/dK MMAs.
+        PD: gl.constexpr = STAGES - 2
+        for i in gl.static_range(PD):
+            _issue_tile(q_smem.index(i), do_smem.index(i), q_base, do_base, lo + i * BLOCK_M, lq,
+                        stride_qt, stride_dot, BLOCK_M, D, ld_layout)
+            cp.commit_group()
+
+        zero_s = gl.zeros([BLOCK_N, BLOCK_M], dtype=gl.float32, layout=s_layout)
+        zero_d = gl.zeros([BLOCK_N, D], dtype=gl.float32, layout=d_layout)
+        offs_m = gl.arange(0, BLOCK_M, layout=col_layout)
+        offs_n = n_start + gl.arange(0, BLOCK_N, layout=row_layout)
+        out_rows = n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, d_layout))
+        out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, d_layout))
+        ok = (out_rows < lk)[:, None]
+        dk_ptrs = DK + kv_start * stride_dkt + h * stride_dkh + out_rows[:, None] * stride_dkt + out_cols[None, :]
+        dv_ptrs = DV + kv_start * stride_dvt + h * stride_dvh + out_rows[:, None] * stride_dvt + out_cols[None, :]
+        if n_tiles > 0:
+            # The first tile is peeled: its dV/dK MMAs start the accumulators (use_acc=False),
+            # so no non-MMA instruction ever writes registers of an MMA in flight (else ptxas
+            # serializes every wgmma, C7515).
+            dk, dv, p_op, ds_op = _dkdv_step(
+                0, lo, lq, f_lo, shift, zero_d, zero_d, zero_d, zero_d, k_smem, v_smem, q_smem, do_smem,
+                q_base, do_base, lse_base, delta_base, offs_m, offs_n, H, scale_log2, stride_qt, stride_dot,
+                zero_s, zero_d, True, CAUSAL, BLOCK_M, D, STAGES, OVERLAP_ACC, ld_layout, a_layout)
+            for it in range(1, n_tiles):
+                dk, dv, p_op, ds_op = _dkdv_step(
+                    it, lo, lq, f_lo, shift, dk, dv, p_op, ds_op, k_smem, v_smem, q_smem, do_smem,
+                    q_base, do_base, lse_base, delta_base, offs_m, offs_n, H, scale_log2, stride_qt, stride_dot,
+                    zero_s, zero_d, False, CAUSAL, BLOCK_M, D, STAGES, OVERLAP_ACC, ld_layout, a_layout)
+            dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+            cp.wait_group(0)
+            gl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=ok)
+            gl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=ok)
+        else:  # no query sees this kv tile
+            cp.wait_group(0)
+            gl.store(dk_ptrs, zero_d.to(DK.dtype.element_ty), mask=ok)
+            gl.store(dv_ptrs, zero_d.to(DV.dtype.element_ty), mask=ok)
+
+    @gluon.jit
+    def _dkdv_step(it, lo, lq, f_lo, shift, dk, dv, p_op, ds_op, k_smem, v_smem, q_smem, do_smem,
+                   q_base, do_base, lse_base, delta_base, offs_m, offs_n, H, scale_log2, stride_qt, stride_dot,
+                   zero_s, zero_d, FIRST: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                   D: gl.constexpr, STAGES: gl.constexpr, OVERLAP_ACC: gl.constexpr,
+                   ld_layout: gl.constexpr, a_layout: gl.constexpr):
+        """One q tile: Sᵀ and dPᵀ together, Pᵀ under dPᵀ, then dV += Pᵀ·dO, dK += dSᵀ·Q left in flight
+        (OVERLAP_ACC) or waited for. FIRST: the accumulators start here (dk, dv, p_op, ds_op unused)."""
+        PD: gl.constexpr = STAGES - 2
+        start_m = lo + it * BLOCK_M
+        rows = start_m + offs_m
+        r_ok = rows < lq
+        lse2 = gl.load(lse_base + rows * H, mask=r_ok, other=float("inf"))
+        delta = gl.load(delta_base + rows * H, mask=r_ok, other=0.0)
+
+        cp.wait_group(PD - 1)  # this tile's group (and K, V with the first) landed
+        fence_async_shared()
+        _cta_sync()
+        nxt = it + PD
+        _issue_tile(q_smem.index(nxt % STAGES), do_smem.index(nxt % STAGES), q_base, do_base,
+                    lo + nxt * BLOCK_M, lq, stride_qt, stride_dot, BLOCK_M, D, ld_layout)
+        cp.commit_group()
+
+        q_t = q_smem.index(it % STAGES)
+        do_t = do_smem.index(it % STAGES)
+        s_tok = warpgroup_mma(k_smem, q_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        # In order: the previous tile's dV and dK MMAs, then Sᵀ, retire; V·dOᵀ may run on.
+        if FIRST:
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+        else:
+            s, dk, dv, p_op, ds_op = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, dk, dv, p_op, ds_op))
+        p = gl.exp2(s * scale_log2 - lse2[None, :])
+        if CAUSAL:
+            if start_m < f_lo:
+                p = gl.where(offs_n[:, None] <= rows[None, :] + shift, p, 0.0)
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))
+        ds = p * (dp - delta[None, :])
+        p_op = gl.convert_layout(p.to(q_t.dtype), a_layout)
+        ds_op = gl.convert_layout(ds.to(q_t.dtype), a_layout)
+        if FIRST:
+            dv = warpgroup_mma(p_op, do_t, zero_d, use_acc=False, is_async=True)
+            dk = warpgroup_mma(ds_op, q_t, zero_d, use_acc=False, is_async=True)
+        else:
+            dv = warpgroup_mma(p_op, do_t, dv, is_async=True)
+            dk = warpgroup_mma(ds_op, q_t, dk, is_async=True)
+        if not OVERLAP_ACC:
+            dk, dv, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, p_op, ds_op))
+        return dk, dv, p_op, ds_op
+
+@functools.cache
+def smem_layouts(block_m: int, block_n: int, d: int, bits: int) -> tuple[Any, Any]:
+    """NVMMA shared layouts of the q/dO tiles and of K, V (swizzled for wgmma)."""
+    dt = gl.bfloat16 if bits == 16 else gl.float32
+    return (gl.NVMMASharedLayout.get_default_for([block_m, d], dt),
+            gl.NVMMASharedLayout.get_default_for([block_n, d], dt))
+
+
+# (BLOCK_M, BLOCK_N, num_warps, STAGES, OVERLAP_ACC): 32 q rows per step, 128 kv rows over two
+# warpgroups, 4 q/dO slots (2 tiles loading ahead), dV/dK MMAs in flight across iterations.
+# 242 registers, no spills (ptxas, sm_90a); 64 q rows spill (the Sᵀ/dPᵀ tiles, lse and delta
+# double).
+DEFAULT_TILES = (32, 128, 8, 4, True)
+
+
+def dkdv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
+    delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor, max_kv_len: int, causal: bool, scale: float,
+    tiles: tuple[int, int, int, int, bool] | None = None,
+) -> None:
+    """Writes dK and dV of the two-pass backward (`problem(...)` must be None).
+
+    q/dO `[Tq, H, D]`, k/v/dK/dV `[Tk, H, D]` with unit stride along D; lse/delta `[Tq, H]`
+    fp32 contiguous (log2-domain lse, delta = rowsum(dO·O)); offsets int64 `[B + 1]`. `tiles`:
+    (BLOCK_M, BLOCK_N, num_warps, STAGES, OVERLAP_ACC), default `DEFAULT_TILES` (read per call).
+    """
+    from gem_kernels._triton_jfa import in_order_tiles
+
+    tiles = DEFAULT_TILES if tiles is None else tiles
+    block_m, block_n, warps, stages, overlap = tiles
+    if stages < 3 or block_n != 16 * warps * (block_n // (16 * warps)) or block_n < 16 * warps:
+        raise ValueError(f"tiles={tiles}: needs STAGES >= 3 and BLOCK_N a multiple of 16 x num_warps")
+    h, d = q.shape[1], q.shape[2]
+    b = kv_offsets.numel() - 1
+    grid = (in_order_tiles(k.shape[0], b, max_kv_len, block_n), h)
+    if grid[0] == 0 or h == 0:
+        return
+    q_sl, kv_sl = smem_layouts(block_m, block_n, d, 16)
+    _jfa_bwd_dkdv_gluon_kernel[grid](
+        q, k, v, dout, lse, delta, dk, dv, q_offsets, kv_offsets,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+        b, h, scale, scale * 1.4426950408889634,
+        CAUSAL=causal, D=d, BLOCK_M=block_m, BLOCK_N=block_n, LOG2B=max(4, (b - 1).bit_length()),
+        STAGES=stages, OVERLAP_ACC=overlap, q_sl=q_sl, kv_sl=kv_sl, num_warps=warps,
+    )

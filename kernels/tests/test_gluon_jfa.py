@@ -1,0 +1,176 @@
+"""The Gluon dK/dV kernel (`_gluon_jfa`, `GEM_JFA_DKDV=gluon`) against the Triton kernel and the reference.
+
+Gluon kernels run only on a Hopper GPU (no CPU interpreter): the GPU tests compare its dK and
+dV with the Triton dK/dV kernel's on the same inputs and, through the whole backward, with
+the fp32 PyTorch reference. The CPU tests check the switch: its parsing, the reasons it
+cannot serve, and that asking for it where it cannot run still gives the right gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import pytest
+import torch
+
+from gem_kernels import _gluon_jfa, jagged_flash_attention
+from gem_kernels import _triton_jfa as tj
+
+CUDA = torch.cuda.is_available()
+HOPPER = CUDA and torch.cuda.get_device_capability()[0] == 9
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+needs_hopper = pytest.mark.skipif(not (HOPPER and _gluon_jfa.HAVE_GLUON), reason="Gluon kernels need a Hopper GPU")
+DEVICE = "cuda" if CUDA else "cpu"
+
+
+def _offsets(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64, device=DEVICE)
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want.float()).abs().max()) / max(1.0, float(want.float().abs().max()))
+
+
+def test_switch_parses_and_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    for value, want in (("", False), ("triton", False), ("gluon", True), (" Gluon ", True)):
+        monkeypatch.setenv(_gluon_jfa.ENV, value)
+        assert _gluon_jfa.requested() is want
+    monkeypatch.delenv(_gluon_jfa.ENV)
+    assert _gluon_jfa.requested() is False
+    monkeypatch.setenv(_gluon_jfa.ENV, "cuda")
+    with pytest.raises(ValueError, match="GEM_JFA_DKDV='cuda' must be one of"):
+        _gluon_jfa.requested()
+
+
+def test_problem_names_why_it_cannot_serve() -> None:
+    q = torch.zeros(4, 2, 128, dtype=torch.bfloat16, device=DEVICE)
+    if not (HOPPER and _gluon_jfa.HAVE_GLUON and not INTERPRET):
+        assert _gluon_jfa.problem(q, q, None, False) is not None
+        return
+    assert _gluon_jfa.problem(q, q, None, False) is None
+    assert "window" in str(_gluon_jfa.problem(q, q, 8, False))
+    assert "one-pass" in str(_gluon_jfa.problem(q, q, None, True))
+    assert "dtype" in str(_gluon_jfa.problem(q.float(), q.float(), None, False))
+    assert "head dim" in str(_gluon_jfa.problem(q[..., :32], q[..., :32], None, False))
+
+
+@pytest.mark.skipif(not (CUDA or INTERPRET), reason="Triton needs CUDA or TRITON_INTERPRET=1 (set by Bazel)")
+@pytest.mark.parametrize("causal", [False, True])
+def test_asking_for_gluon_keeps_gradients_right_everywhere(causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On the CPU (interpreter) the switch falls back to the Triton kernel; on a Hopper GPU the
+    # Gluon kernel runs. Either way the gradients match the fp32 reference.
+    monkeypatch.setenv(_gluon_jfa.ENV, "gluon")
+    monkeypatch.setenv("GEM_JFA_BWD", "two_pass")
+    monkeypatch.setenv("GEM_JFA_FWD", "pointer")
+    lengths = [37, 0, 1, 64, 20] if not CUDA else [300, 0, 1, 64, 129, 1000]
+    h, d = 2, (16 if not CUDA else 128)
+    dtype = torch.float32 if not CUDA else torch.bfloat16
+    _check_against_reference(lengths, lengths, h, d, dtype, causal, seed=3)
+
+
+def _check_against_reference(lq: list[int], lk: list[int], h: int, d: int, dtype: torch.dtype, causal: bool,
+                             seed: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    qo, ko = _offsets(lq), _offsets(lk)
+
+    def rnd(t: int) -> torch.Tensor:
+        return torch.randn(t, h, d, generator=g, device=DEVICE).to(dtype).requires_grad_()
+
+    q, k, v = rnd(sum(lq)), rnd(sum(lk)), rnd(sum(lk))
+    out = jagged_flash_attention(q, k, v, qo, ko, max(lq), max(lk), causal=causal, backend="triton")
+    dout = torch.randn(out.shape, generator=g, device=DEVICE).to(dtype)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = jagged_flash_attention(q32, k32, v32, qo, ko, max(lq), max(lk), causal=causal, backend="reference")
+    ref_grads = torch.autograd.grad(ref, (q32, k32, v32), dout.float())
+    tol = 5e-5 if dtype == torch.float32 else 2e-2
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert torch.isfinite(got).all(), name
+        err = _rel_err(got, want)
+        assert err <= tol, f"{name}: max error {err:.3g} (relative to max |ref|) > {tol}"
+    return grads
+
+
+def _both_kernels(lq: list[int], lk: list[int], h: int, d: int, causal: bool, seed: int,
+                  tiles: tuple[int, int, int, int, bool] | None = None,
+                  poison: tuple[int, int] | None = None) -> tuple[torch.Tensor, ...]:
+    """dK, dV of the Gluon kernel and of the Triton two-pass kernel on the same inputs (bf16)."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    qo, ko = _offsets(lq), _offsets(lk)
+    q, k, v, = (torch.randn(t, h, d, generator=g, device=DEVICE).bfloat16() for t in (sum(lq), sum(lk), sum(lk)))
+    scale = 1.0 / math.sqrt(d)
+    out, lse = tj.jfa_forward(q, k, v, qo, ko, max(lq), max(lk), causal, None, scale)
+    dout = torch.randn(out.shape, generator=g, device=DEVICE).bfloat16()
+    if poison is not None:  # rows [a, b) of q and dO (another sample's) turn NaN after the forward
+        q[poison[0]:poison[1]] = float("nan")
+        dout[poison[0]:poison[1]] = float("nan")
+    delta = (dout.float() * out.float()).sum(-1).contiguous()
+    dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+    _gluon_jfa.dkdv(q, k, v, dout, lse, delta, dk, dv, qo, ko, max(lk), causal, scale, tiles)
+    two_pass = dataclasses.replace(tj.pick_config(max(lq), max(lk), d, q.dtype), one_pass=False)
+    with tj.force_config(two_pass):  # the Triton kernels (GEM_JFA_DKDV is unset here)
+        _, dk_t, dv_t = tj.jfa_backward(dout, q, k, v, out, lse, qo, ko, max(lq), max(lk), causal, None, scale)
+    return dk, dv, dk_t, dv_t
+
+
+TILES = [(32, 128, 8, 4, True), (32, 128, 8, 3, False), (32, 64, 4, 4, True), (64, 128, 8, 4, True)]
+
+
+@needs_hopper
+@pytest.mark.parametrize("tiles", TILES, ids=lambda t: "x".join(map(str, t)))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_matches_triton_kernel(tiles: tuple[int, int, int, int, bool], causal: bool, d: int) -> None:
+    g = torch.Generator().manual_seed(d + causal)
+    lengths = torch.randint(0, 1500, (10,), generator=g).tolist() + [0, 1, 31, 32, 33, 127, 128, 129]
+    dk, dv, dk_t, dv_t = _both_kernels(lengths, lengths, 4, d, causal, seed=d, tiles=tiles)
+    for name, got, want in (("dk", dk, dk_t), ("dv", dv, dv_t)):
+        assert torch.isfinite(got).all(), name  # every row written (the buffers started NaN)
+        err = _rel_err(got, want)
+        assert err <= 1e-2, f"{name}: {err:.3g}"
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_cross_attention_and_empty_sides(causal: bool) -> None:
+    lq = [0, 5, 700, 64, 1, 300, 0]
+    lk = [9, 0, 650, 200, 129, 40, 3]  # rows of a sample whose other side is empty get 0
+    dk, dv, dk_t, dv_t = _both_kernels(lq, lk, 2, 128, causal, seed=5)
+    for got, want in ((dk, dk_t), (dv, dv_t)):
+        assert torch.isfinite(got).all()
+        assert _rel_err(got, want) <= 1e-2
+    assert dk[:9].abs().max() == 0 and dv[:9].abs().max() == 0  # sample 0 has no queries
+
+
+@needs_hopper
+def test_gpu_nan_neighbour_does_not_leak() -> None:
+    # Sample 1's q and dO are NaN: sample 0's last tiles read past its end (masked, zero-filled),
+    # so its dK/dV stay finite and equal to the run without the NaN.
+    lq = [100, 300]
+    clean = _both_kernels(lq, lq, 2, 128, False, seed=7)
+    dirty = _both_kernels(lq, lq, 2, 128, False, seed=7, poison=(100, 400))
+    for got, want in zip(dirty[:2], clean[:2]):
+        assert torch.isfinite(got[:100]).all()
+        assert torch.equal(got[:100], want[:100])
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_whole_backward_with_the_switch(causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(_gluon_jfa.ENV, "gluon")
+    monkeypatch.setenv("GEM_JFA_BWD", "two_pass")
+    monkeypatch.setenv("GEM_JFA_FWD", "pointer")
+    calls: list[int] = []
+    real = _gluon_jfa.dkdv
+
+    def counted(*a: object, **kw: object) -> None:
+        calls.append(1)
+        real(*a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_gluon_jfa, "dkdv", counted)
+    g = torch.Generator().manual_seed(11)
+    lengths = torch.randint(0, 2500, (12,), generator=g).tolist() + [0, 1, 128]
+    _check_against_reference(lengths, lengths, 4, 128, torch.bfloat16, causal, seed=11)
+    assert calls, "the Gluon kernel did not run"
