@@ -1,5 +1,5 @@
 # mypy: disable-error-code="no-untyped-def,untyped-decorator,no-untyped-call,no-any-return"
-"""JFA's dK/dV backward kernel in Gluon (Hopper): the score GEMMs overlap the softmax math.
+"""JFA's two-pass backward kernels in Gluon (Hopper): the score GEMMs overlap the softmax math.
 
 Why this file exists: the two-pass backward's dK/dV kernel is the largest item of the
 trainer's step (22.7 % of GPU time, kernels/BENCHMARKS.md). Triton's `tl.dot` waits for each
@@ -19,7 +19,9 @@ MMAs' A operands, Pᵀ and dSᵀ feed the dV / dK MMAs from registers.
 Gluon kernels run only on a Hopper GPU: no CPU interpreter. The Triton kernel is the
 reference twin (checked on the CPU under TRITON_INTERPRET=1 and against the PyTorch
 reference); the GPU tests (`tests/test_gluon_jfa.py`) compare this kernel with it and with
-the reference at real sizes. Used when `GEM_JFA_DKDV=gluon` (opt-in until measured faster).
+the reference at real sizes. The dQ kernel (`_jfa_bwd_dq_gluon_kernel`) is built the same way
+(one program per q tile; Q and dO stay in shared memory, K/V tiles stream). Used where
+`GEM_JFA_GLUON` asks (dkdv | dq | all; opt-in until measured faster).
 """
 
 from __future__ import annotations
@@ -47,16 +49,17 @@ try:  # Gluon is experimental: absent on older Triton, and its API may move
 except ImportError:  # pragma: no cover - depends on the installed Triton
     HAVE_GLUON = False
 
-ENV = "GEM_JFA_DKDV"
-CHOICES = ("triton", "gluon")
+ENV = "GEM_JFA_GLUON"
+CHOICES = {"": (), "off": (), "dkdv": ("dkdv",), "dq": ("dq",), "all": ("dkdv", "dq")}
 
 
-def requested() -> bool:
-    """Whether `GEM_JFA_DKDV=gluon` asks for this kernel (an unknown value is an error)."""
+def requested(kernel: str) -> bool:
+    """Whether `GEM_JFA_GLUON` (off | dkdv | dq | all; unset = off) asks for the Gluon `kernel`
+    ("dkdv" or "dq") of the two-pass backward; an unknown value is an error."""
     value = os.environ.get(ENV, "").strip().lower()
-    if value not in ("", *CHOICES):
-        raise ValueError(f"{ENV}={value!r} must be one of {CHOICES} (or unset: triton)")
-    return value == "gluon"
+    if value not in CHOICES:
+        raise ValueError(f"{ENV}={value!r} must be one of {sorted(c for c in CHOICES if c)} (or unset: off)")
+    return kernel in CHOICES[value]
 
 
 def problem(q: torch.Tensor, k: torch.Tensor, window: int | None, one_pass: bool) -> str | None:
@@ -263,6 +266,129 @@ if HAVE_GLUON:
             dk, dv, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, p_op, ds_op))
         return dk, dv, p_op, ds_op
 
+    @gluon.jit
+    def _jfa_bwd_dq_gluon_kernel(
+        Q, K, V, DO, LSE, DELTA, DQ, QO, KO,
+        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+        stride_dqt, stride_dqh,
+        B, H, scale, scale_log2,
+        CAUSAL: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        LOG2B: gl.constexpr, STAGES: gl.constexpr, OVERLAP_ACC: gl.constexpr,
+        q_sl: gl.constexpr, kv_sl: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        """dQ of the two-pass backward (`_triton_jfa._jfa_bwd_dq_kernel`'s twin): one program per
+        (q tile of BLOCK_M rows, head) in batch order, walking its kv tiles; S and dP issued
+        together, P under dP, dQ += dS·K left in flight (OVERLAP_ACC). Q and dO stay in shared
+        memory (A operands), K/V tiles stream through STAGES slots. Keys past the sample's end
+        load as zero rows: their dS multiplies a zero K row, so no column mask is needed."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        d_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, D, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=d_layout, k_width=2)
+        TPW_D: gl.constexpr = D // 8
+        ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPW_D, TPW_D], [num_warps, 1], [1, 0])
+        b_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+
+        b, blk, total = _locate(QO, gl.program_id(0), B, BLOCK_M, 1 << LOG2B, b_layout)
+        if gl.program_id(0) >= total:
+            return
+        h = gl.program_id(1)
+        m_start = blk * BLOCK_M
+        q_start = gl.load(QO + b)
+        lq = (gl.load(QO + b + 1) - q_start).to(gl.int32)
+        kv_start = gl.load(KO + b)
+        lk = (gl.load(KO + b + 1) - kv_start).to(gl.int32)
+        shift = lk - lq
+
+        dtype: gl.constexpr = Q.dtype.element_ty
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], q_sl)
+        do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], q_sl)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_sl)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_sl)
+        q_base = Q + q_start * stride_qt + h * stride_qh
+        do_base = DO + q_start * stride_dot + h * stride_doh
+        k_base = K + kv_start * stride_kt + h * stride_kh
+        v_base = V + kv_start * stride_vt + h * stride_vh
+        _issue_tile(q_smem, do_smem, q_base, do_base, m_start, lq, stride_qt, stride_dot, BLOCK_M, D, ld_layout)
+
+        # kv tiles [0, hi); from f_hi on a causal tile holds the diagonal (element mask).
+        hi = lk
+        f_hi = lk
+        if CAUSAL:
+            hi = gl.minimum(lk, gl.maximum(m_start + BLOCK_M + shift, 0))
+            f_hi = gl.maximum(m_start + shift + 1, 0)
+        n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
+        PD: gl.constexpr = STAGES - 2
+        for i in gl.static_range(PD):
+            _issue_tile(k_smem.index(i), v_smem.index(i), k_base, v_base, i * BLOCK_N, lk, stride_kt, stride_vt,
+                        BLOCK_N, D, ld_layout)
+            cp.commit_group()
+
+        rows = m_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        r_ok = rows < lq
+        lse2 = gl.load(LSE + q_start * H + h + rows * H, mask=r_ok, other=float("inf"))
+        delta = gl.load(DELTA + q_start * H + h + rows * H, mask=r_ok, other=0.0)
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        zero_s = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
+        zero_d = gl.zeros([BLOCK_M, D], dtype=gl.float32, layout=d_layout)
+        out_rows = m_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, d_layout))
+        out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, d_layout))
+        dq_ptrs = DQ + q_start * stride_dqt + h * stride_dqh + out_rows[:, None] * stride_dqt + out_cols[None, :]
+        ok = (out_rows < lq)[:, None]
+        if n_tiles > 0:
+            dq, ds_op = _dq_step(0, lse2, delta, rows, offs_n, f_hi, shift, lk, zero_d, zero_d, q_smem, do_smem,
+                                 k_smem, v_smem, k_base, v_base, stride_kt, stride_vt, scale_log2, zero_s, zero_d,
+                                 True, CAUSAL, BLOCK_N, D, STAGES, OVERLAP_ACC, ld_layout, a_layout)
+            for it in range(1, n_tiles):
+                dq, ds_op = _dq_step(it, lse2, delta, rows, offs_n, f_hi, shift, lk, dq, ds_op, q_smem, do_smem,
+                                     k_smem, v_smem, k_base, v_base, stride_kt, stride_vt, scale_log2, zero_s,
+                                     zero_d, False, CAUSAL, BLOCK_N, D, STAGES, OVERLAP_ACC, ld_layout, a_layout)
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+            cp.wait_group(0)
+            gl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=ok)
+        else:  # this q tile sees no key
+            cp.wait_group(0)
+            gl.store(dq_ptrs, zero_d.to(DQ.dtype.element_ty), mask=ok)
+
+    @gluon.jit
+    def _dq_step(it, lse2, delta, rows, offs_n, f_hi, shift, lk, dq, ds_op, q_smem, do_smem, k_smem, v_smem,
+                 k_base, v_base, stride_kt, stride_vt, scale_log2, zero_s, zero_d, FIRST: gl.constexpr,
+                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                 OVERLAP_ACC: gl.constexpr, ld_layout: gl.constexpr, a_layout: gl.constexpr):
+        """One kv tile of the dQ kernel (the dK/dV step's pattern; see `_dkdv_step`)."""
+        PD: gl.constexpr = STAGES - 2
+        start_n = it * BLOCK_N
+        cp.wait_group(PD - 1)  # this kv tile's group (and Q, dO with the first) landed
+        fence_async_shared()
+        _cta_sync()
+        nxt = it + PD
+        _issue_tile(k_smem.index(nxt % STAGES), v_smem.index(nxt % STAGES), k_base, v_base, nxt * BLOCK_N, lk,
+                    stride_kt, stride_vt, BLOCK_N, D, ld_layout)
+        cp.commit_group()
+        k_t = k_smem.index(it % STAGES)
+        v_t = v_smem.index(it % STAGES)
+        s_tok = warpgroup_mma(q_smem, k_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(do_smem, v_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        if FIRST:
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+        else:
+            s, dq, ds_op = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, dq, ds_op))
+        p = gl.exp2(s * scale_log2 - lse2[:, None])
+        if CAUSAL:
+            if start_n + BLOCK_N > f_hi:
+                p = gl.where(start_n + offs_n[None, :] <= rows[:, None] + shift, p, 0.0)
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))
+        ds = p * (dp - delta[:, None])
+        ds_op = gl.convert_layout(ds.to(k_t.dtype), a_layout)
+        if FIRST:
+            dq = warpgroup_mma(ds_op, k_t, zero_d, use_acc=False, is_async=True)
+        else:
+            dq = warpgroup_mma(ds_op, k_t, dq, is_async=True)
+        if not OVERLAP_ACC:
+            dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
+        return dq, ds_op
+
 @functools.cache
 def smem_layouts(block_m: int, block_n: int, d: int, bits: int) -> tuple[Any, Any]:
     """NVMMA shared layouts of the q/dO tiles and of K, V (swizzled for wgmma)."""
@@ -294,7 +420,7 @@ def dkdv(
 
     tiles = DEFAULT_TILES if tiles is None else tiles
     block_m, block_n, warps, stages, overlap = tiles
-    if stages < 3 or block_n != 16 * warps * (block_n // (16 * warps)) or block_n < 16 * warps:
+    if stages < 3 or block_n % (16 * warps) or block_n < 16 * warps:
         raise ValueError(f"tiles={tiles}: needs STAGES >= 3 and BLOCK_N a multiple of 16 x num_warps")
     h, d = q.shape[1], q.shape[2]
     b = kv_offsets.numel() - 1
@@ -306,6 +432,40 @@ def dkdv(
         q, k, v, dout, lse, delta, dk, dv, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+        b, h, scale, scale * 1.4426950408889634,
+        CAUSAL=causal, D=d, BLOCK_M=block_m, BLOCK_N=block_n, LOG2B=max(4, (b - 1).bit_length()),
+        STAGES=stages, OVERLAP_ACC=overlap, q_sl=q_sl, kv_sl=kv_sl, num_warps=warps,
+    )
+
+
+# dQ: (BLOCK_M, BLOCK_N, num_warps, STAGES, OVERLAP_ACC): 128 q rows over two warpgroups, 64 keys
+# per step, 4 K/V slots.
+DEFAULT_DQ_TILES = (128, 64, 8, 4, True)
+
+
+def dq(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
+    delta: torch.Tensor, dq_out: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
+    max_q_len: int, causal: bool, scale: float, tiles: tuple[int, int, int, int, bool] | None = None,
+) -> None:
+    """Writes dQ of the two-pass backward into `dq_out` `[Tq, H, D]` (unit stride on D), as `dkdv`
+    (same inputs); `tiles` default `DEFAULT_DQ_TILES` (read per call)."""
+    from gem_kernels._triton_jfa import in_order_tiles
+
+    tiles = DEFAULT_DQ_TILES if tiles is None else tiles
+    block_m, block_n, warps, stages, overlap = tiles
+    if stages < 3 or block_m % (16 * warps) or block_m < 16 * warps:
+        raise ValueError(f"tiles={tiles}: needs STAGES >= 3 and BLOCK_M a multiple of 16 x num_warps")
+    h, d = q.shape[1], q.shape[2]
+    b = q_offsets.numel() - 1
+    grid = (in_order_tiles(q.shape[0], b, max_q_len, block_m), h)
+    if grid[0] == 0 or h == 0:
+        return
+    q_sl, kv_sl = smem_layouts(block_m, block_n, d, 16)
+    _jfa_bwd_dq_gluon_kernel[grid](
+        q, k, v, dout, lse, delta, dq_out, q_offsets, kv_offsets,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        dout.stride(0), dout.stride(1), dq_out.stride(0), dq_out.stride(1),
         b, h, scale, scale * 1.4426950408889634,
         CAUSAL=causal, D=d, BLOCK_M=block_m, BLOCK_N=block_n, LOG2B=max(4, (b - 1).bit_length()),
         STAGES=stages, OVERLAP_ACC=overlap, q_sl=q_sl, kv_sl=kv_sl, num_warps=warps,

@@ -942,13 +942,16 @@ def settle(grads: tuple[torch.Tensor, ...], buf: torch.Tensor) -> torch.Tensor:
     return buf
 
 
-def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, window: int | None, one_pass: bool) -> bool:
-    """Whether the two-pass backward's dK/dV runs as the Gluon kernel (`_gluon_jfa`): asked for by
-    `GEM_JFA_DKDV=gluon` and possible here (a Hopper GPU, bf16/fp16, D 64 or 128, no window);
-    else the Triton kernel, silently where Gluon cannot serve (e.g. on the CPU)."""
+def gluon_kernel(kernel: str, q: torch.Tensor, k: torch.Tensor, window: int | None, cfg: JfaConfig) -> bool:
+    """Whether the two-pass backward's `kernel` ("dkdv" or "dq") runs as its Gluon twin
+    (`_gluon_jfa`): asked for by `GEM_JFA_GLUON` (dkdv | dq | all) and possible here (a Hopper
+    GPU, bf16/fp16, D 64 or 128, no window; dQ without split-kv); else the Triton kernel,
+    silently where Gluon cannot serve (e.g. on the CPU)."""
     from gem_kernels import _gluon_jfa
 
-    return _gluon_jfa.requested() and _gluon_jfa.problem(q, k, window, one_pass) is None
+    if not _gluon_jfa.requested(kernel) or (kernel == "dq" and cfg.kv_split):
+        return False
+    return _gluon_jfa.problem(q, k, window, cfg.one_pass) is None
 
 
 def _upcast(t: torch.Tensor) -> bool:
@@ -1163,7 +1166,7 @@ def jfa_backward(
     dq_tma, tma_loads = _tma_modes(cfg, q, dout, dq_acc)
     grid, args, consts = bwd_dkdv_args(cfg, q, k, v, dout, lse, delta, dk, dv, dq_acc, q_offsets, kv_offsets,
                                        max_kv_len, causal, window, scale, dq_tma, tma_loads)
-    if gluon_dkdv(q, k, window, cfg.one_pass):  # GEM_JFA_DKDV=gluon: the Gluon twin of the same kernel
+    if gluon_kernel("dkdv", q, k, window, cfg):  # GEM_JFA_GLUON=dkdv|all: the Gluon twin of the kernel
         from gem_kernels import _gluon_jfa
 
         _gluon_jfa.dkdv(q, k, v, dout, lse, delta, dk, dv, q_offsets, kv_offsets, max_kv_len, causal, scale)
@@ -1173,6 +1176,12 @@ def jfa_backward(
         launch_of(_jfa_bwd_dkdv_kernel)(grid, args, consts)
     if cfg.one_pass:
         return dq_acc.to(q.dtype), dk, dv
+    if gluon_kernel("dq", q, k, window, cfg):  # GEM_JFA_GLUON=dq|all
+        from gem_kernels import _gluon_jfa
+
+        dq = torch.empty_like(q)
+        _gluon_jfa.dq(q, k, v, dout, lse, delta, dq, q_offsets, kv_offsets, max_q_len, causal, scale)
+        return dq, dk, dv
     splits = cdiv(max_kv_len, cfg.kv_split) if cfg.kv_split else 1
     if splits > 1:
         dq_ws = torch.empty((splits, tq, h, d), dtype=torch.float32, device=q.device)

@@ -1,8 +1,8 @@
-"""The Gluon dK/dV kernel (`_gluon_jfa`, `GEM_JFA_DKDV=gluon`) against the Triton kernel and the reference.
+"""The Gluon backward kernels (`_gluon_jfa`, `GEM_JFA_GLUON`) against the Triton kernels and the reference.
 
-Gluon kernels run only on a Hopper GPU (no CPU interpreter): the GPU tests compare its dK and
-dV with the Triton dK/dV kernel's on the same inputs and, through the whole backward, with
-the fp32 PyTorch reference. The CPU tests check the switch: its parsing, the reasons it
+Gluon kernels run only on a Hopper GPU (no CPU interpreter): the GPU tests compare their dK,
+dV and dQ with the Triton two-pass kernels' on the same inputs and, through the whole
+backward, with the fp32 PyTorch reference. The CPU tests check the switch: its parsing, the reasons it
 cannot serve, and that asking for it where it cannot run still gives the right gradients.
 """
 
@@ -34,14 +34,15 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def test_switch_parses_and_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    for value, want in (("", False), ("triton", False), ("gluon", True), (" Gluon ", True)):
+    for value, dkdv, dq in (("", False, False), ("off", False, False), ("dkdv", True, False), (" DQ ", False, True),
+                            ("all", True, True)):
         monkeypatch.setenv(_gluon_jfa.ENV, value)
-        assert _gluon_jfa.requested() is want
+        assert (_gluon_jfa.requested("dkdv"), _gluon_jfa.requested("dq")) == (dkdv, dq), value
     monkeypatch.delenv(_gluon_jfa.ENV)
-    assert _gluon_jfa.requested() is False
-    monkeypatch.setenv(_gluon_jfa.ENV, "cuda")
-    with pytest.raises(ValueError, match="GEM_JFA_DKDV='cuda' must be one of"):
-        _gluon_jfa.requested()
+    assert not _gluon_jfa.requested("dkdv") and not _gluon_jfa.requested("dq")
+    monkeypatch.setenv(_gluon_jfa.ENV, "gluon")
+    with pytest.raises(ValueError, match="GEM_JFA_GLUON='gluon' must be one of"):
+        _gluon_jfa.requested("dq")
 
 
 def test_problem_names_why_it_cannot_serve() -> None:
@@ -61,7 +62,7 @@ def test_problem_names_why_it_cannot_serve() -> None:
 def test_asking_for_gluon_keeps_gradients_right_everywhere(causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     # On the CPU (interpreter) the switch falls back to the Triton kernel; on a Hopper GPU the
     # Gluon kernel runs. Either way the gradients match the fp32 reference.
-    monkeypatch.setenv(_gluon_jfa.ENV, "gluon")
+    monkeypatch.setenv(_gluon_jfa.ENV, "all")
     monkeypatch.setenv("GEM_JFA_BWD", "two_pass")
     monkeypatch.setenv("GEM_JFA_FWD", "pointer")
     lengths = [37, 0, 1, 64, 20] if not CUDA else [300, 0, 1, 64, 129, 1000]
@@ -95,8 +96,10 @@ def _check_against_reference(lq: list[int], lk: list[int], h: int, d: int, dtype
 
 def _both_kernels(lq: list[int], lk: list[int], h: int, d: int, causal: bool, seed: int,
                   tiles: tuple[int, int, int, int, bool] | None = None,
+                  dq_tiles: tuple[int, int, int, int, bool] | None = None,
                   poison: tuple[int, int] | None = None) -> tuple[torch.Tensor, ...]:
-    """dK, dV of the Gluon kernel and of the Triton two-pass kernel on the same inputs (bf16)."""
+    """dK, dV, dQ of the Gluon kernels and of the Triton two-pass kernels on the same inputs (bf16):
+    (dk, dv, dq, dk_t, dv_t, dq_t). `tiles` go to the kernel under test (`dq_tiles`: dQ's)."""
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     qo, ko = _offsets(lq), _offsets(lk)
     q, k, v, = (torch.randn(t, h, d, generator=g, device=DEVICE).bfloat16() for t in (sum(lq), sum(lk), sum(lk)))
@@ -109,26 +112,29 @@ def _both_kernels(lq: list[int], lk: list[int], h: int, d: int, causal: bool, se
     delta = (dout.float() * out.float()).sum(-1).contiguous()
     dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
     _gluon_jfa.dkdv(q, k, v, dout, lse, delta, dk, dv, qo, ko, max(lk), causal, scale, tiles)
+    dq = torch.full_like(q, float("nan"))
+    _gluon_jfa.dq(q, k, v, dout, lse, delta, dq, qo, ko, max(lq), causal, scale, dq_tiles)
     two_pass = dataclasses.replace(tj.pick_config(max(lq), max(lk), d, q.dtype), one_pass=False)
-    with tj.force_config(two_pass):  # the Triton kernels (GEM_JFA_DKDV is unset here)
-        _, dk_t, dv_t = tj.jfa_backward(dout, q, k, v, out, lse, qo, ko, max(lq), max(lk), causal, None, scale)
-    return dk, dv, dk_t, dv_t
+    with tj.force_config(two_pass):  # the Triton kernels (GEM_JFA_GLUON is unset here)
+        dq_t, dk_t, dv_t = tj.jfa_backward(dout, q, k, v, out, lse, qo, ko, max(lq), max(lk), causal, None, scale)
+    return dk, dv, dq, dk_t, dv_t, dq_t
 
 
 TILES = [(32, 128, 8, 4, True), (32, 128, 8, 3, False), (32, 64, 4, 4, True), (64, 128, 8, 4, True)]
+DQ_TILES = [(128, 64, 8, 4, True), (128, 32, 8, 3, False), (64, 64, 4, 4, True), (128, 128, 8, 3, True)]
 
 
 @needs_hopper
-@pytest.mark.parametrize("tiles", TILES, ids=lambda t: "x".join(map(str, t)))
+@pytest.mark.parametrize("tiles", range(len(TILES)), ids=lambda i: "x".join(map(str, TILES[i])))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_gpu_matches_triton_kernel(tiles: tuple[int, int, int, int, bool], causal: bool, d: int) -> None:
+def test_gpu_matches_triton_kernels(tiles: int, causal: bool, d: int) -> None:
     g = torch.Generator().manual_seed(d + causal)
     lengths = torch.randint(0, 1500, (10,), generator=g).tolist() + [0, 1, 31, 32, 33, 127, 128, 129]
-    dk, dv, dk_t, dv_t = _both_kernels(lengths, lengths, 4, d, causal, seed=d, tiles=tiles)
-    for name, got, want in (("dk", dk, dk_t), ("dv", dv, dv_t)):
-        assert torch.isfinite(got).all(), name  # every row written (the buffers started NaN)
-        err = _rel_err(got, want)
+    got = _both_kernels(lengths, lengths, 4, d, causal, seed=d, tiles=TILES[tiles], dq_tiles=DQ_TILES[tiles])
+    for name, mine, theirs in zip(("dk", "dv", "dq"), got[:3], got[3:]):
+        assert torch.isfinite(mine).all(), name  # every row written (the buffers started NaN)
+        err = _rel_err(mine, theirs)
         assert err <= 1e-2, f"{name}: {err:.3g}"
 
 
@@ -137,21 +143,23 @@ def test_gpu_matches_triton_kernel(tiles: tuple[int, int, int, int, bool], causa
 def test_gpu_cross_attention_and_empty_sides(causal: bool) -> None:
     lq = [0, 5, 700, 64, 1, 300, 0]
     lk = [9, 0, 650, 200, 129, 40, 3]  # rows of a sample whose other side is empty get 0
-    dk, dv, dk_t, dv_t = _both_kernels(lq, lk, 2, 128, causal, seed=5)
-    for got, want in ((dk, dk_t), (dv, dv_t)):
-        assert torch.isfinite(got).all()
-        assert _rel_err(got, want) <= 1e-2
+    got = _both_kernels(lq, lk, 2, 128, causal, seed=5)
+    for mine, theirs in zip(got[:3], got[3:]):
+        assert torch.isfinite(mine).all()
+        assert _rel_err(mine, theirs) <= 1e-2
+    dk, dv, dq = got[:3]
     assert dk[:9].abs().max() == 0 and dv[:9].abs().max() == 0  # sample 0 has no queries
+    assert dq[0:5].abs().max() == 0  # sample 1 has no keys
 
 
 @needs_hopper
 def test_gpu_nan_neighbour_does_not_leak() -> None:
     # Sample 1's q and dO are NaN: sample 0's last tiles read past its end (masked, zero-filled),
-    # so its dK/dV stay finite and equal to the run without the NaN.
+    # so its dK/dV/dQ stay finite and equal to the run without the NaN.
     lq = [100, 300]
     clean = _both_kernels(lq, lq, 2, 128, False, seed=7)
     dirty = _both_kernels(lq, lq, 2, 128, False, seed=7, poison=(100, 400))
-    for got, want in zip(dirty[:2], clean[:2]):
+    for got, want in zip(dirty[:3], clean[:3]):
         assert torch.isfinite(got[:100]).all()
         assert torch.equal(got[:100], want[:100])
 
@@ -159,18 +167,19 @@ def test_gpu_nan_neighbour_does_not_leak() -> None:
 @needs_hopper
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_whole_backward_with_the_switch(causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(_gluon_jfa.ENV, "gluon")
     monkeypatch.setenv("GEM_JFA_BWD", "two_pass")
     monkeypatch.setenv("GEM_JFA_FWD", "pointer")
-    calls: list[int] = []
-    real = _gluon_jfa.dkdv
+    monkeypatch.setenv(_gluon_jfa.ENV, "all")
+    calls: list[str] = []
+    for name in ("dkdv", "dq"):
+        real = getattr(_gluon_jfa, name)
 
-    def counted(*a: object, **kw: object) -> None:
-        calls.append(1)
-        real(*a, **kw)  # type: ignore[arg-type]
+        def counted(*a: object, _real: object = real, _name: str = name, **kw: object) -> None:
+            calls.append(_name)
+            _real(*a, **kw)  # type: ignore[operator]
 
-    monkeypatch.setattr(_gluon_jfa, "dkdv", counted)
+        monkeypatch.setattr(_gluon_jfa, name, counted)
     g = torch.Generator().manual_seed(11)
     lengths = torch.randint(0, 2500, (12,), generator=g).tolist() + [0, 1, 128]
     _check_against_reference(lengths, lengths, 4, 128, torch.bfloat16, causal, seed=11)
-    assert calls, "the Gluon kernel did not run"
+    assert sorted(set(calls)) == ["dkdv", "dq"], f"the Gluon kernels that ran: {calls}"

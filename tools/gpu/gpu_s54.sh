@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The fifty-fourth session's GPU plan (tools/stage.sh: summary.txt + all.tgz), on what comes.
-# PART=1: the Gluon dK/dV kernel (gem_kernels._gluon_jfa, GEM_JFA_DKDV=gluon): its GPU tests
+# PART=1: the Gluon dK/dV kernel and dQ kernels (gem_kernels._gluon_jfa, GEM_JFA_GLUON): its GPU tests
 #   against the Triton kernel and the reference, `bench.dkdv` (Triton vs Gluon tiles, whole
 #   backward and eager fwd+bwd both ways), then test_gdpa's GPU tests (not run since 0.3.13).
-# PART=2: the trainer's h200 preset, 300 steps, GEM_JFA_DKDV=triton vs gluon (steady MFU).
+# PART=2: the trainer's h200 preset, 300 steps, GEM_JFA_GLUON=off vs gluon (steady MFU).
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 . tools/stage.sh
@@ -18,8 +18,8 @@ case ${PART:-1} in
    st dkdv 220 bash -c "cd kernels && python3 -m gem_kernels.bench.dkdv --iters 10"
    st gdpa "$(gpu_left)" python3 -m pytest -q -p no:cacheprovider kernels/tests/test_gdpa.py -k "gpu";;
 2) for r in ${ROUNDS:-1}; do
-     st tr_triton_$r 200 env GEM_JFA_DKDV=triton python3 $H200_TR --steps 300
-     st tr_gluon_$r 200 env GEM_JFA_DKDV=gluon python3 $H200_TR --steps 300
+     st tr_triton_$r 200 env GEM_JFA_GLUON=off python3 $H200_TR --steps 300
+     st tr_gluon_$r 200 env GEM_JFA_GLUON=all python3 $H200_TR --steps 300
    done;;
 esac
 gpu_end
