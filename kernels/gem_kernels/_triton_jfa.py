@@ -1109,10 +1109,11 @@ def jfa_backward(
 
     `into`: optional views (dq, dk, dv), each None or shaped like q / k / v (q's dtype, unit
     stride on D), that the backward writes into where its kernel can: FlashAttention-4's
-    writes every one given, ours dk and dv (any row/head strides; dq comes from a workspace),
-    torch's FlashAttention-2 none. Each returned tensor is then either the view given
-    (`_jagged.same_view`) or a fresh one, which the caller moves in: `settle` (one stack where
-    all are fresh), or the rotary ops' one rotation pass. The packed ops pass the slots of one
+    writes every one given, ours dk and dv (any row/head strides; dq comes from a workspace,
+    except that `GEM_JFA_GLUON`'s dQ kernel writes dq too), torch's FlashAttention-2 none. Each
+    returned tensor is then either the view given (`_jagged.same_view`) or a fresh one, which
+    the caller moves in: `settle` (one stack where all are fresh), or the rotary ops' one
+    rotation pass. The packed ops pass the slots of one
     gradient: the halves of kv's `[Tkv, 2, H, D]` (`jfa_bwd_kv`), the slots of `[T, 3, H, D]`
     (`jfa_bwd_qkv`), so no copy assembles it afterwards.
 
@@ -1179,7 +1180,7 @@ def jfa_backward(
     if gluon_kernel("dq", q, k, window, cfg):  # GEM_JFA_GLUON=dq|all
         from gem_kernels import _gluon_jfa
 
-        dq = torch.empty_like(q)
+        dq = torch.empty_like(q) if dst[0] is None else dst[0]  # written in place (any row/head strides)
         _gluon_jfa.dq(q, k, v, dout, lse, delta, dq, q_offsets, kv_offsets, max_q_len, causal, scale)
         return dq, dk, dv
     splits = cdiv(max_kv_len, cfg.kv_split) if cfg.kv_split else 1
