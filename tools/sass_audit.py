@@ -7,7 +7,8 @@ Triton compiles to a cubin without a GPU (`triton.compile(ASTSource(...), target
 the stack (local memory) per thread, and `nvdisasm` the SASS, whose `STL`/`LDL` count the
 spill stores and loads in the code (static counts, not executions) and `HGMMA`/`MUFU` the
 tensor-core and special-function instructions (`LDGSTS`: cp.async copies, i.e. pipelined
-loads). Kernels are specialized as a launch with 16-byte aligned tensors and strides divisible
+loads; `wgwait`: waits on wgmma groups, as many as HGMMA when ptxas serialized them). The Gluon
+twins of the JFA backward kernels (`gem_kernels._gluon_jfa`) compile the same way. Kernels are specialized as a launch with 16-byte aligned tensors and strides divisible
 by 16 is (`tt.divisibility` hints; `--unaligned` leaves them out, as this tool did before
 2026-12-07: its loads are then not vectorized nor pipelined, and it reported spills that the
 launched binaries do not have). Each kernel is built at its default tiles for
@@ -50,7 +51,12 @@ def audit(kern: Any, consts: dict[str, Any], warps: int, stages: int, arch: int,
     # the register allocation that follows) differs from the binary a real launch runs.
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if n not in consts and (sig[n].startswith("*") or n.startswith("stride_"))} if aligned else {}
-    src = ASTSource(fn=kern, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
+    source = ASTSource
+    if getattr(kern, "is_gluon", lambda: False)():  # Gluon kernels (gem_kernels._gluon_jfa)
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        source = GluonASTSource
+    src = source(fn=kern, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
     c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=stages))
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
@@ -63,6 +69,8 @@ def audit(kern: Any, consts: dict[str, Any], warps: int, stages: int, arch: int,
     res = {k.lower(): int(v) for k, v in re.findall(r"(REG|STACK):(\d+)", usage)}
     for op in ("STL", "LDL", "HGMMA", "MUFU", "LDGSTS"):
         res[op.lower()] = len(re.findall(rf"\b{op}\b", sass))
+    # Waits on wgmma groups: one per HGMMA means ptxas serialized them (its C7515 note).
+    res["wgwait"] = len(re.findall(r"WARPGROUP\.DEPBAR", sass))
     res["smem"] = int(c.metadata.shared)
     return res
 
@@ -102,9 +110,33 @@ def cases() -> list[tuple[str, Any, dict[str, Any], int, int, dict[str, str] | N
          dict(jf, BLOCK_M=64, BLOCK_N=128, IN_ORDER=0, DQ_ATOMIC=False, DQ_TMA=False, TMA_LOADS=False), 8, 3,
          {"DQ": "*fp32", "DQ_DESC": "*fp32"}),
     ]
+    out += gluon_cases()
     if dkdv_extra:
         out.insert(3, ("gdpa dkdv one-pass 32x64 w4 s3", g._gdpa_bwd_dkdv_kernel,
                        dict(gd, BLOCK_M=32, BLOCK_N=64, DQ_ATOMIC=True), 4, 3, None))
+    return out
+
+
+def gluon_cases() -> list[tuple[str, Any, dict[str, Any], int, int, dict[str, str] | None]]:
+    """The Gluon twins of the JFA backward kernels (`GEM_JFA_GLUON`), where this tree has them."""
+    try:
+        from gem_kernels import _gluon_jfa as gj
+    except ImportError:
+        return []
+    if not gj.HAVE_GLUON:
+        return []
+    out: list[tuple[str, Any, dict[str, Any], int, int, dict[str, str] | None]] = []
+    ptrs = {"DQ": "*bf16"}
+    for label, kern, tiles, default in (("dkdv", gj._jfa_bwd_dkdv_gluon_kernel, (32, 128, 8, 4, True), True),
+                                        ("dkdv", gj._jfa_bwd_dkdv_gluon_kernel, (64, 128, 8, 4, True), False),
+                                        ("dq", gj._jfa_bwd_dq_gluon_kernel, (128, 64, 8, 4, True), True),
+                                        ("dq", gj._jfa_bwd_dq_gluon_kernel, (128, 128, 8, 3, True), False)):
+        bm, bn, w, st, ov = tiles
+        q_sl, kv_sl = gj.smem_layouts(bm, bn, 128, 16)
+        consts = dict(CAUSAL=True, D=128, BLOCK_M=bm, BLOCK_N=bn, LOG2B=6, STAGES=st, OVERLAP_ACC=ov, q_sl=q_sl,
+                      kv_sl=kv_sl, num_warps=w)
+        name = f"jfa {label} gluon {bm}x{bn} w{w} s{st}" + (" (default)" if default else "")
+        out.append((name, kern, consts, w, st, ptrs))
     return out
 
 
@@ -118,12 +150,12 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"gem_kernels {gem_kernels.__version__} from {os.path.dirname(gem_kernels.__file__)}; "
           f"triton {triton.__version__}; sm_{args.arch}")
-    print(f"{'kernel':44s} {'reg':>4s} {'stack':>6s} {'STL':>5s} {'LDL':>5s} {'HGMMA':>6s} {'MUFU':>5s} "
-          f"{'LDGSTS':>6s} {'smem':>7s}")
+    print(f"{'kernel':44s} {'reg':>4s} {'stack':>6s} {'STL':>5s} {'LDL':>5s} {'HGMMA':>6s} {'wgwait':>6s} "
+          f"{'MUFU':>5s} {'LDGSTS':>6s} {'smem':>7s}")
     for name, kern, consts, warps, stages, ptrs in cases():
         r = audit(kern, consts, warps, stages, args.arch, ptrs, aligned=not args.unaligned)
         print(f"{name:44s} {r.get('reg', 0):4d} {r.get('stack', 0):6d} {r['stl']:5d} {r['ldl']:5d} {r['hgmma']:6d} "
-              f"{r['mufu']:5d} {r['ldgsts']:6d} {r['smem']:7d}", flush=True)
+              f"{r['wgwait']:6d} {r['mufu']:5d} {r['ldgsts']:6d} {r['smem']:7d}", flush=True)
     return 0
 
 
