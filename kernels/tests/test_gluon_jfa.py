@@ -183,3 +183,76 @@ def test_gpu_whole_backward_with_the_switch(causal: bool, monkeypatch: pytest.Mo
     lengths = torch.randint(0, 2500, (12,), generator=g).tolist() + [0, 1, 128]
     _check_against_reference(lengths, lengths, 4, 128, torch.bfloat16, causal, seed=11)
     assert sorted(set(calls)) == ["dkdv", "dq"], f"the Gluon kernels that ran: {calls}"
+
+
+_AUDIT = r"""
+import json, os, re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from gem_kernels import _gluon_jfa as gj
+
+tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+ptrs = {"LSE": "*fp32", "DELTA": "*fp32", "QO": "*i64", "KO": "*i64",
+        **{n: "*bf16" for n in ("Q", "K", "V", "DO", "DK", "DV", "DQ")}}
+out = {}
+for kernel in ("dkdv", "dq"):
+    for causal in (False, True):
+        kern = gj._jfa_bwd_dkdv_gluon_kernel if kernel == "dkdv" else gj._jfa_bwd_dq_gluon_kernel
+        bm, bn, w, st, ov = gj.DEFAULT_TILES if kernel == "dkdv" else gj.DEFAULT_DQ_TILES
+        q_sl, kv_sl = gj.smem_layouts(bm, bn, 128, 16)
+        consts = dict(CAUSAL=causal, D=128, BLOCK_M=bm, BLOCK_N=bn, LOG2B=9, STAGES=st, OVERLAP_ACC=ov,
+                      q_sl=q_sl, kv_sl=kv_sl, num_warps=w)
+        names = kern.arg_names
+        sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n.startswith("scale") else "i32")
+               for n in names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+                 if n not in consts and (sig[n].startswith("*") or n.startswith("stride_"))}
+        src = GluonASTSource(fn=kern, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+                             attrs=attrs)
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=w))
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "k.cubin")
+            with open(path, "wb") as f:
+                f.write(compiled.asm["cubin"])
+            usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", path], capture_output=True,
+                                   text=True, check=True).stdout
+            sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", path], capture_output=True, text=True,
+                                  check=True).stdout
+        out[f"{kernel}-{causal}"] = {
+            "reg": int(re.search(r"REG:(\d+)", usage).group(1)),
+            "spills": len(re.findall(r"\b(?:STL|LDL)\b", sass)), "hgmma": len(re.findall(r"\bHGMMA\b", sass)),
+            "waits": len(re.findall(r"WARPGROUP\.DEPBAR", sass)), "smem": int(compiled.metadata.shared)}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def sm90_builds() -> dict[str, dict[str, int]]:
+    """The default Gluon binaries compiled for sm_90a on any machine (Triton's bundled ptxas, no GPU),
+    in a fresh process (the CPU interpreter's patches to Triton's language, left by other tests in
+    this one, break compiling): per kernel and mask, registers, spill stores/loads, HGMMA, waits on
+    wgmma groups (SASS) and shared memory."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _AUDIT], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("kernel", ["dkdv", "dq"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_default_tiles_compile_for_hopper_unspilled_and_asynchronous(
+    kernel: str, causal: bool, sm90_builds: dict[str, dict[str, int]]
+) -> None:
+    # What the GPU tests cannot show on a CPU box: Triton and ptxas build the default binaries for
+    # sm_90a without spills, in the shared memory an H100/H200 SM has, and keep the wgmmas
+    # asynchronous. Were an accumulator written by a non-MMA instruction while its MMA is in
+    # flight, ptxas would serialize every wgmma (C7515): as many waits as HGMMA instructions.
+    got = sm90_builds[f"{kernel}-{causal}"]
+    assert got["spills"] == 0 and got["reg"] <= 255, got
+    assert got["smem"] <= 227 * 1024, got
+    assert got["hgmma"] >= 20 and got["waits"] <= 8, got  # 2 tiles' worth of HGMMA, a handful of waits
