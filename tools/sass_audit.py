@@ -8,7 +8,7 @@ the stack (local memory) per thread, and `nvdisasm` the SASS, whose `STL`/`LDL` 
 spill stores and loads in the code (static counts, not executions) and `HGMMA`/`MUFU` the
 tensor-core and special-function instructions (`LDGSTS`: cp.async copies, i.e. pipelined
 loads; `wgwait`: waits on wgmma groups, as many as HGMMA when ptxas serialized them). The Gluon
-twins of the JFA backward kernels (`gem_kernels._gluon_jfa`) compile the same way. Kernels are specialized as a launch with 16-byte aligned tensors and strides divisible
+twins of the JFA kernels (`gem_kernels._gluon_jfa`) compile the same way. Kernels are specialized as a launch with 16-byte aligned tensors and strides divisible
 by 16 is (`tt.divisibility` hints; `--unaligned` leaves them out, as this tool did before
 2026-12-07: its loads are then not vectorized nor pipelined, and it reported spills that the
 launched binaries do not have). Each kernel is built at its default tiles for
@@ -118,7 +118,7 @@ def cases() -> list[tuple[str, Any, dict[str, Any], int, int, dict[str, str] | N
 
 
 def gluon_cases() -> list[tuple[str, Any, dict[str, Any], int, int, dict[str, str] | None]]:
-    """The Gluon twins of the JFA backward kernels (`GEM_JFA_GLUON`), where this tree has them."""
+    """The Gluon twins of the JFA kernels (`GEM_JFA_GLUON`), where this tree has them."""
     try:
         from gem_kernels import _gluon_jfa as gj
     except ImportError:
@@ -127,6 +127,13 @@ def gluon_cases() -> list[tuple[str, Any, dict[str, Any], int, int, dict[str, st
         return []
     out: list[tuple[str, Any, dict[str, Any], int, int, dict[str, str] | None]] = []
     ptrs = {"DQ": "*bf16"}
+    for tiles4, default in (((128, 128, 8, 3), True), ((128, 64, 8, 4), False)):
+        bm, bn, w, st = tiles4
+        q_sl, kv_sl = gj.smem_layouts(bm, bn, 128, 16)
+        consts = dict(CAUSAL=True, D=128, BLOCK_M=bm, BLOCK_N=bn, LOG2B=6, STAGES=st, q_sl=q_sl, kv_sl=kv_sl,
+                      num_warps=w)
+        name = f"jfa fwd gluon {bm}x{bn} w{w} s{st}" + (" (default)" if default else "")
+        out.append((name, gj._jfa_fwd_gluon_kernel, consts, w, st, None))
     for label, kern, tiles, default in (("dkdv", gj._jfa_bwd_dkdv_gluon_kernel, (32, 128, 8, 4, True), True),
                                         ("dkdv", gj._jfa_bwd_dkdv_gluon_kernel, (64, 128, 8, 4, True), False),
                                         ("dq", gj._jfa_bwd_dq_gluon_kernel, (128, 64, 8, 4, True), True),

@@ -1,27 +1,32 @@
 # mypy: disable-error-code="no-untyped-def,untyped-decorator,no-untyped-call,no-any-return"
-"""JFA's two-pass backward kernels in Gluon (Hopper): the score GEMMs overlap the softmax math.
+"""JFA's forward and two-pass backward kernels in Gluon (Hopper): the GEMMs overlap the softmax math.
 
 Why this file exists: the two-pass backward's dK/dV kernel is the largest item of the
-trainer's step (22.7 % of GPU time, kernels/BENCHMARKS.md). Triton's `tl.dot` waits for each
-non-accumulating wgmma right after issuing it, so Kᵀ·Q, V·dOᵀ, the exp and dS run one after
-the other. Gluon exposes the asynchronous wgmma (`warpgroup_mma(..., is_async=True)` and
-`warpgroup_mma_wait(n)`), so this kernel issues both score GEMMs at once, computes
-Pᵀ = exp2(Sᵀ - lse) while V·dOᵀ is still running, and leaves dV += Pᵀ·dO and dK += dSᵀ·Q in
-flight under the next q tile's loads and score GEMMs.
+trainer's step (22.7 % of GPU time, kernels/BENCHMARKS.md), dQ and the forward come next.
+Triton's `tl.dot` waits for each non-accumulating wgmma right after issuing it, so in the
+dK/dV kernel Kᵀ·Q, V·dOᵀ, the exp and dS run one after the other. Gluon exposes the
+asynchronous wgmma (`warpgroup_mma(..., is_async=True)` and `warpgroup_mma_wait(n)`):
 
-Same contract as `_triton_jfa._jfa_bwd_dkdv_kernel` in its two-pass, batch-order mode
-(self- or cross-attention, full or causal bottom-right aligned, no window): one program per
-(kv tile of BLOCK_N rows, head), walking the q tiles that see it; q/dO tiles come through
-`cp.async` with row masks (rows past the sample's end are zero-filled, so a neighbour's
-non-finite values never enter an MMA), STAGES-deep; K and V stay in shared memory as the
-MMAs' A operands, Pᵀ and dSᵀ feed the dV / dK MMAs from registers.
+- dK/dV (`_jfa_bwd_dkdv_gluon_kernel`): both score GEMMs are issued at once, Pᵀ = exp2(Sᵀ - lse)
+  is computed while V·dOᵀ still runs, and dV += Pᵀ·dO, dK += dSᵀ·Q stay in flight under the next
+  q tile's loads and score GEMMs. One program per (kv tile of BLOCK_N rows, head) in batch order;
+  K and V stay in shared memory as the MMAs' A operands, Pᵀ and dSᵀ feed the dV / dK MMAs from
+  registers, q/dO tiles stream STAGES-deep.
+- dQ (`_jfa_bwd_dq_gluon_kernel`): the same over kv tiles (Q and dO stay in shared memory).
+- forward (`_jfa_fwd_gluon_kernel`): S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued together and
+  tile j's online softmax runs under the second (FlashAttention-3's intra-warpgroup pipelining).
 
-Gluon kernels run only on a Hopper GPU: no CPU interpreter. The Triton kernel is the
-reference twin (checked on the CPU under TRITON_INTERPRET=1 and against the PyTorch
-reference); the GPU tests (`tests/test_gluon_jfa.py`) compare this kernel with it and with
-the reference at real sizes. The dQ kernel (`_jfa_bwd_dq_gluon_kernel`) is built the same way
-(one program per q tile; Q and dO stay in shared memory, K/V tiles stream). Used where
-`GEM_JFA_GLUON` asks (dkdv | dq | all; opt-in until measured faster).
+Same contracts as `_triton_jfa`'s kernels (self- or cross-attention, full or causal
+bottom-right aligned; no window, no split-kv, the two-pass backward). Tiles come through
+`cp.async` with row masks: rows past a sample's end are zero-filled, so a neighbour's
+non-finite values never enter an MMA.
+
+Gluon kernels run only on a Hopper GPU: no CPU interpreter. The Triton kernels are the
+reference twins (checked on the CPU under TRITON_INTERPRET=1 and against the PyTorch
+reference); the GPU tests (`tests/test_gluon_jfa.py`) compare each kernel with its twin and
+with the reference at real sizes, and a CPU test cross-compiles the default binaries for
+sm_90a (no spills, asynchronous wgmmas). Used where `GEM_JFA_GLUON` asks (`all`, or a list of
+`fwd`, `dkdv`, `dq`; opt-in until measured faster).
 """
 
 from __future__ import annotations
@@ -50,20 +55,24 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
     HAVE_GLUON = False
 
 ENV = "GEM_JFA_GLUON"
-CHOICES = {"": (), "off": (), "dkdv": ("dkdv",), "dq": ("dq",), "all": ("dkdv", "dq")}
+KERNELS = ("fwd", "dkdv", "dq")
 
 
 def requested(kernel: str) -> bool:
-    """Whether `GEM_JFA_GLUON` (off | dkdv | dq | all; unset = off) asks for the Gluon `kernel`
-    ("dkdv" or "dq") of the two-pass backward; an unknown value is an error."""
+    """Whether `GEM_JFA_GLUON` asks for the Gluon twin of `kernel` ("fwd", "dkdv" or "dq"): a
+    comma-separated list of them, "all", or "off" / unset (none); anything else is an error."""
     value = os.environ.get(ENV, "").strip().lower()
-    if value not in CHOICES:
-        raise ValueError(f"{ENV}={value!r} must be one of {sorted(c for c in CHOICES if c)} (or unset: off)")
-    return kernel in CHOICES[value]
+    if value in ("", "off"):
+        return False
+    names = KERNELS if value == "all" else tuple(n.strip() for n in value.split(","))
+    if any(n not in KERNELS for n in names):
+        raise ValueError(f"{ENV}={value!r} must be 'all', 'off' or a comma-separated list of {KERNELS}")
+    return kernel in names
 
 
-def problem(q: torch.Tensor, k: torch.Tensor, window: int | None, one_pass: bool) -> str | None:
-    """Why this kernel cannot serve a backward (None: it can)."""
+def problem(q: torch.Tensor, k: torch.Tensor, window: int | None, one_pass: bool = False) -> str | None:
+    """Why these kernels cannot serve this call (None: they can); `one_pass`: the backward asked
+    for is the one-pass one (which adds dQ inside the dK/dV kernel: no twin)."""
     if not HAVE_GLUON:
         return "this Triton has no Gluon"
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -389,6 +398,147 @@ if HAVE_GLUON:
             dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
         return dq, ds_op
 
+    @gluon.jit
+    def _jfa_fwd_gluon_kernel(
+        Q, K, V, O, LSE, QO, KO,
+        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+        B, H, scale_log2,
+        CAUSAL: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        LOG2B: gl.constexpr, STAGES: gl.constexpr,
+        q_sl: gl.constexpr, kv_sl: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        """The forward (`_triton_jfa._jfa_fwd_kernel`'s twin; FlashAttention-3's intra-warpgroup
+        pipelining): one program per (q tile, head) in batch order. For kv tile j it issues
+        S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} together, runs tile j's online softmax while the
+        second MMA runs, then rescales O. K/V tiles stream through STAGES slots (`cp.async`,
+        rows past the sample's end zero-filled); masked tiles (the sample's last, a causal
+        diagonal) select with -inf. Writes out `[Tq, H, D]` and the log2-domain lse2 `[Tq, H]`
+        (+inf for a row that sees no key, whose out is 0), as the Triton kernel does."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, D, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        TPW_D: gl.constexpr = D // 8
+        ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPW_D, TPW_D], [num_warps, 1], [1, 0])
+        b_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        b, blk, total = _locate(QO, gl.program_id(0), B, BLOCK_M, 1 << LOG2B, b_layout)
+        if gl.program_id(0) >= total:
+            return
+        h = gl.program_id(1)
+        m_start = blk * BLOCK_M
+        q_start = gl.load(QO + b)
+        lq = (gl.load(QO + b + 1) - q_start).to(gl.int32)
+        kv_start = gl.load(KO + b)
+        lk = (gl.load(KO + b + 1) - kv_start).to(gl.int32)
+        shift = lk - lq
+
+        dtype: gl.constexpr = Q.dtype.element_ty
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], q_sl)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_sl)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_sl)
+        k_base = K + kv_start * stride_kt + h * stride_kh
+        v_base = V + kv_start * stride_vt + h * stride_vh
+        qrows = m_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_layout))
+        dcols = gl.arange(0, D, layout=gl.SliceLayout(0, ld_layout))
+        cp.async_copy_global_to_shared(
+            q_smem, Q + q_start * stride_qt + h * stride_qh + qrows[:, None] * stride_qt + dcols[None, :],
+            mask=(qrows < lq)[:, None])
+
+        # kv tiles [0, hi); a tile reaching past f_hi is masked (the sample's last partial tile,
+        # and with CAUSAL those holding the diagonal: f_hi is the first row's bound).
+        hi = lk
+        f_hi = lk
+        if CAUSAL:
+            hi = gl.minimum(lk, gl.maximum(m_start + BLOCK_M + shift, 0))
+            f_hi = gl.minimum(lk, m_start + shift + 1)
+        n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
+        PD: gl.constexpr = STAGES - 2
+        for i in gl.static_range(PD):
+            _issue_tile(k_smem.index(i), v_smem.index(i), k_base, v_base, i * BLOCK_N, lk, stride_kt, stride_vt,
+                        BLOCK_N, D, ld_layout)
+            cp.commit_group()
+
+        rows = m_start + gl.arange(0, BLOCK_M, layout=row_s)
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        zero_s = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
+        acc = gl.zeros([BLOCK_M, D], dtype=gl.float32, layout=o_layout)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([BLOCK_M], dtype=gl.float32, layout=row_s)
+        if n_tiles > 0:
+            # Tile 0: its scores and softmax (nothing to rescale yet).
+            s = _fwd_scores(0, q_smem, k_smem, v_smem, k_base, v_base, lk, stride_kt, stride_vt, zero_s,
+                            BLOCK_N, D, STAGES, ld_layout)
+            p, alpha, l_i, m_i = _online_softmax(s * scale_log2, m_i, l_i, rows, offs_n, 0, f_hi, lk, shift,
+                                                 CAUSAL, BLOCK_N)
+            p_op = gl.convert_layout(p.to(dtype), a_layout)
+            for j in range(1, n_tiles):
+                s_tok = _fwd_scores_async(j, q_smem, k_smem, v_smem, k_base, v_base, lk, stride_kt, stride_vt,
+                                          zero_s, BLOCK_N, D, STAGES, ld_layout)
+                o_tok = warpgroup_mma(p_op, v_smem.index((j - 1) % STAGES), acc, is_async=True)
+                s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # O += P·V still runs
+                p, alpha, l_i, m_i = _online_softmax(s * scale_log2, m_i, l_i, rows, offs_n, j * BLOCK_N, f_hi,
+                                                     lk, shift, CAUSAL, BLOCK_N)
+                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                p_op = gl.convert_layout(p.to(dtype), a_layout)
+            acc = warpgroup_mma(p_op, v_smem.index((n_tiles - 1) % STAGES), acc)
+        cp.wait_group(0)
+        empty = l_i == 0.0
+        l_safe = gl.where(empty, 1.0, l_i)
+        out = acc / gl.convert_layout(l_safe, row_o)[:, None]
+        lse2 = gl.where(empty, float("inf"), m_i + gl.log2(l_safe))
+        out_rows = m_start + gl.arange(0, BLOCK_M, layout=row_o)
+        out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        o_ptrs = O + q_start * stride_ot + h * stride_oh + out_rows[:, None] * stride_ot + out_cols[None, :]
+        gl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(out_rows < lq)[:, None])
+        gl.store(LSE + q_start * H + h + rows * H, lse2, mask=rows < lq)
+
+    @gluon.jit
+    def _fwd_scores_async(j, q_smem, k_smem, v_smem, k_base, v_base, lk, stride_kt, stride_vt, zero_s,
+                          BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, ld_layout: gl.constexpr):
+        """Waits for kv tile j's copy, refills the slot of tile j - 2 with tile j + STAGES - 2 (every
+        MMA that read it retired before this barrier), and issues S_j = Q·K_jᵀ (a token)."""
+        PD: gl.constexpr = STAGES - 2
+        cp.wait_group(PD - 1)
+        fence_async_shared()
+        _cta_sync()
+        nxt = j + PD
+        _issue_tile(k_smem.index(nxt % STAGES), v_smem.index(nxt % STAGES), k_base, v_base, nxt * BLOCK_N, lk,
+                    stride_kt, stride_vt, BLOCK_N, D, ld_layout)
+        cp.commit_group()
+        return warpgroup_mma(q_smem, k_smem.index(j % STAGES).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _fwd_scores(j, q_smem, k_smem, v_smem, k_base, v_base, lk, stride_kt, stride_vt, zero_s,
+                    BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, ld_layout: gl.constexpr):
+        """`_fwd_scores_async`, waited for."""
+        tok = _fwd_scores_async(j, q_smem, k_smem, v_smem, k_base, v_base, lk, stride_kt, stride_vt, zero_s,
+                                BLOCK_N, D, STAGES, ld_layout)
+        return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+
+    @gluon.jit
+    def _online_softmax(s, m_i, l_i, rows, offs_n, start_n, f_hi, lk, shift, CAUSAL: gl.constexpr,
+                        BLOCK_N: gl.constexpr):
+        """One tile's online-softmax update of log2-domain scores `s` (`_triton_jfa._softmax_step`):
+        (p, alpha, l, m). A tile reaching past f_hi selects with -inf (keys past the sample's end,
+        or past a row's causal bound); a row that has seen no key keeps m = -inf, and its p and
+        alpha are computed against 0 (no NaN)."""
+        if start_n + BLOCK_N > f_hi:
+            cols = start_n + offs_n
+            ok = (cols < lk)[None, :]
+            if CAUSAL:
+                ok = ok & (cols[None, :] <= rows[:, None] + shift)
+            s = gl.where(ok, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s - m_safe[:, None])
+        alpha = gl.exp2(m_i - m_safe)
+        return p, alpha, l_i * alpha + gl.sum(p, 1), m_new
+
 @functools.cache
 def smem_layouts(block_m: int, block_n: int, d: int, bits: int) -> tuple[Any, Any]:
     """NVMMA shared layouts of the q/dO tiles and of K, V (swizzled for wgmma)."""
@@ -470,3 +620,55 @@ def dq(
         CAUSAL=causal, D=d, BLOCK_M=block_m, BLOCK_N=block_n, LOG2B=max(4, (b - 1).bit_length()),
         STAGES=stages, OVERLAP_ACC=overlap, q_sl=q_sl, kv_sl=kv_sl, num_warps=warps,
     )
+
+
+# The forward: (BLOCK_M, BLOCK_N, num_warps, STAGES): 128 q rows over two warpgroups, 128 keys per
+# step, 3 K/V slots (224 KB of shared memory; 4 would need 288 KB), 231 registers, no spills.
+DEFAULT_FWD_TILES = (128, 128, 8, 3)
+
+
+def forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
+    max_q_len: int, causal: bool, scale: float, tiles: tuple[int, int, int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out `[Tq, H, D]`, log2 lse `[Tq, H]` fp32) of `_triton_jfa.jfa_forward`'s contract, by the
+    Gluon kernel (`problem(...)` must be None; q/k/v with unit stride on D, offsets int64);
+    `tiles` default `DEFAULT_FWD_TILES` (read per call)."""
+    from gem_kernels._triton_jfa import in_order_tiles
+
+    tiles = DEFAULT_FWD_TILES if tiles is None else tiles
+    block_m, block_n, warps, stages = tiles
+    if stages < 3 or block_m % (16 * warps) or block_m < 16 * warps:
+        raise ValueError(f"tiles={tiles}: needs STAGES >= 3 and BLOCK_M a multiple of 16 x num_warps")
+    tq, h, d = q.shape
+    b = q_offsets.numel() - 1
+    out = torch.empty((tq, h, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((tq, h), dtype=torch.float32, device=q.device)
+    grid = (in_order_tiles(tq, b, max_q_len, block_m), h)
+    if grid[0] == 0 or h == 0:
+        return out.zero_(), lse.fill_(float("inf"))
+    q_sl, kv_sl = smem_layouts(block_m, block_n, d, 16)
+    _jfa_fwd_gluon_kernel[grid](
+        q, k, v, out, lse, q_offsets, kv_offsets,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        b, h, scale * 1.4426950408889634,
+        CAUSAL=causal, D=d, BLOCK_M=block_m, BLOCK_N=block_n, LOG2B=max(4, (b - 1).bit_length()),
+        STAGES=stages, q_sl=q_sl, kv_sl=kv_sl, num_warps=warps,
+    )
+    return out, lse
+
+
+def jfa_forward_gluon(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
+    max_q_len: int, max_kv_len: int, causal: bool, window: int | None, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_triton_jfa.jfa_forward` with the Gluon kernel where it can serve (`problem`, no split-kv
+    in the picked config, a non-empty batch), else `jfa_forward` itself."""
+    from gem_kernels._triton_jfa import _last_dim_contiguous, jfa_forward, pick_config
+
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    tq, h, d = q.shape
+    if (min(tq, q_offsets.numel() - 1, max_q_len, h) == 0 or problem(q, k, window) is not None
+            or pick_config(max_q_len, max_kv_len, d, q.dtype).kv_split):
+        return jfa_forward(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
+    return forward(q, k, v, q_offsets, kv_offsets, max_q_len, causal, scale)

@@ -280,12 +280,13 @@ def _flash2_rows(q: torch.Tensor, k: torch.Tensor, q_offsets: torch.Tensor, wind
 def _forward_impl() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """The Triton forward: `_triton_jfa.jfa_forward` (pointer loads; the default) or, with
     `GEM_JFA_FWD=tma`, `_triton_jfa_tma.jfa_forward_tma` (Hopper TMA descriptors; same
-    contract, falls back to the pointer kernel where TMA cannot run). A per-process switch for
+    contract, falls back to the pointer kernel where TMA cannot run), or with `GEM_JFA_GLUON`
+    naming fwd, the pointer kernel's Gluon twin (`_gluon_jfa.jfa_forward_gluon`, same fallback). A per-process switch for
     GPU A/B runs of the whole trainer; read at each call, so it is not traced into graphs."""
     from gem_kernels._triton_jfa import env_choice, jfa_forward
 
     if env_choice(FWD_ENV, _FWD_CHOICES) != "tma":
-        return jfa_forward
+        return _gluon_jfa.jfa_forward_gluon if _gluon_jfa.requested("fwd") else jfa_forward
     from gem_kernels._triton_jfa_tma import jfa_forward_tma
 
     return jfa_forward_tma
@@ -424,7 +425,7 @@ def _planned(
         plan = None if key is None else _PLANS.get(key)
     except TypeError:  # an unhashable argument: the ordinary checks name it
         return None, None
-    if plan is None or _FORCED or os.environ.get(FWD_ENV, "") != plan.op.env:
+    if plan is None or _FORCED or os.environ.get(FWD_ENV, "") != plan.op.env or _gluon_jfa.requested("fwd"):
         return key, None
     tq = q.shape[0]
     if tq >= plan.op.flash4_rows or (tq if tq > k.shape[0] else k.shape[0]) < plan.op.flash2_rows:
@@ -472,7 +473,8 @@ def _remember(
     tq, h, d = q.shape
     b = q_offsets.numel() - 1
     env = os.environ.get(FWD_ENV, "")
-    if (key is None or _FORCED or env not in ("", "pointer") or min(tq, k.shape[0], b, h, max_q_len, max_kv_len) == 0
+    if (key is None or _FORCED or env not in ("", "pointer") or _gluon_jfa.requested("fwd")
+            or min(tq, k.shape[0], b, h, max_q_len, max_kv_len) == 0
             or any(x.stride(2) != 1 for x in (q, k, v)) or not (q_offsets.is_contiguous() and kv_offsets.is_contiguous())
             or _attn_plan.aligned_pointers(q, k, v, q_offsets, kv_offsets) is None):
         return

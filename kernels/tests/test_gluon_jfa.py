@@ -34,15 +34,16 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def test_switch_parses_and_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    for value, dkdv, dq in (("", False, False), ("off", False, False), ("dkdv", True, False), (" DQ ", False, True),
-                            ("all", True, True)):
+    for value, want in (("", ()), ("off", ()), ("dkdv", ("dkdv",)), (" DQ ", ("dq",)), ("fwd, dq", ("fwd", "dq")),
+                        ("all", ("fwd", "dkdv", "dq"))):
         monkeypatch.setenv(_gluon_jfa.ENV, value)
-        assert (_gluon_jfa.requested("dkdv"), _gluon_jfa.requested("dq")) == (dkdv, dq), value
+        assert tuple(k for k in _gluon_jfa.KERNELS if _gluon_jfa.requested(k)) == want, value
     monkeypatch.delenv(_gluon_jfa.ENV)
-    assert not _gluon_jfa.requested("dkdv") and not _gluon_jfa.requested("dq")
-    monkeypatch.setenv(_gluon_jfa.ENV, "gluon")
-    with pytest.raises(ValueError, match="GEM_JFA_GLUON='gluon' must be one of"):
-        _gluon_jfa.requested("dq")
+    assert not any(_gluon_jfa.requested(k) for k in _gluon_jfa.KERNELS)
+    for bad in ("gluon", "fwd,bwd"):
+        monkeypatch.setenv(_gluon_jfa.ENV, bad)
+        with pytest.raises(ValueError, match=f"GEM_JFA_GLUON='{bad}' must be 'all', 'off' or a comma-separated"):
+            _gluon_jfa.requested("dq")
 
 
 def test_problem_names_why_it_cannot_serve() -> None:
@@ -53,6 +54,7 @@ def test_problem_names_why_it_cannot_serve() -> None:
     assert _gluon_jfa.problem(q, q, None, False) is None
     assert "window" in str(_gluon_jfa.problem(q, q, 8, False))
     assert "one-pass" in str(_gluon_jfa.problem(q, q, None, True))
+    assert _gluon_jfa.problem(q, q, None) is None  # the forward's question
     assert "dtype" in str(_gluon_jfa.problem(q.float(), q.float(), None, False))
     assert "head dim" in str(_gluon_jfa.problem(q[..., :32], q[..., :32], None, False))
 
@@ -152,6 +154,53 @@ def test_gpu_cross_attention_and_empty_sides(causal: bool) -> None:
     assert dq[0:5].abs().max() == 0  # sample 1 has no keys
 
 
+FWD_TILES = [(128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3)]
+
+
+def _both_forwards(lq: list[int], lk: list[int], h: int, d: int, causal: bool, seed: int,
+                   tiles: tuple[int, int, int, int] | None = None) -> tuple[torch.Tensor, ...]:
+    """(out, lse2) of the Gluon forward and of the Triton forward on the same bf16 inputs."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    qo, ko = _offsets(lq), _offsets(lk)
+    q, k, v = (torch.randn(t, h, d, generator=g, device=DEVICE).bfloat16() for t in (sum(lq), sum(lk), sum(lk)))
+    scale = 1.0 / math.sqrt(d)
+    out, lse = _gluon_jfa.forward(q, k, v, qo, ko, max(lq), causal, scale, tiles)
+    out_t, lse_t = tj.jfa_forward(q, k, v, qo, ko, max(lq), max(lk), causal, None, scale)
+    return out, lse, out_t, lse_t
+
+
+def _forwards_agree(out: torch.Tensor, lse: torch.Tensor, out_t: torch.Tensor, lse_t: torch.Tensor) -> None:
+    assert torch.isfinite(out).all()
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_t))  # the same (row, head)s see no key: +inf
+    seen = torch.isfinite(lse_t)
+    if seen.any():
+        assert float((lse - lse_t)[seen].abs().max()) <= 1e-3
+    if (~seen).any():
+        assert out[~seen].abs().max() == 0  # and their output is 0
+    assert _rel_err(out, out_t) <= 1e-2
+
+
+@needs_hopper
+@pytest.mark.parametrize("tiles", FWD_TILES, ids=lambda t: "x".join(map(str, t)))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_forward_matches_triton_kernel(tiles: tuple[int, int, int, int], causal: bool, d: int) -> None:
+    g = torch.Generator().manual_seed(d + 2 * causal)
+    lengths = torch.randint(0, 1500, (10,), generator=g).tolist() + [0, 1, 63, 64, 65, 127, 128, 129]
+    _forwards_agree(*_both_forwards(lengths, lengths, 4, d, causal, seed=d, tiles=tiles))
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_forward_cross_attention_and_empty_sides(causal: bool) -> None:
+    # More queries than keys (causal: the first rows see no key), fewer, and empty sides.
+    lq = [0, 5, 700, 64, 300, 129, 7]
+    lk = [9, 0, 650, 200, 40, 129, 0]
+    out, lse, out_t, lse_t = _both_forwards(lq, lk, 2, 128, causal, seed=5)
+    _forwards_agree(out, lse, out_t, lse_t)
+    assert torch.isinf(lse[0:5]).all() and out[0:5].abs().max() == 0  # sample 1 has no keys
+
+
 @needs_hopper
 def test_gpu_nan_neighbour_does_not_leak() -> None:
     # Sample 1's q and dO are NaN: sample 0's last tiles read past its end (masked, zero-filled),
@@ -162,6 +211,15 @@ def test_gpu_nan_neighbour_does_not_leak() -> None:
     for got, want in zip(dirty[:3], clean[:3]):
         assert torch.isfinite(got[:100]).all()
         assert torch.equal(got[:100], want[:100])
+    # The forward: sample 1's keys and values NaN; sample 0's rows read past its end (masked).
+    g = torch.Generator(device=DEVICE).manual_seed(8)
+    q, k, v = (torch.randn(400, 2, 128, generator=g, device=DEVICE).bfloat16() for _ in range(3))
+    off = _offsets(lq)
+    clean_f = _gluon_jfa.forward(q, k, v, off, off, 300, False, 0.1)
+    k[100:], v[100:] = float("nan"), float("nan")
+    dirty_f = _gluon_jfa.forward(q, k, v, off, off, 300, False, 0.1)
+    for got, want in zip(dirty_f, clean_f):
+        assert torch.isfinite(got[:100]).all() and torch.equal(got[:100], want[:100])
 
 
 @needs_hopper
@@ -171,18 +229,18 @@ def test_gpu_whole_backward_with_the_switch(causal: bool, monkeypatch: pytest.Mo
     monkeypatch.setenv("GEM_JFA_FWD", "pointer")
     monkeypatch.setenv(_gluon_jfa.ENV, "all")
     calls: list[str] = []
-    for name in ("dkdv", "dq"):
+    for name in ("forward", "dkdv", "dq"):
         real = getattr(_gluon_jfa, name)
 
-        def counted(*a: object, _real: object = real, _name: str = name, **kw: object) -> None:
+        def counted(*a: object, _real: object = real, _name: str = name, **kw: object) -> object:
             calls.append(_name)
-            _real(*a, **kw)  # type: ignore[operator]
+            return _real(*a, **kw)  # type: ignore[operator]
 
         monkeypatch.setattr(_gluon_jfa, name, counted)
     g = torch.Generator().manual_seed(11)
     lengths = torch.randint(0, 2500, (12,), generator=g).tolist() + [0, 1, 128]
     _check_against_reference(lengths, lengths, 4, 128, torch.bfloat16, causal, seed=11)
-    assert sorted(set(calls)) == ["dkdv", "dq"], f"the Gluon kernels that ran: {calls}"
+    assert sorted(set(calls)) == ["dkdv", "dq", "forward"], f"the Gluon kernels that ran: {calls}"
 
 
 _AUDIT = r"""
@@ -194,15 +252,20 @@ from gem_kernels import _gluon_jfa as gj
 
 tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 ptrs = {"LSE": "*fp32", "DELTA": "*fp32", "QO": "*i64", "KO": "*i64",
-        **{n: "*bf16" for n in ("Q", "K", "V", "DO", "DK", "DV", "DQ")}}
+        **{n: "*bf16" for n in ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ")}}
 out = {}
-for kernel in ("dkdv", "dq"):
+for kernel in ("fwd", "dkdv", "dq"):
     for causal in (False, True):
-        kern = gj._jfa_bwd_dkdv_gluon_kernel if kernel == "dkdv" else gj._jfa_bwd_dq_gluon_kernel
-        bm, bn, w, st, ov = gj.DEFAULT_TILES if kernel == "dkdv" else gj.DEFAULT_DQ_TILES
+        kern = {"fwd": gj._jfa_fwd_gluon_kernel, "dkdv": gj._jfa_bwd_dkdv_gluon_kernel,
+                "dq": gj._jfa_bwd_dq_gluon_kernel}[kernel]
+        if kernel == "fwd":
+            (bm, bn, w, st), extra = gj.DEFAULT_FWD_TILES, {}
+        else:
+            bm, bn, w, st, ov = gj.DEFAULT_TILES if kernel == "dkdv" else gj.DEFAULT_DQ_TILES
+            extra = {"OVERLAP_ACC": ov}
         q_sl, kv_sl = gj.smem_layouts(bm, bn, 128, 16)
-        consts = dict(CAUSAL=causal, D=128, BLOCK_M=bm, BLOCK_N=bn, LOG2B=9, STAGES=st, OVERLAP_ACC=ov,
-                      q_sl=q_sl, kv_sl=kv_sl, num_warps=w)
+        consts = dict(CAUSAL=causal, D=128, BLOCK_M=bm, BLOCK_N=bn, LOG2B=9, STAGES=st, q_sl=q_sl, kv_sl=kv_sl,
+                      num_warps=w, **extra)
         names = kern.arg_names
         sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n.startswith("scale") else "i32")
                for n in names}
@@ -243,7 +306,7 @@ def sm90_builds() -> dict[str, dict[str, int]]:
     return json.loads(run.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("kernel", ["dkdv", "dq"])
+@pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_default_tiles_compile_for_hopper_unspilled_and_asynchronous(
     kernel: str, causal: bool, sm90_builds: dict[str, dict[str, int]]

@@ -1,16 +1,18 @@
-"""Bench: the two-pass backward's kernels, Triton against Gluon (`GEM_JFA_GLUON=dkdv|dq|all`).
+"""Bench: JFA's Triton kernels against their Gluon twins (`GEM_JFA_GLUON`, gem_kernels._gluon_jfa).
 
-    cd kernels && PYTHONPATH=. python3 -m gem_kernels.bench.dkdv [--iters N] [--out DIR] [--tiles ...]
+    cd kernels && PYTHONPATH=. python3 -m gem_kernels.bench.gluon [--iters N] [--out DIR] [--tiles ...]
 
-Why: the Triton dK/dV kernel is the largest item of the trainer's step; `_gluon_jfa` is its
-Gluon twin with the score GEMMs issued asynchronously (kernels/BENCHMARKS.md), and the dQ
-kernel has one too. Per case, in one run: the dK/dV kernel alone (Triton at its picked config;
+Why: the Triton dK/dV kernel is the largest item of the trainer's step; `_gluon_jfa` holds its
+Gluon twin with the score GEMMs issued asynchronously (kernels/BENCHMARKS.md), and twins of
+the dQ kernel and of the forward. Per case, in one run: the forward alone (Triton; Gluon at
+each `--fwd-tiles`), the dK/dV kernel alone (Triton at its picked config;
 Gluon at each `--tiles`), the dQ kernel alone (Triton; Gluon at each `--dq-tiles`), the whole
 backward (`jfa_backward`: delta + dK/dV + dQ) with `GEM_JFA_GLUON` off / dkdv / all, and the
 eager forward+backward call (`jagged_flash_attention`, the issue table's measure) off / all.
-Useful TFLOP/s: dK/dV kernel 8 · visible pairs · D · H (four GEMMs), dQ kernel 6 ·, backward
-10 ·, forward+backward 14 ·. `err` = the largest relative difference of Gluon's dK/dV/dQ from
-Triton's on the same inputs.
+Useful TFLOP/s: forward 4 · visible pairs · D · H, dK/dV kernel 8 ·, dQ kernel 6 ·, backward
+10 ·, forward+backward 14 ·. `err` = the largest relative difference of Gluon's out/dK/dV/dQ
+from Triton's on the same inputs (`lse_err`: the largest absolute difference of lse2 over rows
+that see a key).
 Timing: warm-up, CUDA events, median (`bench_ms`). Needs a Hopper GPU.
 """
 
@@ -40,8 +42,8 @@ def _tf(flops: float, ms: float) -> float:
 
 
 def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
-          tiles: list[tuple[int, int, int, int, bool]], dq_tiles: list[tuple[int, int, int, int, bool]]
-          ) -> dict[str, object]:
+          tiles: list[tuple[int, int, int, int, bool]], dq_tiles: list[tuple[int, int, int, int, bool]],
+          fwd_tiles: list[tuple[int, int, int, int]]) -> dict[str, object]:
     off = offsets_from_lengths(lengths, "cuda")
     mx, t = max(lengths), sum(lengths)
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -51,13 +53,27 @@ def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
     out, lse = tj.jfa_forward(q, k, v, off, off, mx, mx, causal, None, scale)
     delta = (do.float() * out.float()).sum(-1).contiguous()
     cfg = dataclasses.replace(tj.pick_config(mx, mx, D, DT), one_pass=False)
+    row_f: dict[str, object] = {}
+    ms = bench_ms(lambda: tj.jfa_forward(q, k, v, off, off, mx, mx, causal, None, scale), iters=iters)
+    row_f["triton_fwd_tf"] = _tf(4.0 * pairs * D * heads, ms)
+    seen = torch.isfinite(lse)
+    for ft in fwd_tiles:
+        key = "gluon_fwd_" + "x".join(map(str, ft))
+        try:
+            out_g, lse_g = _gluon_jfa.forward(q, k, v, off, off, mx, causal, scale, ft)
+        except Exception as e:
+            row_f[key] = f"error: {type(e).__name__}: {str(e)[:120]}"
+            continue
+        row_f[key + "_err"] = f"{_rel(out_g, out):.1e}/{float((lse_g - lse)[seen].abs().max()):.1e}"
+        ms = bench_ms(lambda: _gluon_jfa.forward(q, k, v, off, off, mx, causal, scale, ft), iters=iters)
+        row_f[key] = _tf(4.0 * pairs * D * heads, ms)
     dk_t, dv_t = torch.empty_like(k), torch.empty_like(v)
     grid, args, consts = tj.bwd_dkdv_args(cfg, q, k, v, do, lse, delta, dk_t, dv_t, dk_t, off, off, mx, causal,
                                           None, scale, False, False)
     launch = launch_of(tj._jfa_bwd_dkdv_kernel)
     row: dict[str, object] = dict(case=name, B=len(lengths), mean=round(t / len(lengths)), max=mx, H=heads,
                                   triton_tiles=f"{cfg.dkdv.block_m}x{cfg.dkdv.block_n} w{cfg.dkdv.num_warps} "
-                                               f"s{cfg.dkdv.num_stages}")
+                                               f"s{cfg.dkdv.num_stages}", **row_f)
     ms = bench_ms(lambda: launch(grid, args, consts), iters=iters)
     row["triton_dkdv_ms"], row["triton_dkdv_tf"] = round(ms, 3), _tf(8.0 * pairs * D * heads, ms)
     best: tuple[float, tuple[int, int, int, int, bool]] | None = None
@@ -82,19 +98,19 @@ def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
     ms = bench_ms(lambda: qlaunch((g0, g1, 1), qargs, qconsts), iters=iters)
     row["triton_dq_tf"] = _tf(6.0 * pairs * D * heads, ms)
     best_dq: tuple[float, tuple[int, int, int, int, bool]] | None = None
-    for tl in dq_tiles:
+    for qt in dq_tiles:
         dq = torch.empty_like(q)
-        key = "gluon_dq_" + "x".join(map(str, tl))
+        key = "gluon_dq_" + "x".join(map(str, qt))
         try:
-            _gluon_jfa.dq(q, k, v, do, lse, delta, dq, off, off, mx, causal, scale, tl)
+            _gluon_jfa.dq(q, k, v, do, lse, delta, dq, off, off, mx, causal, scale, qt)
         except Exception as e:
             row[key] = f"error: {type(e).__name__}: {str(e)[:120]}"
             continue
         errs.append(_rel(dq, dq_t))
-        ms = bench_ms(lambda: _gluon_jfa.dq(q, k, v, do, lse, delta, dq, off, off, mx, causal, scale, tl), iters=iters)
+        ms = bench_ms(lambda: _gluon_jfa.dq(q, k, v, do, lse, delta, dq, off, off, mx, causal, scale, qt), iters=iters)
         row[key] = _tf(6.0 * pairs * D * heads, ms)
         if best_dq is None or ms < best_dq[0]:
-            best_dq = (ms, tl)
+            best_dq = (ms, qt)
     row["err"] = f"{max(errs):.1e}" if errs else None
     if best is None or best_dq is None:
         return row
@@ -112,12 +128,13 @@ def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
 
     saved = _gluon_jfa.DEFAULT_TILES, _gluon_jfa.DEFAULT_DQ_TILES
     _gluon_jfa.DEFAULT_TILES, _gluon_jfa.DEFAULT_DQ_TILES = best[1], best_dq[1]  # whole-backward rows: best tiles
+    # (the forward+backward "all" row runs the forward at DEFAULT_FWD_TILES)
     try:
-        for label in ("off", "dkdv", "all"):
+        for label in ("off", "dkdv", "dkdv,dq", "all"):
             os.environ[_gluon_jfa.ENV] = label
             ms_b = bench_ms(bwd, iters=iters)
             row[f"{label}_bwd_ms"], row[f"{label}_bwd_tf"] = round(ms_b, 3), _tf(10.0 * pairs * D * heads, ms_b)
-            if label != "dkdv":
+            if label in ("off", "all"):
                 row[f"{label}_fb_tf"] = _tf(14.0 * pairs * D * heads, bench_ms(fwd_bwd, iters=iters))
     finally:
         os.environ.pop(_gluon_jfa.ENV, None)
@@ -137,6 +154,8 @@ def main() -> None:
     p.add_argument("--tiles", nargs="*", default=["32,128,8,4,1", "32,128,8,3,1", "32,128,8,5,1", "32,128,8,4,0",
                                                   "32,64,4,4,1", "64,128,8,4,1"],
                    help="Gluon dK/dV tiles BLOCK_M,BLOCK_N,num_warps,STAGES,OVERLAP_ACC")
+    p.add_argument("--fwd-tiles", nargs="*", default=["128,128,8,3", "128,64,8,4", "128,64,8,3"],
+                   help="Gluon forward tiles BLOCK_M,BLOCK_N,num_warps,STAGES")
     p.add_argument("--dq-tiles", nargs="*", default=["128,64,8,4,1", "128,64,8,3,1", "128,32,8,4,1", "128,64,8,4,0",
                                                      "64,64,4,4,1"],
                    help="Gluon dQ tiles, the same fields")
@@ -144,25 +163,29 @@ def main() -> None:
     os.environ[FWD_ENV] = "pointer"
     os.environ[BWD_ENV] = "two_pass"
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
-        print("dkdv bench needs a Hopper GPU")
-        emit_json({"bench": "dkdv", "skipped": "no Hopper GPU", **env_info()})
+        print("gluon bench needs a Hopper GPU")
+        emit_json({"bench": "gluon", "skipped": "no Hopper GPU", **env_info()})
         return
     tiles, dq_tiles = ([(a, b, c, s, bool(o)) for a, b, c, s, o in (tuple(int(x) for x in t.split(",")) for t in ts)]
                        for ts in (args.tiles, args.dq_tiles))
+    fwd_tiles = [(a, b, c, s) for a, b, c, s in (tuple(int(x) for x in t.split(",")) for t in args.fwd_tiles)]
     tl = trainer_lengths()
     cases = [("issue", issue_lengths(), 4, False), ("issue causal", issue_lengths(), 4, True),
              ("trainer+cls", [n + 4 for n in tl], 8, False), ("dense 8x4096", [4096] * 8, 16, False)]
-    rows = [_case(name, lengths, heads, causal, args.iters, tiles, dq_tiles)
+    rows = [_case(name, lengths, heads, causal, args.iters, tiles, dq_tiles, fwd_tiles)
             for name, lengths, heads, causal in cases if args.only in name]
     cols = ["case", "B", "mean", "max", "H", "triton_tiles", "triton_dkdv_tf",
             *("gluon_" + "x".join(map(str, t)) for t in tiles), "gluon_best", "dkdv_speedup", "err"]
+    print("\nForward, Triton vs Gluon (TFLOP/s; err = out rel / lse2 abs):")
+    print_table(rows, ["case", "triton_fwd_tf", *(f"gluon_fwd_{'x'.join(map(str, t))}{e}" for t in fwd_tiles
+                                                   for e in ("", "_err"))])
     print("\ndK/dV kernel, Triton vs Gluon (TFLOP/s; gluon_<BM>x<BN>x<warps>x<stages>x<overlap>):")
     print_table(rows, cols)
     print("\ndQ kernel (TFLOP/s), whole backward and eager fwd+bwd with GEM_JFA_GLUON off / dkdv / all:")
     print_table(rows, ["case", "triton_dq_tf", *("gluon_dq_" + "x".join(map(str, t)) for t in dq_tiles),
-                       "gluon_dq_best", "off_bwd_tf", "dkdv_bwd_tf", "all_bwd_tf", "off_fb_tf", "all_fb_tf"])
-    payload: dict[str, object] = {"bench": "dkdv", **env_info(), "rows": rows}
-    save_json(args.out, "dkdv.json", payload)
+                       "gluon_dq_best", "off_bwd_tf", "dkdv_bwd_tf", "dkdv,dq_bwd_tf", "off_fb_tf", "all_fb_tf"])
+    payload: dict[str, object] = {"bench": "gluon", **env_info(), "rows": rows}
+    save_json(args.out, "gluon.json", payload)
     emit_json(payload)
 
 
