@@ -109,6 +109,30 @@ if HAVE_GLUON:
         first = gl.sum(gl.where(idx == b, cum - cnt, 0), 0)
         return b, pid - first, gl.sum(cnt, 0)
 
+    @gluon.constexpr_function
+    def _acc_layout(num_warps, n):
+        """The wgmma accumulator layout of a [rows, n] tile, warps stacked along the rows (each
+        warpgroup owns 64 of them)."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+    @gluon.constexpr_function
+    def _copy_layout(d, num_warps):
+        """16 bytes per thread along a row of d 16-bit values: the cp.async copies' layout."""
+        return gl.BlockedLayout([1, 8], [32 // (d // 8), d // 8], [num_warps, 1], [1, 0])
+
+    @gluon.jit
+    def _sample(TILED, QO, KO, B, BLOCK: gl.constexpr, LOG2B: gl.constexpr, num_warps: gl.constexpr):
+        """(in range, tile start on the tiled side, q_start, lq, kv_start, lk) of this program: its
+        tile is batch-order tile program_id(0) of the side whose offsets are TILED (QO or KO)."""
+        b, blk, total = _locate(TILED, gl.program_id(0), B, BLOCK, 1 << LOG2B,
+                                gl.BlockedLayout([1], [32], [num_warps], [0]))
+        bb = gl.minimum(b, B - 1)  # b == B past the last tile (not in range then)
+        q_start = gl.load(QO + bb)
+        kv_start = gl.load(KO + bb)
+        lq = (gl.load(QO + bb + 1) - q_start).to(gl.int32)
+        lk = (gl.load(KO + bb + 1) - kv_start).to(gl.int32)
+        return gl.program_id(0) < total, blk * BLOCK, q_start, lq, kv_start, lk
+
     @gluon.jit
     def _issue_tile(q_buf, do_buf, q_base, do_base, start_m, lq, stride_qt, stride_dot,
                     BLOCK_M: gl.constexpr, D: gl.constexpr, ld_layout: gl.constexpr):
@@ -132,26 +156,17 @@ if HAVE_GLUON:
         # Register layouts: S/dP tiles [BLOCK_N, BLOCK_M] and dK/dV [BLOCK_N, D] as wgmma
         # accumulators (warps stacked along the kv rows: each warpgroup owns 64 of them),
         # Pᵀ/dSᵀ as the dV/dK MMAs' register A operand, a 16-byte-per-thread copy layout.
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                           instr_shape=[16, BLOCK_M, 16])
-        d_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                           instr_shape=[16, D, 16])
+        s_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_M)
+        d_layout: gl.constexpr = _acc_layout(num_warps, D)
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=d_layout, k_width=2)
-        TPW_D: gl.constexpr = D // 8
-        ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPW_D, TPW_D], [num_warps, 1], [1, 0])
-        b_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        ld_layout: gl.constexpr = _copy_layout(D, num_warps)
         col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # along the q rows of an Sᵀ tile
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)  # along its kv rows
 
-        b, blk, total = _locate(KO, gl.program_id(0), B, BLOCK_N, 1 << LOG2B, b_layout)
-        if gl.program_id(0) >= total:
+        ok, n_start, q_start, lq, kv_start, lk = _sample(KO, QO, KO, B, BLOCK_N, LOG2B, num_warps)
+        if not ok:
             return
         h = gl.program_id(1)
-        n_start = blk * BLOCK_N
-        kv_start = gl.load(KO + b)
-        lk = (gl.load(KO + b + 1) - kv_start).to(gl.int32)
-        q_start = gl.load(QO + b)
-        lq = (gl.load(QO + b + 1) - q_start).to(gl.int32)
         shift = lk - lq
 
         dtype: gl.constexpr = K.dtype.element_ty
@@ -290,24 +305,15 @@ if HAVE_GLUON:
         together, P under dP, dQ += dS·K left in flight (OVERLAP_ACC). Q and dO stay in shared
         memory (A operands), K/V tiles stream through STAGES slots. Keys past the sample's end
         load as zero rows: their dS multiplies a zero K row, so no column mask is needed."""
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-        d_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                           instr_shape=[16, D, 16])
+        s_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_N)
+        d_layout: gl.constexpr = _acc_layout(num_warps, D)
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=d_layout, k_width=2)
-        TPW_D: gl.constexpr = D // 8
-        ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPW_D, TPW_D], [num_warps, 1], [1, 0])
-        b_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        ld_layout: gl.constexpr = _copy_layout(D, num_warps)
 
-        b, blk, total = _locate(QO, gl.program_id(0), B, BLOCK_M, 1 << LOG2B, b_layout)
-        if gl.program_id(0) >= total:
+        ok, m_start, q_start, lq, kv_start, lk = _sample(QO, QO, KO, B, BLOCK_M, LOG2B, num_warps)
+        if not ok:
             return
         h = gl.program_id(1)
-        m_start = blk * BLOCK_M
-        q_start = gl.load(QO + b)
-        lq = (gl.load(QO + b + 1) - q_start).to(gl.int32)
-        kv_start = gl.load(KO + b)
-        lk = (gl.load(KO + b + 1) - kv_start).to(gl.int32)
         shift = lk - lq
 
         dtype: gl.constexpr = Q.dtype.element_ty
@@ -414,26 +420,17 @@ if HAVE_GLUON:
         rows past the sample's end zero-filled); masked tiles (the sample's last, a causal
         diagonal) select with -inf. Writes out `[Tq, H, D]` and the log2-domain lse2 `[Tq, H]`
         (+inf for a row that sees no key, whose out is 0), as the Triton kernel does."""
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                           instr_shape=[16, D, 16])
+        s_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_N)
+        o_layout: gl.constexpr = _acc_layout(num_warps, D)
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        TPW_D: gl.constexpr = D // 8
-        ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPW_D, TPW_D], [num_warps, 1], [1, 0])
-        b_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        ld_layout: gl.constexpr = _copy_layout(D, num_warps)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-        b, blk, total = _locate(QO, gl.program_id(0), B, BLOCK_M, 1 << LOG2B, b_layout)
-        if gl.program_id(0) >= total:
+        ok, m_start, q_start, lq, kv_start, lk = _sample(QO, QO, KO, B, BLOCK_M, LOG2B, num_warps)
+        if not ok:
             return
         h = gl.program_id(1)
-        m_start = blk * BLOCK_M
-        q_start = gl.load(QO + b)
-        lq = (gl.load(QO + b + 1) - q_start).to(gl.int32)
-        kv_start = gl.load(KO + b)
-        lk = (gl.load(KO + b + 1) - kv_start).to(gl.int32)
         shift = lk - lq
 
         dtype: gl.constexpr = Q.dtype.element_ty
