@@ -136,7 +136,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _issue_tile(q_buf, do_buf, q_base, do_base, start_m, lq, stride_qt, stride_dot,
                     BLOCK_M: gl.constexpr, D: gl.constexpr, ld_layout: gl.constexpr):
-        """cp.async of one [BLOCK_M, D] q tile and dO tile; rows past lq are zero-filled."""
+        """cp.async of one [BLOCK_M, D] tile of two row-aligned tensors (q and dO, or K and V) from
+        row start_m of the sample; rows past lq (its length on that side) are zero-filled."""
         rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_layout))
         cols = gl.arange(0, D, layout=gl.SliceLayout(0, ld_layout))
         ok = (rows < lq)[:, None]
