@@ -25,7 +25,9 @@ Gluon kernels run only on a Hopper GPU: no CPU interpreter. The Triton kernels a
 reference twins (checked on the CPU under TRITON_INTERPRET=1 and against the PyTorch
 reference); the GPU tests (`tests/test_gluon_jfa.py`) compare each kernel with its twin and
 with the reference at real sizes, and a CPU test cross-compiles the default binaries for
-sm_90a (no spills, asynchronous wgmmas). Used where `GEM_JFA_GLUON` asks (`all`, or a list of
+sm_90a (no spills, asynchronous wgmmas). `tests/test_gluon_schedule.py` models each kernel's
+tile walk (bounds, masked tiles, zero-filled rows, the order of the rescale) in float64
+PyTorch against the reference on the CPU: change a bound here, change it there. Used where `GEM_JFA_GLUON` asks (`all`, or a list of
 `fwd`, `dkdv`, `dq`; opt-in until measured faster).
 """
 
