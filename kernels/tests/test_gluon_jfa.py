@@ -291,7 +291,7 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def sm90_builds() -> dict[str, dict[str, int]]:
+def sm90_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, int]]:
     """The default Gluon binaries compiled for sm_90a on any machine (Triton's bundled ptxas, no GPU),
     in a fresh process (the CPU interpreter's patches to Triton's language, left by other tests in
     this one, break compiling): per kernel and mask, registers, spill stores/loads, HGMMA, waits on
@@ -301,6 +301,9 @@ def sm90_builds() -> dict[str, dict[str, int]]:
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # Triton writes what it compiles to its cache: a fresh folder (Bazel's sandbox keeps $HOME's
+    # read-only, and a warm cache would hide a compile that fails).
+    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton_cache"))
     run = subprocess.run([sys.executable, "-c", _AUDIT], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
