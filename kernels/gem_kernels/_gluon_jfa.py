@@ -60,24 +60,26 @@ ENV = "GEM_JFA_GLUON"
 KERNELS = ("fwd", "dkdv", "dq")
 
 
-def requested(kernel: str) -> bool:
-    """Whether `GEM_JFA_GLUON` asks for the Gluon twin of `kernel` ("fwd", "dkdv" or "dq"): a
-    comma-separated list of them, "all", or "off" / unset (none); anything else is an error."""
+def requested(*kernels: str) -> bool:
+    """Whether `GEM_JFA_GLUON` asks for the Gluon twin of any of `kernels` ("fwd", "dkdv", "dq"):
+    a comma-separated list of them, "all", or "off" / unset (none); anything else is an error."""
     value = os.environ.get(ENV, "").strip().lower()
     if value in ("", "off"):
         return False
     names = KERNELS if value == "all" else tuple(n.strip() for n in value.split(","))
     if any(n not in KERNELS for n in names):
         raise ValueError(f"{ENV}={value!r} must be 'all', 'off' or a comma-separated list of {KERNELS}")
-    return kernel in names
+    return any(k in names for k in kernels)
 
 
 def problem(q: torch.Tensor, k: torch.Tensor, window: int | None, one_pass: bool = False) -> str | None:
     """Why these kernels cannot serve this call (None: they can); `one_pass`: the backward asked
     for is the one-pass one (which adds dQ inside the dK/dV kernel: no twin)."""
+    from gem_kernels._triton_jfa import interpreting
+
     if not HAVE_GLUON:
         return "this Triton has no Gluon"
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if interpreting():
         return "Gluon kernels do not run under TRITON_INTERPRET=1"
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
         return "needs a Hopper (SM90) GPU"
@@ -90,6 +92,16 @@ def problem(q: torch.Tensor, k: torch.Tensor, window: int | None, one_pass: bool
     if one_pass:
         return "the one-pass backward (this kernel adds no dQ)"
     return None
+
+
+def serves(kernel: str, q: torch.Tensor, k: torch.Tensor, window: int | None, cfg: Any) -> bool:
+    """Whether `kernel` ("fwd", "dkdv" or "dq") of this call runs as its Gluon twin: asked for by
+    `GEM_JFA_GLUON` and possible here (`problem`; the forward and dQ also need the picked
+    `_triton_jfa.JfaConfig` without split-kv); else the Triton kernel, silently where Gluon
+    cannot serve (e.g. on the CPU)."""
+    if not requested(kernel) or (kernel != "dkdv" and cfg.kv_split):
+        return False
+    return problem(q, k, window, kernel != "fwd" and cfg.one_pass) is None
 
 
 if HAVE_GLUON:
@@ -547,6 +559,30 @@ def smem_layouts(block_m: int, block_n: int, d: int, bits: int) -> tuple[Any, An
             gl.NVMMASharedLayout.get_default_for([block_n, d], dt))
 
 
+def _launch_plan(
+    tiles: tuple[int, ...], by_m: bool, rows: int, offsets: torch.Tensor, max_len: int, h: int, d: int, causal: bool,
+) -> tuple[tuple[int, int], int, dict[str, Any]]:
+    """(grid, B, the launch's constexprs and options) of a kernel whose programs take the
+    BLOCK_M-row (`by_m`) or BLOCK_N-row tiles of `rows` rows in batch order, one head each.
+    `tiles`: (BLOCK_M, BLOCK_N, num_warps, STAGES[, OVERLAP_ACC]); the tiled side must fill the
+    wgmma layout (a multiple of 16 x num_warps rows) and STAGES >= 3 (two slots in use, one
+    loading)."""
+    from gem_kernels._triton_jfa import in_order_tiles
+
+    block_m, block_n, warps, stages = tiles[:4]
+    block = block_m if by_m else block_n
+    if stages < 3 or block % (16 * warps) or block < 16 * warps:
+        raise ValueError(f"tiles={tiles}: needs STAGES >= 3 and BLOCK_{'M' if by_m else 'N'} a multiple of "
+                         f"16 x num_warps")
+    b = offsets.numel() - 1
+    q_sl, kv_sl = smem_layouts(block_m, block_n, d, 16)
+    consts = dict(CAUSAL=causal, D=d, BLOCK_M=block_m, BLOCK_N=block_n, LOG2B=max(4, (b - 1).bit_length()),
+                  STAGES=stages, q_sl=q_sl, kv_sl=kv_sl, num_warps=warps)
+    if len(tiles) > 4:
+        consts["OVERLAP_ACC"] = tiles[4]
+    return (in_order_tiles(rows, b, max_len, block), h), b, consts
+
+
 # (BLOCK_M, BLOCK_N, num_warps, STAGES, OVERLAP_ACC): 32 q rows per step, 128 kv rows over two
 # warpgroups, 4 q/dO slots (2 tiles loading ahead), dV/dK MMAs in flight across iterations.
 # 242 registers, no spills (ptxas, sm_90a); 64 q rows spill (the Sᵀ/dPᵀ tiles, lse and delta
@@ -566,26 +602,17 @@ def dkdv(
     fp32 contiguous (log2-domain lse, delta = rowsum(dO·O)); offsets int64 `[B + 1]`. `tiles`:
     (BLOCK_M, BLOCK_N, num_warps, STAGES, OVERLAP_ACC), default `DEFAULT_TILES` (read per call).
     """
-    from gem_kernels._triton_jfa import in_order_tiles
+    from gem_kernels._triton_jfa import _LOG2E
 
-    tiles = DEFAULT_TILES if tiles is None else tiles
-    block_m, block_n, warps, stages, overlap = tiles
-    if stages < 3 or block_n % (16 * warps) or block_n < 16 * warps:
-        raise ValueError(f"tiles={tiles}: needs STAGES >= 3 and BLOCK_N a multiple of 16 x num_warps")
-    h, d = q.shape[1], q.shape[2]
-    b = kv_offsets.numel() - 1
-    grid = (in_order_tiles(k.shape[0], b, max_kv_len, block_n), h)
-    if grid[0] == 0 or h == 0:
+    grid, b, consts = _launch_plan(DEFAULT_TILES if tiles is None else tiles, False, k.shape[0], kv_offsets,
+                                   max_kv_len, q.shape[1], q.shape[2], causal)
+    if grid[0] == 0 or grid[1] == 0:
         return
-    q_sl, kv_sl = smem_layouts(block_m, block_n, d, 16)
     _jfa_bwd_dkdv_gluon_kernel[grid](
         q, k, v, dout, lse, delta, dk, dv, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        b, h, scale, scale * 1.4426950408889634,
-        CAUSAL=causal, D=d, BLOCK_M=block_m, BLOCK_N=block_n, LOG2B=max(4, (b - 1).bit_length()),
-        STAGES=stages, OVERLAP_ACC=overlap, q_sl=q_sl, kv_sl=kv_sl, num_warps=warps,
-    )
+        b, grid[1], scale, scale * _LOG2E, **consts)
 
 
 # dQ: (BLOCK_M, BLOCK_N, num_warps, STAGES, OVERLAP_ACC): 128 q rows over two warpgroups, 64 keys
@@ -600,26 +627,17 @@ def dq(
 ) -> None:
     """Writes dQ of the two-pass backward into `dq_out` `[Tq, H, D]` (unit stride on D), as `dkdv`
     (same inputs); `tiles` default `DEFAULT_DQ_TILES` (read per call)."""
-    from gem_kernels._triton_jfa import in_order_tiles
+    from gem_kernels._triton_jfa import _LOG2E
 
-    tiles = DEFAULT_DQ_TILES if tiles is None else tiles
-    block_m, block_n, warps, stages, overlap = tiles
-    if stages < 3 or block_m % (16 * warps) or block_m < 16 * warps:
-        raise ValueError(f"tiles={tiles}: needs STAGES >= 3 and BLOCK_M a multiple of 16 x num_warps")
-    h, d = q.shape[1], q.shape[2]
-    b = q_offsets.numel() - 1
-    grid = (in_order_tiles(q.shape[0], b, max_q_len, block_m), h)
-    if grid[0] == 0 or h == 0:
+    grid, b, consts = _launch_plan(DEFAULT_DQ_TILES if tiles is None else tiles, True, q.shape[0], q_offsets,
+                                   max_q_len, q.shape[1], q.shape[2], causal)
+    if grid[0] == 0 or grid[1] == 0:
         return
-    q_sl, kv_sl = smem_layouts(block_m, block_n, d, 16)
     _jfa_bwd_dq_gluon_kernel[grid](
         q, k, v, dout, lse, delta, dq_out, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dq_out.stride(0), dq_out.stride(1),
-        b, h, scale, scale * 1.4426950408889634,
-        CAUSAL=causal, D=d, BLOCK_M=block_m, BLOCK_N=block_n, LOG2B=max(4, (b - 1).bit_length()),
-        STAGES=stages, OVERLAP_ACC=overlap, q_sl=q_sl, kv_sl=kv_sl, num_warps=warps,
-    )
+        b, grid[1], scale, scale * _LOG2E, **consts)
 
 
 # The forward: (BLOCK_M, BLOCK_N, num_warps, STAGES): 128 q rows over two warpgroups, 128 keys per
@@ -634,27 +652,19 @@ def forward(
     """(out `[Tq, H, D]`, log2 lse `[Tq, H]` fp32) of `_triton_jfa.jfa_forward`'s contract, by the
     Gluon kernel (`problem(...)` must be None; q/k/v with unit stride on D, offsets int64);
     `tiles` default `DEFAULT_FWD_TILES` (read per call)."""
-    from gem_kernels._triton_jfa import in_order_tiles
+    from gem_kernels._triton_jfa import _LOG2E
 
-    tiles = DEFAULT_FWD_TILES if tiles is None else tiles
-    block_m, block_n, warps, stages = tiles
-    if stages < 3 or block_m % (16 * warps) or block_m < 16 * warps:
-        raise ValueError(f"tiles={tiles}: needs STAGES >= 3 and BLOCK_M a multiple of 16 x num_warps")
     tq, h, d = q.shape
-    b = q_offsets.numel() - 1
+    grid, b, consts = _launch_plan(DEFAULT_FWD_TILES if tiles is None else tiles, True, tq, q_offsets, max_q_len,
+                                   h, d, causal)
     out = torch.empty((tq, h, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((tq, h), dtype=torch.float32, device=q.device)
-    grid = (in_order_tiles(tq, b, max_q_len, block_m), h)
     if grid[0] == 0 or h == 0:
         return out.zero_(), lse.fill_(float("inf"))
-    q_sl, kv_sl = smem_layouts(block_m, block_n, d, 16)
     _jfa_fwd_gluon_kernel[grid](
         q, k, v, out, lse, q_offsets, kv_offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        b, h, scale * 1.4426950408889634,
-        CAUSAL=causal, D=d, BLOCK_M=block_m, BLOCK_N=block_n, LOG2B=max(4, (b - 1).bit_length()),
-        STAGES=stages, q_sl=q_sl, kv_sl=kv_sl, num_warps=warps,
-    )
+        b, h, scale * _LOG2E, **consts)
     return out, lse
 
 
@@ -662,13 +672,13 @@ def jfa_forward_gluon(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
     max_q_len: int, max_kv_len: int, causal: bool, window: int | None, scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_triton_jfa.jfa_forward` with the Gluon kernel where it can serve (`problem`, no split-kv
-    in the picked config, a non-empty batch), else `jfa_forward` itself."""
+    """`_triton_jfa.jfa_forward` with the Gluon kernel where it serves (`serves`, a non-empty
+    batch), else `jfa_forward` itself."""
     from gem_kernels._triton_jfa import _last_dim_contiguous, jfa_forward, pick_config
 
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     tq, h, d = q.shape
-    if (min(tq, q_offsets.numel() - 1, max_q_len, h) == 0 or problem(q, k, window) is not None
-            or pick_config(max_q_len, max_kv_len, d, q.dtype).kv_split):
+    if (min(tq, q_offsets.numel() - 1, max_q_len, h) == 0
+            or not serves("fwd", q, k, window, pick_config(max_q_len, max_kv_len, d, q.dtype))):
         return jfa_forward(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, causal, window, scale)
     return forward(q, k, v, q_offsets, kv_offsets, max_q_len, causal, scale)

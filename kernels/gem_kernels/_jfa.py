@@ -513,7 +513,7 @@ def _plan_backward(
 
     held = plan.op.bwd
     if (not held or _FORCED or bwd_uses_flash4(q, k, window) or bwd_uses_flash(q, window)
-            or _gluon_jfa.requested("dkdv") or _gluon_jfa.requested("dq")):
+            or _gluon_jfa.requested("dkdv", "dq")):
         return None
     tq, h, d = q.shape
     bp = held.get(pick_config(max_q_len, max_kv_len, d, q.dtype))
@@ -560,7 +560,7 @@ def _remember_backward(
 
     tq, h, d = q.shape
     if (tj._FORCED or tj.bwd_uses_flash4(q, k, window) or tj.bwd_uses_flash(q, window)
-            or _gluon_jfa.requested("dkdv") or _gluon_jfa.requested("dq")):
+            or _gluon_jfa.requested("dkdv", "dq")):
         return
     cfg = tj.pick_config(max_q_len, max_kv_len, d, q.dtype)
     contiguous = (h * d, d, 1)

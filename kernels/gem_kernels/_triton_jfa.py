@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from gem_kernels import _gluon_jfa
 from gem_kernels._jagged import same_view
 from gem_kernels._launch import CachedLaunch, cdiv, launch_of
 
@@ -942,18 +943,6 @@ def settle(grads: tuple[torch.Tensor, ...], buf: torch.Tensor) -> torch.Tensor:
     return buf
 
 
-def gluon_kernel(kernel: str, q: torch.Tensor, k: torch.Tensor, window: int | None, cfg: JfaConfig) -> bool:
-    """Whether the two-pass backward's `kernel` ("dkdv" or "dq") runs as its Gluon twin
-    (`_gluon_jfa`): asked for by `GEM_JFA_GLUON` (dkdv | dq | all) and possible here (a Hopper
-    GPU, bf16/fp16, D 64 or 128, no window; dQ without split-kv); else the Triton kernel,
-    silently where Gluon cannot serve (e.g. on the CPU)."""
-    from gem_kernels import _gluon_jfa
-
-    if not _gluon_jfa.requested(kernel) or (kernel == "dq" and cfg.kv_split):
-        return False
-    return _gluon_jfa.problem(q, k, window, cfg.one_pass) is None
-
-
 def _upcast(t: torch.Tensor) -> bool:
     return t.dtype == torch.bfloat16 and (t.device.type != "cuda" or interpreting())
 
@@ -1164,22 +1153,19 @@ def jfa_backward(
     delta = torch.empty((tq, h), dtype=torch.float32, device=q.device)
     grid, args, consts = bwd_delta_args(cfg, out, dout, delta, dq_acc)
     launch_of(_jfa_bwd_delta_kernel)(grid, args, consts)
-    dq_tma, tma_loads = _tma_modes(cfg, q, dout, dq_acc)
-    grid, args, consts = bwd_dkdv_args(cfg, q, k, v, dout, lse, delta, dk, dv, dq_acc, q_offsets, kv_offsets,
-                                       max_kv_len, causal, window, scale, dq_tma, tma_loads)
-    if gluon_kernel("dkdv", q, k, window, cfg):  # GEM_JFA_GLUON=dkdv|all: the Gluon twin of the kernel
-        from gem_kernels import _gluon_jfa
-
+    if _gluon_jfa.serves("dkdv", q, k, window, cfg):  # GEM_JFA_GLUON: the kernel's Gluon twin
         _gluon_jfa.dkdv(q, k, v, dout, lse, delta, dk, dv, q_offsets, kv_offsets, max_kv_len, causal, scale)
-    elif dq_tma or tma_loads:  # descriptor arguments: Triton's own launch (CachedLaunch keys tensors and ints)
-        _jfa_bwd_dkdv_kernel[grid](*args, **consts)
     else:
-        launch_of(_jfa_bwd_dkdv_kernel)(grid, args, consts)
+        dq_tma, tma_loads = _tma_modes(cfg, q, dout, dq_acc)
+        grid, args, consts = bwd_dkdv_args(cfg, q, k, v, dout, lse, delta, dk, dv, dq_acc, q_offsets, kv_offsets,
+                                           max_kv_len, causal, window, scale, dq_tma, tma_loads)
+        if dq_tma or tma_loads:  # descriptor arguments: Triton's own launch (CachedLaunch keys tensors and ints)
+            _jfa_bwd_dkdv_kernel[grid](*args, **consts)
+        else:
+            launch_of(_jfa_bwd_dkdv_kernel)(grid, args, consts)
     if cfg.one_pass:
         return dq_acc.to(q.dtype), dk, dv
-    if gluon_kernel("dq", q, k, window, cfg):  # GEM_JFA_GLUON=dq|all
-        from gem_kernels import _gluon_jfa
-
+    if _gluon_jfa.serves("dq", q, k, window, cfg):  # GEM_JFA_GLUON
         dq = torch.empty_like(q) if dst[0] is None else dst[0]  # written in place (any row/head strides)
         _gluon_jfa.dq(q, k, v, dout, lse, delta, dq, q_offsets, kv_offsets, max_q_len, causal, scale)
         return dq, dk, dv

@@ -120,6 +120,14 @@ def attention_flops(pairs: int, heads: int, dim: int) -> tuple[float, float]:
     return fwd, fwd * 3.5
 
 
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| / max(1, max |want|) in fp32 (0 for empty tensors): the benches' error column."""
+    if want.numel() == 0:
+        return 0.0
+    got, want = got.detach().float(), want.detach().float()
+    return float((got - want).abs().max()) / max(1.0, float(want.abs().max()))
+
+
 def tflops(flops: float, ms: float | None) -> float | None:
     """TFLOP/s of `flops` done in `ms` milliseconds (None when the timing is missing)."""
     return None if ms is None else flops / (ms * 1e-3) / 1e12

@@ -26,21 +26,9 @@ import torch.nn.functional as F
 
 from gem_kernels import jagged_flash_attention, pad_jagged
 from gem_kernels._triton_jfa import JfaTiles, force_config, pick_config
-from gem_kernels.bench._common import (
-    attention_flops,
-    bench_graph_ms,
-    bench_ms,
-    check_visible_pairs_small,
-    emit_json,
-    env_info,
-    lognormal_lengths,
-    offsets_from_lengths,
-    print_table,
-    random_jagged,
-    tflops,
-    uniform_lengths,
-    visible_pairs,
-)
+from gem_kernels.bench._common import (attention_flops, bench_graph_ms, bench_ms, check_visible_pairs_small, emit_json,
+                                       env_info, lognormal_lengths, offsets_from_lengths, print_table, random_jagged,
+                                       rel_err, tflops, uniform_lengths, visible_pairs)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -77,13 +65,6 @@ def build_cases(cuda: bool, quick: bool) -> list[Case]:
     return cases
 
 
-def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    """max |got - want| / max(1, max |want|)."""
-    if want.numel() == 0:
-        return 0.0
-    return float((got.detach().float() - want).abs().max()) / max(1.0, float(want.abs().max()))
-
-
 def run_case(case: Case, *, device: str, dtype: torch.dtype, quick: bool, triton_ok: bool) -> list[dict[str, object]]:
     cuda = device == "cuda"
     q = random_jagged(case.len_q, case.heads, case.dim, dtype=dtype, device=device, seed=1)
@@ -117,7 +98,7 @@ def run_case(case: Case, *, device: str, dtype: torch.dtype, quick: bool, triton
         qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
         out = jagged_flash_attention(qg, kg, vg, qo, ko, mq, mk, backend=backend, **kw)  # type: ignore[arg-type]
         grads = torch.autograd.grad(out, (qg, kg, vg), dout)
-        errs = [_rel_err(out, ref)] + [_rel_err(g, r) for g, r in zip(grads, ref_grads)]
+        errs = [rel_err(out, ref)] + [rel_err(g, r) for g, r in zip(grads, ref_grads)]
         tol = 2e-2 if dtype != torch.float32 else 1e-4
         ok = all(e <= tol for e in errs) and all(bool(torch.isfinite(g).all()) for g in grads)
 
@@ -229,7 +210,7 @@ def sweep(case: Case, dtype: torch.dtype, device: str = "cuda") -> list[dict[str
         try:
             with force_config(cfg):
                 out = jagged_flash_attention(q, k, v, qo, ko, mq, mk, backend="triton", **kw)  # type: ignore[arg-type]
-                err = _rel_err(out, ref.float())
+                err = rel_err(out, ref.float())
                 ms = bench_ms(lambda: jagged_flash_attention(q, k, v, qo, ko, mq, mk, backend="triton", **kw), iters=10)  # type: ignore[arg-type]
             _log(rows, {"case": case.name, "kernel": "fwd", "tiles": str(fw), "ms": ms,
                          "tflops": f_fwd / (ms * 1e-3) / 1e12, "err_vs_default": err})
@@ -246,7 +227,7 @@ def sweep(case: Case, dtype: torch.dtype, device: str = "cuda") -> list[dict[str
         try:
             with force_config(cfg):
                 out = jagged_flash_attention(q, k, v, qo, ko, mq, mk, backend="triton", **kw)  # type: ignore[arg-type]
-                err = _rel_err(out, ref.float())
+                err = rel_err(out, ref.float())
                 ms = bench_ms(lambda: jagged_flash_attention(q, k, v, qo, ko, mq, mk, backend="triton", **kw), iters=10)  # type: ignore[arg-type]
                 ms_all = bench_ms(fb_sched, iters=10)
             _log(rows, {"case": case.name, "kernel": "fwd", "tiles": f"default, tile_list={tile_list}", "ms": ms,

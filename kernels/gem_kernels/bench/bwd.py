@@ -31,15 +31,11 @@ from gem_kernels import jagged_flash_attention
 from gem_kernels._jfa import FWD_ENV
 from gem_kernels._triton_jfa import BWD_ENV
 from gem_kernels.bench._common import (bench_ms, emit_json, env_info, issue_lengths, offsets_from_lengths, print_table,
-                                       save_json, trainer_lengths, visible_pairs)
+                                       rel_err, save_json, trainer_lengths, visible_pairs)
 
 D = 128
 DT = torch.bfloat16
 PATHS = ("two_pass", "one_pass", "flash")
-
-
-def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got.float() - want.float()).abs().max()) / max(1.0, float(want.float().abs().max()))
 
 
 def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
@@ -93,7 +89,7 @@ def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
     row["fa2_fwd_tf"] = round(flops / fa2_fwd / 1e9, 1)
     row["fa2_fb_tf"] = round(3.5 * flops / fa2_fb / 1e9, 1)
     row["ours_fwd_tf"] = round(flops / fwd_ms / 1e9, 1)
-    row["err"] = f"{max(_rel(a, b) for a, b in zip(grads['flash'], grads['two_pass'])):.1e}"
+    row["err"] = f"{max(rel_err(a, b) for a, b in zip(grads['flash'], grads['two_pass'])):.1e}"
     row["win"] = min(PATHS, key=lambda p: float(row[f"{p}_bwd_ms"]))  # type: ignore[arg-type]
     print(json.dumps(row), flush=True)
     return row

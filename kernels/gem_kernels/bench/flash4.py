@@ -31,7 +31,7 @@ from gem_kernels._flash4 import unavailable_reason
 from gem_kernels._jfa import FWD_ENV
 from gem_kernels._triton_jfa import BWD_ENV, bwd_one_pass_from_env
 from gem_kernels.bench._common import (bench_ms, emit_json, env_info, issue_lengths, offsets_from_lengths, print_table,
-                                       save_json, trainer_lengths, visible_pairs)
+                                       rel_err, save_json, trainer_lengths, visible_pairs)
 
 D = 128
 DT = torch.bfloat16
@@ -64,10 +64,6 @@ def switches(fwd: str, bwd: str) -> Iterator[None]:
                 os.environ.pop(n, None)
             else:
                 os.environ[n] = v
-
-
-def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got.float() - want.float()).abs().max()) / max(1.0, float(want.float().abs().max()))
 
 
 def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
@@ -106,7 +102,7 @@ def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
             fwd_ms["flash"] = bench_ms(run, warmup=2, iters=iters)
     for fwd, label in (("pointer", "ours"), ("flash", "fa2"), ("flash4", "fa4")):
         row[f"{label}_fwd_tf"] = round(flops / fwd_ms[fwd] / 1e9, 1)
-    row["err"] = f"{max(_rel(a, b) for a, b in zip(res['fa4'], res['default'])):.1e}"
+    row["err"] = f"{max(rel_err(a, b) for a, b in zip(res['fa4'], res['default'])):.1e}"
     print(json.dumps(row), flush=True)
     return row
 

@@ -31,7 +31,7 @@ from gem_kernels._jfa import FWD_ENV
 from gem_kernels._launch import launch_of
 from gem_kernels._triton_jfa import BWD_ENV
 from gem_kernels.bench._common import (bench_ms, emit_json, env_info, issue_lengths, offsets_from_lengths, print_table,
-                                       save_json, trainer_lengths, visible_pairs)
+                                       rel_err, save_json, trainer_lengths, visible_pairs)
 
 D = 128
 DT = torch.bfloat16
@@ -64,7 +64,7 @@ def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
         except Exception as e:
             row_f[key] = f"error: {type(e).__name__}: {str(e)[:120]}"
             continue
-        row_f[key + "_err"] = f"{_rel(out_g, out):.1e}/{float((lse_g - lse)[seen].abs().max()):.1e}"
+        row_f[key + "_err"] = f"{rel_err(out_g, out):.1e}/{float((lse_g - lse)[seen].abs().max()):.1e}"
         ms = bench_ms(lambda: _gluon_jfa.forward(q, k, v, off, off, mx, causal, scale, ft), iters=iters)
         row_f[key] = _tf(4.0 * pairs * D * heads, ms)
     dk_t, dv_t = torch.empty_like(k), torch.empty_like(v)
@@ -85,7 +85,7 @@ def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
         except Exception as e:  # a tile that does not compile here: reported, the others still run
             row["gluon_" + "x".join(map(str, tl))] = f"error: {type(e).__name__}: {str(e)[:120]}"
             continue
-        errs.append(max(_rel(dk, dk_t), _rel(dv, dv_t)))
+        errs.append(max(rel_err(dk, dk_t), rel_err(dv, dv_t)))
         ms = bench_ms(lambda: _gluon_jfa.dkdv(q, k, v, do, lse, delta, dk, dv, off, off, mx, causal, scale, tl),
                       iters=iters)
         row["gluon_" + "x".join(map(str, tl))] = _tf(8.0 * pairs * D * heads, ms)
@@ -106,7 +106,7 @@ def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
         except Exception as e:
             row[key] = f"error: {type(e).__name__}: {str(e)[:120]}"
             continue
-        errs.append(_rel(dq, dq_t))
+        errs.append(rel_err(dq, dq_t))
         ms = bench_ms(lambda: _gluon_jfa.dq(q, k, v, do, lse, delta, dq, off, off, mx, causal, scale, qt), iters=iters)
         row[key] = _tf(6.0 * pairs * D * heads, ms)
         if best_dq is None or ms < best_dq[0]:
@@ -140,10 +140,6 @@ def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
         os.environ.pop(_gluon_jfa.ENV, None)
         _gluon_jfa.DEFAULT_TILES, _gluon_jfa.DEFAULT_DQ_TILES = saved
     return row
-
-
-def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got.float() - want.float()).abs().max()) / max(1.0, float(want.float().abs().max()))
 
 
 def main() -> None:

@@ -43,17 +43,12 @@ from gem_kernels._jfa import fwd_uses_flash, fwd_uses_flash4
 from gem_kernels._triton_jfa import (JfaConfig, JfaTiles, _heuristic_config, _tma_modes, bwd_one_pass_from_env,
                                     bwd_uses_flash, bwd_uses_flash4, force_config, jfa_backward, jfa_forward)
 from gem_kernels.bench.flash4 import PATHS, switches
-from gem_kernels.bench._common import (attention_flops, bench_graph_ms, bench_ms, emit_json, env_info,
-                                       issue_lengths, offsets_from_lengths, print_table, save_json, tflops,
-                                       trainer_lengths, visible_pairs)
+from gem_kernels.bench._common import (attention_flops, bench_graph_ms, bench_ms, emit_json, env_info, issue_lengths,
+                                       offsets_from_lengths, print_table, rel_err, save_json, tflops, trainer_lengths,
+                                       visible_pairs)
 
 H, D = 4, 128
 DT = torch.bfloat16
-
-
-def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    got, want = got.detach().float(), want.detach().float()
-    return float((got - want).abs().max()) / max(1.0, float(want.abs().max()))
 
 
 class Batch:
@@ -83,7 +78,7 @@ def _check(ours: Callable[..., torch.Tensor], ref: Callable[..., torch.Tensor], 
     q32, k32, v32 = (x.float().requires_grad_() for x in (b.q, b.k, b.v))
     r = ref(q32, k32, v32, b)
     rg = torch.autograd.grad(r, (q32, k32, v32), b.do.float())
-    return max([_rel_err(out, r)] + [_rel_err(g, w) for g, w in zip(grads, rg)])
+    return max([rel_err(out, r)] + [rel_err(g, w) for g, w in zip(grads, rg)])
 
 
 def _fwd_bwd(fn: Callable[..., torch.Tensor], b: Batch) -> Callable[[], object]:
@@ -282,7 +277,7 @@ def main_table(iters: int) -> list[dict[str, object]]:
 
     with torch.no_grad():
         ref_d = F.scaled_dot_product_attention(qp, kp, vp).transpose(1, 2).reshape(8 * 4096, 16, D)
-        err_d = _rel_err(jagged_flash_attention(qd, kd, vd, offd, offd, 4096, 4096), ref_d)
+        err_d = rel_err(jagged_flash_attention(qd, kd, vd, offd, offd, 4096, 4096), ref_d)
     cudnn_ms = _try_ms(cudnn, iters)
     add("dense 8x4096x16 fwd", ours_d, f_dense, "cuDNN SDPA", cudnn_ms, err_d, path=path_d,
         device_ms=None if "flash4" in path_d else bench_graph_ms(
@@ -299,7 +294,7 @@ def block_row(b: Batch, small: Batch, iters: int) -> dict[str, object]:
     dst = torch.empty_like(src)
     copy_ms = bench_ms(lambda: dst.copy_(src), iters=iters)  # reads + writes nbytes in all
     blk_ms = bench_ms(lambda: block_attention(b.q, b.k, b.v, b.off, b.max, block_size=64), iters=iters)
-    blk_err = _rel_err(block_attention(small.q, small.k, small.v, small.off, small.max, block_size=64),
+    blk_err = rel_err(block_attention(small.q, small.k, small.v, small.off, small.max, block_size=64),
                        block_attention(small.q.float(), small.k.float(), small.v.float(), small.off, small.max,
                                        block_size=64, backend="reference"))
     row: dict[str, object] = {
@@ -475,7 +470,7 @@ def bwd_compare(iters: int, cases: list[BwdCase] | None = None, device: str = "c
             try:
                 with force_config(cfg):
                     ms = bench_ms(bwd, warmup=2, iters=iters)
-                    err = max(_rel_err(g, w) for g, w in zip(bwd(), base))
+                    err = max(rel_err(g, w) for g, w in zip(bwd(), base))
                     if not path.endswith("sweep"):
                         fb_ms = bench_ms(_fwd_bwd(jfa(causal), b), warmup=1, iters=iters)
                         if heads == H:  # the issue batch: the fp32 reference on the first 8 samples
