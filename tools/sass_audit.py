@@ -125,25 +125,21 @@ def gluon_cases() -> list[tuple[str, Any, dict[str, Any], int, int, dict[str, st
         return []
     if not gj.HAVE_GLUON:
         return []
+    import torch
+
     out: list[tuple[str, Any, dict[str, Any], int, int, dict[str, str] | None]] = []
-    ptrs = {"DQ": "*bf16"}
-    for tiles4, default in (((128, 128, 8, 3), True), ((128, 64, 8, 4), False)):
-        bm, bn, w, st = tiles4
-        q_sl, kv_sl = gj.smem_layouts(bm, bn, 128, 16)
-        consts = dict(CAUSAL=True, D=128, BLOCK_M=bm, BLOCK_N=bn, LOG2B=6, STAGES=st, q_sl=q_sl, kv_sl=kv_sl,
-                      num_warps=w)
-        name = f"jfa fwd gluon {bm}x{bn} w{w} s{st}" + (" (default)" if default else "")
-        out.append((name, gj._jfa_fwd_gluon_kernel, consts, w, st, None))
-    for label, kern, tiles, default in (("dkdv", gj._jfa_bwd_dkdv_gluon_kernel, (32, 128, 8, 4, True), True),
-                                        ("dkdv", gj._jfa_bwd_dkdv_gluon_kernel, (64, 128, 8, 4, True), False),
-                                        ("dq", gj._jfa_bwd_dq_gluon_kernel, (128, 64, 8, 4, True), True),
-                                        ("dq", gj._jfa_bwd_dq_gluon_kernel, (128, 128, 8, 3, True), False)):
-        bm, bn, w, st, ov = tiles
-        q_sl, kv_sl = gj.smem_layouts(bm, bn, 128, 16)
-        consts = dict(CAUSAL=True, D=128, BLOCK_M=bm, BLOCK_N=bn, LOG2B=6, STAGES=st, OVERLAP_ACC=ov, q_sl=q_sl,
-                      kv_sl=kv_sl, num_warps=w)
-        name = f"jfa {label} gluon {bm}x{bn} w{w} s{st}" + (" (default)" if default else "")
-        out.append((name, kern, consts, w, st, ptrs))
+    offsets = torch.zeros(65, dtype=torch.int64)  # 64 samples, as the Triton cases' LOG2B=6
+    for label, kern, by_m, tiles, default in (
+            ("fwd", gj._jfa_fwd_gluon_kernel, True, gj.DEFAULT_FWD_TILES, gj.DEFAULT_FWD_TILES),
+            ("fwd", gj._jfa_fwd_gluon_kernel, True, (128, 64, 8, 4), gj.DEFAULT_FWD_TILES),
+            ("dkdv", gj._jfa_bwd_dkdv_gluon_kernel, False, gj.DEFAULT_TILES, gj.DEFAULT_TILES),
+            ("dkdv", gj._jfa_bwd_dkdv_gluon_kernel, False, (64, 128, 8, 4, True), gj.DEFAULT_TILES),
+            ("dq", gj._jfa_bwd_dq_gluon_kernel, True, gj.DEFAULT_DQ_TILES, gj.DEFAULT_DQ_TILES),
+            ("dq", gj._jfa_bwd_dq_gluon_kernel, True, (128, 128, 8, 3, True), gj.DEFAULT_DQ_TILES)):
+        _, _, consts = gj._launch_plan(tiles, by_m, 1, offsets, 1, 1, 128, True)  # the launch's constexprs
+        bm, bn, w, st = tiles[:4]
+        name = f"jfa {label} gluon {bm}x{bn} w{w} s{st}" + (" (default)" if tiles == default else "")
+        out.append((name, kern, consts, w, st, {"DQ": "*bf16"}))
     return out
 
 

@@ -245,6 +245,7 @@ def test_gpu_whole_backward_with_the_switch(causal: bool, monkeypatch: pytest.Mo
 
 _AUDIT = r"""
 import json, os, re, subprocess, sys, tempfile
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
@@ -258,14 +259,11 @@ for kernel in ("fwd", "dkdv", "dq"):
     for causal in (False, True):
         kern = {"fwd": gj._jfa_fwd_gluon_kernel, "dkdv": gj._jfa_bwd_dkdv_gluon_kernel,
                 "dq": gj._jfa_bwd_dq_gluon_kernel}[kernel]
-        if kernel == "fwd":
-            (bm, bn, w, st), extra = gj.DEFAULT_FWD_TILES, {}
-        else:
-            bm, bn, w, st, ov = gj.DEFAULT_TILES if kernel == "dkdv" else gj.DEFAULT_DQ_TILES
-            extra = {"OVERLAP_ACC": ov}
-        q_sl, kv_sl = gj.smem_layouts(bm, bn, 128, 16)
-        consts = dict(CAUSAL=causal, D=128, BLOCK_M=bm, BLOCK_N=bn, LOG2B=9, STAGES=st, q_sl=q_sl, kv_sl=kv_sl,
-                      num_warps=w, **extra)
+        tiles = {"fwd": gj.DEFAULT_FWD_TILES, "dkdv": gj.DEFAULT_TILES, "dq": gj.DEFAULT_DQ_TILES}[kernel]
+        w = tiles[2]
+        # The constexprs a launch passes (512 samples), as the launcher builds them.
+        _, _, consts = gj._launch_plan(tiles, kernel != "dkdv", 1, torch.zeros(513, dtype=torch.int64), 1, 1, 128,
+                                       causal)
         names = kern.arg_names
         sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n.startswith("scale") else "i32")
                for n in names}
