@@ -7,12 +7,12 @@ Gluon twin with the score GEMMs issued asynchronously (kernels/BENCHMARKS.md), a
 the dQ kernel and of the forward. Per case, in one run: the forward alone (Triton; Gluon at
 each `--fwd-tiles`), the dK/dV kernel alone (Triton at its picked config;
 Gluon at each `--tiles`), the dQ kernel alone (Triton; Gluon at each `--dq-tiles`), the whole
-backward (`jfa_backward`: delta + dK/dV + dQ) with `GEM_JFA_GLUON` off / dkdv / all, and the
-eager forward+backward call (`jagged_flash_attention`, the issue table's measure) off / all.
+backward (`jfa_backward`: delta + dK/dV + dQ) with `GEM_JFA_GLUON` off / dkdv / dkdv,dq, and
+the eager forward+backward call (`jagged_flash_attention`, the issue table's measure) off / all.
 Useful TFLOP/s: forward 4 · visible pairs · D · H, dK/dV kernel 8 ·, dQ kernel 6 ·, backward
-10 ·, forward+backward 14 ·. `err` = the largest relative difference of Gluon's out/dK/dV/dQ
-from Triton's on the same inputs (`lse_err`: the largest absolute difference of lse2 over rows
-that see a key).
+10 ·, forward+backward 14 ·. Per tile set, `_err`: the largest relative difference of Gluon's
+dK/dV (dQ) from Triton's on the same inputs; for the forward, the larger of out's relative and
+lse2's absolute difference (rows that see a key). `err`: the backward kernels' largest.
 Timing: warm-up, CUDA events, median (`bench_ms`). Needs a Hopper GPU.
 """
 
@@ -22,6 +22,8 @@ import argparse
 import dataclasses
 import math
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -41,6 +43,29 @@ def _tf(flops: float, ms: float) -> float:
     return round(flops / ms / 1e9, 1)
 
 
+def _sweep(row: dict[str, object], prefix: str, tiles: list[Any], run: Callable[[Any], Any],
+           err: Callable[[Any], float], flops: float, iters: int, errs: list[float]) -> tuple[float, Any] | None:
+    """Each Gluon tile set of one kernel: `run(tiles)` once for its error (`err` of its result,
+    into `row[<prefix><tiles>_err]` and `errs`), then timed into `row[<prefix><tiles>]` (TFLOP/s);
+    a tile set that fails (e.g. does not compile here) is reported and the others still run.
+    Returns the fastest (ms, tiles), or None."""
+    best: tuple[float, Any] | None = None
+    for tl in tiles:
+        key = prefix + "x".join(map(str, tl))
+        try:
+            e = err(run(tl))
+        except Exception as exc:
+            row[key] = f"error: {type(exc).__name__}: {str(exc)[:120]}"
+            continue
+        row[key + "_err"] = f"{e:.1e}"
+        errs.append(e)
+        ms = bench_ms(lambda: run(tl), iters=iters)
+        row[key] = _tf(flops, ms)
+        if best is None or ms < best[0]:
+            best = (ms, tl)
+    return best
+
+
 def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
           tiles: list[tuple[int, int, int, int, bool]], dq_tiles: list[tuple[int, int, int, int, bool]],
           fwd_tiles: list[tuple[int, int, int, int]]) -> dict[str, object]:
@@ -49,68 +74,40 @@ def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
     g = torch.Generator(device="cuda").manual_seed(1)
     q, k, v, do = (torch.randn(t, heads, D, generator=g, device="cuda").to(DT) for _ in range(4))
     scale = 1.0 / math.sqrt(D)
-    pairs = visible_pairs(lengths, lengths, causal=causal)
+    work = visible_pairs(lengths, lengths, causal=causal) * D * heads  # FLOPs per GEMM / 2
     out, lse = tj.jfa_forward(q, k, v, off, off, mx, mx, causal, None, scale)
     delta = (do.float() * out.float()).sum(-1).contiguous()
     cfg = dataclasses.replace(tj.pick_config(mx, mx, D, DT), one_pass=False)
-    row_f: dict[str, object] = {}
-    ms = bench_ms(lambda: tj.jfa_forward(q, k, v, off, off, mx, mx, causal, None, scale), iters=iters)
-    row_f["triton_fwd_tf"] = _tf(4.0 * pairs * D * heads, ms)
+    row: dict[str, object] = dict(case=name, B=len(lengths), mean=round(t / len(lengths)), max=mx, H=heads,
+                                  triton_tiles=f"{cfg.dkdv.block_m}x{cfg.dkdv.block_n} w{cfg.dkdv.num_warps} "
+                                               f"s{cfg.dkdv.num_stages}")
+    fwd_errs: list[float] = []
     seen = torch.isfinite(lse)
-    for ft in fwd_tiles:
-        key = "gluon_fwd_" + "x".join(map(str, ft))
-        try:
-            out_g, lse_g = _gluon_jfa.forward(q, k, v, off, off, mx, causal, scale, ft)
-        except Exception as e:
-            row_f[key] = f"error: {type(e).__name__}: {str(e)[:120]}"
-            continue
-        row_f[key + "_err"] = f"{rel_err(out_g, out):.1e}/{float((lse_g - lse)[seen].abs().max()):.1e}"
-        ms = bench_ms(lambda: _gluon_jfa.forward(q, k, v, off, off, mx, causal, scale, ft), iters=iters)
-        row_f[key] = _tf(4.0 * pairs * D * heads, ms)
+    ms = bench_ms(lambda: tj.jfa_forward(q, k, v, off, off, mx, mx, causal, None, scale), iters=iters)
+    row["triton_fwd_tf"] = _tf(4.0 * work, ms)
+    _sweep(row, "gluon_fwd_", fwd_tiles, lambda tl: _gluon_jfa.forward(q, k, v, off, off, mx, causal, scale, tl),
+           lambda r: max(rel_err(r[0], out), float((r[1] - lse)[seen].abs().max())), 4.0 * work, iters, fwd_errs)
+
+    errs: list[float] = []
     dk_t, dv_t = torch.empty_like(k), torch.empty_like(v)
     grid, args, consts = tj.bwd_dkdv_args(cfg, q, k, v, do, lse, delta, dk_t, dv_t, dk_t, off, off, mx, causal,
                                           None, scale, False, False)
     launch = launch_of(tj._jfa_bwd_dkdv_kernel)
-    row: dict[str, object] = dict(case=name, B=len(lengths), mean=round(t / len(lengths)), max=mx, H=heads,
-                                  triton_tiles=f"{cfg.dkdv.block_m}x{cfg.dkdv.block_n} w{cfg.dkdv.num_warps} "
-                                               f"s{cfg.dkdv.num_stages}", **row_f)
     ms = bench_ms(lambda: launch(grid, args, consts), iters=iters)
-    row["triton_dkdv_ms"], row["triton_dkdv_tf"] = round(ms, 3), _tf(8.0 * pairs * D * heads, ms)
-    best: tuple[float, tuple[int, int, int, int, bool]] | None = None
-    errs = []
-    for tl in tiles:
-        dk, dv = torch.empty_like(k), torch.empty_like(v)
-        try:
-            _gluon_jfa.dkdv(q, k, v, do, lse, delta, dk, dv, off, off, mx, causal, scale, tl)
-        except Exception as e:  # a tile that does not compile here: reported, the others still run
-            row["gluon_" + "x".join(map(str, tl))] = f"error: {type(e).__name__}: {str(e)[:120]}"
-            continue
-        errs.append(max(rel_err(dk, dk_t), rel_err(dv, dv_t)))
-        ms = bench_ms(lambda: _gluon_jfa.dkdv(q, k, v, do, lse, delta, dk, dv, off, off, mx, causal, scale, tl),
-                      iters=iters)
-        row["gluon_" + "x".join(map(str, tl))] = _tf(8.0 * pairs * D * heads, ms)
-        if best is None or ms < best[0]:
-            best = (ms, tl)
-    dq_t = torch.empty_like(q)
+    row["triton_dkdv_ms"], row["triton_dkdv_tf"] = round(ms, 3), _tf(8.0 * work, ms)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    best = _sweep(row, "gluon_", tiles,
+                  lambda tl: _gluon_jfa.dkdv(q, k, v, do, lse, delta, dk, dv, off, off, mx, causal, scale, tl),
+                  lambda _: max(rel_err(dk, dk_t), rel_err(dv, dv_t)), 8.0 * work, iters, errs)
+    dq_t, dq = torch.empty_like(q), torch.empty_like(q)
     (g0, g1), qargs, qconsts = tj.bwd_dq_args(cfg, q, k, v, do, lse, delta, dq_t.unsqueeze(0), 1, off, off, mx, causal,
                                               None, scale)
     qlaunch = launch_of(tj._jfa_bwd_dq_kernel)
     ms = bench_ms(lambda: qlaunch((g0, g1, 1), qargs, qconsts), iters=iters)
-    row["triton_dq_tf"] = _tf(6.0 * pairs * D * heads, ms)
-    best_dq: tuple[float, tuple[int, int, int, int, bool]] | None = None
-    for qt in dq_tiles:
-        dq = torch.empty_like(q)
-        key = "gluon_dq_" + "x".join(map(str, qt))
-        try:
-            _gluon_jfa.dq(q, k, v, do, lse, delta, dq, off, off, mx, causal, scale, qt)
-        except Exception as e:
-            row[key] = f"error: {type(e).__name__}: {str(e)[:120]}"
-            continue
-        errs.append(rel_err(dq, dq_t))
-        ms = bench_ms(lambda: _gluon_jfa.dq(q, k, v, do, lse, delta, dq, off, off, mx, causal, scale, qt), iters=iters)
-        row[key] = _tf(6.0 * pairs * D * heads, ms)
-        if best_dq is None or ms < best_dq[0]:
-            best_dq = (ms, qt)
+    row["triton_dq_tf"] = _tf(6.0 * work, ms)
+    best_dq = _sweep(row, "gluon_dq_", dq_tiles,
+                     lambda tl: _gluon_jfa.dq(q, k, v, do, lse, delta, dq, off, off, mx, causal, scale, tl),
+                     lambda _: rel_err(dq, dq_t), 6.0 * work, iters, errs)
     row["err"] = f"{max(errs):.1e}" if errs else None
     if best is None or best_dq is None:
         return row
@@ -130,12 +127,13 @@ def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
     _gluon_jfa.DEFAULT_TILES, _gluon_jfa.DEFAULT_DQ_TILES = best[1], best_dq[1]  # whole-backward rows: best tiles
     # (the forward+backward "all" row runs the forward at DEFAULT_FWD_TILES)
     try:
-        for label in ("off", "dkdv", "dkdv,dq", "all"):
+        for label in ("off", "dkdv", "dkdv,dq"):  # the backward does not run the forward: "all" = "dkdv,dq"
             os.environ[_gluon_jfa.ENV] = label
             ms_b = bench_ms(bwd, iters=iters)
-            row[f"{label}_bwd_ms"], row[f"{label}_bwd_tf"] = round(ms_b, 3), _tf(10.0 * pairs * D * heads, ms_b)
-            if label in ("off", "all"):
-                row[f"{label}_fb_tf"] = _tf(14.0 * pairs * D * heads, bench_ms(fwd_bwd, iters=iters))
+            row[f"{label}_bwd_ms"], row[f"{label}_bwd_tf"] = round(ms_b, 3), _tf(10.0 * work, ms_b)
+        for label in ("off", "all"):
+            os.environ[_gluon_jfa.ENV] = label
+            row[f"{label}_fb_tf"] = _tf(14.0 * work, bench_ms(fwd_bwd, iters=iters))
     finally:
         os.environ.pop(_gluon_jfa.ENV, None)
         _gluon_jfa.DEFAULT_TILES, _gluon_jfa.DEFAULT_DQ_TILES = saved
@@ -172,12 +170,12 @@ def main() -> None:
             for name, lengths, heads, causal in cases if args.only in name]
     cols = ["case", "B", "mean", "max", "H", "triton_tiles", "triton_dkdv_tf",
             *("gluon_" + "x".join(map(str, t)) for t in tiles), "gluon_best", "dkdv_speedup", "err"]
-    print("\nForward, Triton vs Gluon (TFLOP/s; err = out rel / lse2 abs):")
+    print("\nForward, Triton vs Gluon (TFLOP/s; _err = the larger of out's relative and lse2's absolute difference):")
     print_table(rows, ["case", "triton_fwd_tf", *(f"gluon_fwd_{'x'.join(map(str, t))}{e}" for t in fwd_tiles
                                                    for e in ("", "_err"))])
     print("\ndK/dV kernel, Triton vs Gluon (TFLOP/s; gluon_<BM>x<BN>x<warps>x<stages>x<overlap>):")
     print_table(rows, cols)
-    print("\ndQ kernel (TFLOP/s), whole backward and eager fwd+bwd with GEM_JFA_GLUON off / dkdv / all:")
+    print("\ndQ kernel (TFLOP/s); whole backward with GEM_JFA_GLUON off / dkdv / dkdv,dq; eager fwd+bwd off / all:")
     print_table(rows, ["case", "triton_dq_tf", *("gluon_dq_" + "x".join(map(str, t)) for t in dq_tiles),
                        "gluon_dq_best", "off_bwd_tf", "dkdv_bwd_tf", "dkdv,dq_bwd_tf", "off_fb_tf", "all_fb_tf"])
     payload: dict[str, object] = {"bench": "gluon", **env_info(), "rows": rows}
