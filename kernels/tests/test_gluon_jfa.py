@@ -123,7 +123,8 @@ def _both_kernels(lq: list[int], lk: list[int], h: int, d: int, causal: bool, se
 
 
 TILES = [(32, 128, 8, 4, True), (32, 128, 8, 3, False), (32, 64, 4, 4, True), (64, 128, 8, 4, True)]
-DQ_TILES = [(128, 64, 8, 4, True), (128, 32, 8, 3, False), (64, 64, 4, 4, True), (128, 128, 8, 3, True)]
+# (dQ 128x128 w8 s3 would need 256 KB of shared memory, more than an SM has: not a tile set to test.)
+DQ_TILES = [(128, 64, 8, 4, True), (128, 32, 8, 3, False), (64, 64, 4, 4, True), (64, 32, 4, 4, True)]
 
 
 @needs_hopper
