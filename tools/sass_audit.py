@@ -1,79 +1,25 @@
 """Register use and spills of the Triton attention kernels, compiled for a GPU on a CPU-only box.
 
-    python3 tools/sass_audit.py [--arch 90]          # module folders on PYTHONPATH
+    python3 tools/sass_audit.py [--arch 90] [--only gdpa]   # module folders on PYTHONPATH
 
-Triton compiles to a cubin without a GPU (`triton.compile(ASTSource(...), target=GPUTarget(
-"cuda", arch, 32))`, with the ptxas it ships); `cuobjdump -res-usage` gives the registers and
-the stack (local memory) per thread, and `nvdisasm` the SASS, whose `STL`/`LDL` count the
-spill stores and loads in the code (static counts, not executions) and `HGMMA`/`MUFU` the
-tensor-core and special-function instructions (`LDGSTS`: cp.async copies, i.e. pipelined
-loads; `wgwait`: waits on wgmma groups, as many as HGMMA when ptxas serialized them). The Gluon
-twins of the JFA kernels (`gem_kernels._gluon_jfa`) compile the same way. Kernels are specialized as a launch with 16-byte aligned tensors and strides divisible
-by 16 is (`tt.divisibility` hints; `--unaligned` leaves them out, as this tool did before
-2026-12-07: its loads are then not vectorized nor pipelined, and it reported spills that the
-launched binaries do not have). Each kernel is built at its default tiles for
-D=128 bf16 (causal, SiLU for GDPA) and a few alternatives. Nothing runs: this says what the
-compiler made of the source, not how fast it is (a GPU bench says that). Put another tree's
-module folder first on PYTHONPATH to compare.
+Each kernel (the Triton JFA and GDPA kernels, and the Gluon twins of JFA's) is built at its
+default tiles for D=128 bf16 (causal, SiLU for GDPA) and a few alternatives, with the ptxas
+Triton ships, and its cubin read by `gem_kernels._sass.audit`: registers and stack per thread,
+spill stores/loads (`STL`/`LDL`), `HGMMA`, `MUFU`, `LDGSTS` (cp.async copies: pipelined loads),
+`wgwait` (waits on wgmma groups: as many as HGMMA when ptxas serialized them) and shared memory.
+Kernels are specialized as a launch with 16-byte aligned tensors and 16-divisible strides is
+(`--unaligned` drops those hints: loads are then neither vectorized nor pipelined). Nothing runs:
+this says what the compiler made of the source, not how fast it is (a GPU bench says that). Put
+another tree's module folder first on PYTHONPATH to compare (the audit code is this tree's).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
-import tempfile
 from typing import Any
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-FLOATS = {"scale", "inv_div", "scale_log2"}
-PTRS = {"q_offsets": "*i64", "kv_offsets": "*i64", "QO": "*i64", "KO": "*i64", "CUM": "*i32", "ORDER": "*i32",
-        "DQA": "*fp32", "DKA": "*fp32", "DVA": "*fp32", "LSE": "*fp32", "DELTA": "*fp32"}
-BF16 = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ", "Q_DESC", "DO_DESC", "DQ_DESC"}
-
-
-def audit(kern: Any, consts: dict[str, Any], warps: int, stages: int, arch: int,
-          ptrs: dict[str, str] | None = None, aligned: bool = True) -> dict[str, int]:
-    """Compiles `kern` with `consts` and returns its resource and instruction counts.
-    `aligned`: specialized as a launch with aligned tensors and 16-divisible strides is (the
-    trainer's and issue 15's); False: no divisibility known (before 2026-12-07 the tool always
-    compiled so, and reported spills the launched binaries do not have)."""
-    names = kern.arg_names
-    types = {**PTRS, **{n: "*bf16" for n in BF16}, **(ptrs or {})}
-    sig = {n: "constexpr" if n in consts else types.get(n, "fp32" if n in FLOATS else "i32") for n in names}
-    # What a launch with 16-byte aligned tensors and strides divisible by 16 (D = 128, any H)
-    # specializes on: without these hints loads are not vectorized, so cp.async pipelining (and
-    # the register allocation that follows) differs from the binary a real launch runs.
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if n not in consts and (sig[n].startswith("*") or n.startswith("stride_"))} if aligned else {}
-    source = ASTSource
-    if getattr(kern, "is_gluon", lambda: False)():  # Gluon kernels (gem_kernels._gluon_jfa)
-        from triton.experimental.gluon._runtime import GluonASTSource
-
-        source = GluonASTSource
-    src = source(fn=kern, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
-    c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=stages))
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(c.asm["cubin"])
-        usage = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", path], capture_output=True,
-                               text=True, check=True).stdout
-        sass = subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", path], capture_output=True, text=True,
-                              check=True).stdout
-    res = {k.lower(): int(v) for k, v in re.findall(r"(REG|STACK):(\d+)", usage)}
-    for op in ("STL", "LDL", "HGMMA", "MUFU", "LDGSTS"):
-        res[op.lower()] = len(re.findall(rf"\b{op}\b", sass))
-    # Waits on wgmma groups: one per HGMMA means ptxas serialized them (its C7515 note).
-    res["wgwait"] = len(re.findall(r"WARPGROUP\.DEPBAR", sass))
-    res["smem"] = int(c.metadata.shared)
-    return res
-
 
 def cases() -> list[tuple[str, Any, dict[str, Any], int, int, dict[str, str] | None]]:
     from gem_kernels import _triton_gdpa as g
@@ -143,19 +89,37 @@ def gluon_cases() -> list[tuple[str, Any, dict[str, Any], int, int, dict[str, st
     return out
 
 
+def _sass() -> Any:
+    """This tree's `gem_kernels._sass`, loaded from its file: the kernels audited may come from
+    another tree (first on PYTHONPATH), older than the module."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels", "gem_kernels", "_sass.py")
+    spec = importlib.util.spec_from_file_location("_gem_sass", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper)")
     p.add_argument("--unaligned", action="store_true",
                    help="compile without divisibility hints (no aligned tensors or 16-divisible strides known)")
+    p.add_argument("--only", default="", help="audit only the kernels whose name contains this text (e.g. 'gdpa')")
     args = p.parse_args(argv)
     import gem_kernels
+
+    audit = _sass().audit
 
     print(f"gem_kernels {gem_kernels.__version__} from {os.path.dirname(gem_kernels.__file__)}; "
           f"triton {triton.__version__}; sm_{args.arch}")
     print(f"{'kernel':44s} {'reg':>4s} {'stack':>6s} {'STL':>5s} {'LDL':>5s} {'HGMMA':>6s} {'wgwait':>6s} "
           f"{'MUFU':>5s} {'LDGSTS':>6s} {'smem':>7s}")
     for name, kern, consts, warps, stages, ptrs in cases():
+        if args.only not in name:
+            continue
         r = audit(kern, consts, warps, stages, args.arch, ptrs, aligned=not args.unaligned)
         print(f"{name:44s} {r.get('reg', 0):4d} {r.get('stack', 0):6d} {r['stl']:5d} {r['ldl']:5d} {r['hgmma']:6d} "
               f"{r['wgwait']:6d} {r['mufu']:5d} {r['ldgsts']:6d} {r['smem']:7d}", flush=True)

@@ -16,7 +16,7 @@ from gem_kernels._block import block_attention
 from gem_kernels._rowwise_adagrad import rowwise_adagrad_, rowwise_adagrad_reference_
 from gem_kernels._rope import rope, rope_qkv_grad
 
-__version__ = "0.3.14"
+__version__ = "0.3.15"
 
 # One import line and one entry per op, so op files merge without conflicts.
 __all__ = [

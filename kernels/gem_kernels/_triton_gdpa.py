@@ -232,10 +232,10 @@ def _gdpa_fwd_kernel(Q, K, V, O, q_offsets, kv_offsets,
     m1, m2 = _split(lo, hi, flo, fhi, BLOCK_N)
 
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    acc = _fwd_inner(acc, q, Kh, Vh, stride_kt, stride_vt, offs_m, offs_d, m1, m2, m1, m2,
-                     shift, window, scale, ACT, TANH, False, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
     acc = _fwd_inner(acc, q, Kh, Vh, stride_kt, stride_vt, offs_m, offs_d, lo, m1, lo, m1,
                      shift, window, scale, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
+    acc = _fwd_inner(acc, q, Kh, Vh, stride_kt, stride_vt, offs_m, offs_d, m1, m2, m1, m2,
+                     shift, window, scale, ACT, TANH, False, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
     acc = _fwd_inner(acc, q, Kh, Vh, stride_kt, stride_vt, offs_m, offs_d, m2, hi, m2, hi,
                      shift, window, scale, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
     out = acc * inv_div
@@ -301,10 +301,10 @@ def _gdpa_bwd_dq_kernel(Q, K, V, DO, DQ, q_offsets, kv_offsets,
     m1, m2 = _split(lo, hi, flo, fhi, BLOCK_N)
 
     dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    dq = _dq_inner(dq, q, do, Kh, Vh, stride_kt, stride_vt, offs_m, offs_d, m1, m2, m1, m2,
-                   shift, window, scale, inv_div, ACT, TANH, False, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
     dq = _dq_inner(dq, q, do, Kh, Vh, stride_kt, stride_vt, offs_m, offs_d, lo, m1, lo, m1,
                    shift, window, scale, inv_div, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
+    dq = _dq_inner(dq, q, do, Kh, Vh, stride_kt, stride_vt, offs_m, offs_d, m1, m2, m1, m2,
+                   shift, window, scale, inv_div, ACT, TANH, False, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
     dq = _dq_inner(dq, q, do, Kh, Vh, stride_kt, stride_vt, offs_m, offs_d, m2, hi, m2, hi,
                    shift, window, scale, inv_div, ACT, TANH, True, CAUSAL, HAS_WINDOW, BLOCK_N, PREC)
     dq = dq * scale
@@ -395,10 +395,10 @@ def _gdpa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQA, q_offsets, kv_offsets,
     dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, DQAh, stride_qt, stride_dot, stride_dqat, offs_n, offs_d,
-                         m1, m2, m1, m2, shift, window, scale, inv_div, ACT, TANH, False, CAUSAL,
+                         lo, m1, lo, m1, shift, window, scale, inv_div, ACT, TANH, True, CAUSAL,
                          HAS_WINDOW, BLOCK_M, PREC, DQ_ATOMIC)
     dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, DQAh, stride_qt, stride_dot, stride_dqat, offs_n, offs_d,
-                         lo, m1, lo, m1, shift, window, scale, inv_div, ACT, TANH, True, CAUSAL,
+                         m1, m2, m1, m2, shift, window, scale, inv_div, ACT, TANH, False, CAUSAL,
                          HAS_WINDOW, BLOCK_M, PREC, DQ_ATOMIC)
     dk, dv = _dkdv_inner(dk, dv, k, v, Qh, DOh, DQAh, stride_qt, stride_dot, stride_dqat, offs_n, offs_d,
                          m2, hi, m2, hi, shift, window, scale, inv_div, ACT, TANH, True, CAUSAL,

@@ -1,0 +1,104 @@
+"""What Triton and ptxas build for Hopper (sm_90a) from the default kernels, on any machine.
+
+A CPU box cannot time a kernel, but it can compile it for the GPU with the ptxas Triton ships
+(`gem_kernels._sass.audit`) and read the binary. These tests pin what a speed regression shows
+there first: a spill (local-memory stores and loads), shared memory past an SM's 227 KB, and
+wgmmas that ptxas serialized (its C7515 note: an accumulator written by a non-MMA instruction
+while its MMA is in flight makes it wait after every wgmma; the SASS then has as many waits on
+wgmma groups as HGMMA instructions). They run on the Triton version this machine has: triton
+3.7 (torch 2.13) serialized the GDPA forward and dQ kernels while their unmasked range ran
+first from a zero accumulator; 3.6 (torch 2.11) did not.
+
+The builds run in one fresh process: the CPU interpreter's patches to Triton's language, left
+by other tests in a pytest process, break compiling. Triton writes what it compiles to its
+cache: a fresh folder (Bazel's sandbox keeps $HOME read-only, and a warm cache would hide a
+compile that fails).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+_BUILD = r"""
+import json
+import torch
+from gem_kernels import _gdpa, _sass
+from gem_kernels import _triton_gdpa as tg
+
+out = {}
+# 512 samples of up to 4,096 keys, H=4, D=128, bf16: the launch arguments the launchers build.
+b, h, d = 512, 4, 128
+offsets = torch.arange(b + 1, dtype=torch.int64) * 8
+q = torch.zeros(offsets[-1].item(), h, d, dtype=torch.bfloat16)
+for causal in (False, True):
+    common = dict(D=d, ACT="silu", CAUSAL=causal, HAS_WINDOW=False, PREC=_gdpa._prec(q.dtype))
+    t = _gdpa.gdpa_tiles(4096, d, kind="fwd")
+    _, _, c = _gdpa._long_fwd(t, q, q, q, q, offsets, offsets, 4096, "silu", 1.0, 1.0, causal, None)
+    builds = [("gdpa-fwd", tg._gdpa_fwd_kernel, c)]
+    t = _gdpa.gdpa_tiles(4096, d, kind="dq")
+    _, _, c = _gdpa._dq_args(t, q, q, q, q, q, offsets, offsets, 4096, 1.0, 1.0, None, b, common)
+    builds.append(("gdpa-dq", tg._gdpa_bwd_dq_kernel, c))
+    t = _gdpa.gdpa_tiles(4096, d, kind="dkdv")
+    _, _, c = _gdpa._dkdv_args(t, q, q, q, q, q, q, q, offsets, offsets, 4096, 1.0, 1.0, None, b, common,
+                               _gdpa._one_pass(t, False))
+    builds.append(("gdpa-dkdv", tg._gdpa_bwd_dkdv_kernel, c))
+    for name, kern, consts in builds:
+        w, s = consts.pop("num_warps"), consts.pop("num_stages")
+        out[f"{name}-{causal}"] = _sass.audit(kern, consts, w, s)
+
+try:
+    from gem_kernels import _gluon_jfa as gj
+except ImportError:
+    gj = None
+if gj is not None and gj.HAVE_GLUON:
+    for kernel in ("fwd", "dkdv", "dq"):
+        for causal in (False, True):
+            kern = {"fwd": gj._jfa_fwd_gluon_kernel, "dkdv": gj._jfa_bwd_dkdv_gluon_kernel,
+                    "dq": gj._jfa_bwd_dq_gluon_kernel}[kernel]
+            tiles = {"fwd": gj.DEFAULT_FWD_TILES, "dkdv": gj.DEFAULT_TILES, "dq": gj.DEFAULT_DQ_TILES}[kernel]
+            _, _, consts = gj._launch_plan(tiles, kernel != "dkdv", 1, offsets, 1, 1, d, causal)
+            out[f"gluon-{kernel}-{causal}"] = _sass.audit(kern, consts, tiles[2], tiles[3])
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def sm90_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, int]]:
+    """Per kernel and mask: registers, spill stores/loads, HGMMA, waits on wgmma groups, shared memory."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton_cache"))
+    run = subprocess.run([sys.executable, "-c", _BUILD], capture_output=True, text=True, env=env, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _check(got: dict[str, int], *, max_waits: int, min_hgmma: int) -> None:
+    assert got["stl"] + got["ldl"] == 0 and got["reg"] <= 255, f"spills: {got}"
+    assert got["smem"] <= 227 * 1024, f"more shared memory than an SM has: {got}"
+    assert got["hgmma"] >= min_hgmma, got
+    # A handful of waits: asynchronous wgmmas. Serialized: one wait per HGMMA.
+    assert got["wgwait"] <= max_waits < got["hgmma"], f"wgmmas serialized: {got}"
+
+
+@pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gdpa_default_tiles_build_unspilled_and_asynchronous(
+    kernel: str, causal: bool, sm90_builds: dict[str, dict[str, int]]
+) -> None:
+    _check(sm90_builds[f"gdpa-{kernel}-{causal}"], max_waits=10, min_hgmma=20)
+
+
+@pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gluon_jfa_default_tiles_build_unspilled_and_asynchronous(
+    kernel: str, causal: bool, sm90_builds: dict[str, dict[str, int]]
+) -> None:
+    key = f"gluon-{kernel}-{causal}"
+    if key not in sm90_builds:
+        pytest.fail("this Triton has no Gluon: the Gluon twins of JFA's kernels cannot build")
+    _check(sm90_builds[key], max_waits=8, min_hgmma=20)
