@@ -1,13 +1,14 @@
 """What Triton and ptxas build for Hopper (sm_90a) from the default kernels, on any machine.
 
 A CPU box cannot time a kernel, but it can compile it for the GPU with the ptxas Triton ships
-(`gem_kernels._sass.audit`) and read the binary. These tests pin what a speed regression shows
-there first: a spill (local-memory stores and loads), shared memory past an SM's 227 KB, and
-wgmmas that ptxas serialized (its C7515 note: an accumulator written by a non-MMA instruction
-while its MMA is in flight makes it wait after every wgmma; the SASS then has as many waits on
-wgmma groups as HGMMA instructions). They run on the Triton version this machine has: triton
-3.7 (torch 2.13) serialized the GDPA forward and dQ kernels while their unmasked range ran
-first from a zero accumulator; 3.6 (torch 2.11) did not.
+(`gem_kernels._sass.audit`) and read the binary. For the default GDPA and JFA kernels and the
+Gluon twins of JFA's, these tests pin what a speed regression shows there first: spills
+(local-memory stores and loads), shared memory past an SM's 227 KB, and wgmmas that ptxas
+serialized (its C7515 note: an accumulator written by a non-MMA instruction while its MMA is
+in flight makes it wait after every wgmma; the SASS then has as many waits on wgmma groups as
+HGMMA instructions). They run on the Triton this machine has: triton 3.7 (torch 2.13)
+serialized GDPA's forward, dQ and full dK/dV kernels while their unmasked range ran first from
+a zero accumulator; 3.6 (torch 2.11) did not.
 
 The builds run in one fresh process: the CPU interpreter's patches to Triton's language, left
 by other tests in a pytest process, break compiling. Triton writes what it compiles to its
@@ -51,6 +52,25 @@ for causal in (False, True):
         w, s = consts.pop("num_warps"), consts.pop("num_stages")
         out[f"{name}-{causal}"] = _sass.audit(kern, consts, w, s)
 
+# JFA's Triton kernels at the config the launcher picks for this shape (two-pass backward).
+from gem_kernels import _triton_jfa as tj
+
+lse = torch.zeros(q.shape[:2], dtype=torch.float32)
+for causal in (False, True):
+    cfg = tj.pick_config(4096, 4096, d, q.dtype)
+    _, args, c = tj.fwd_launch_args(cfg, q, q, q, q.unsqueeze(0), lse.unsqueeze(0), (1, 1, 1, 1), 1, offsets,
+                                    offsets, 4096, causal, None, 1.0)
+    builds = [("jfa-fwd", tj._jfa_fwd_kernel, c, {})]
+    _, _, c = tj.bwd_dkdv_args(cfg, q, q, q, q, lse, lse, q, q, q, offsets, offsets, 4096, causal, None, 1.0,
+                               False, False)
+    builds.append(("jfa-dkdv", tj._jfa_bwd_dkdv_kernel, c, {"DQ": "*fp32", "DQ_DESC": "*fp32"}))
+    _, _, c = tj.bwd_dq_args(cfg, q, q, q, q, lse, lse, q.unsqueeze(0), 1, offsets, offsets, 4096, causal, None, 1.0)
+    builds.append(("jfa-dq", tj._jfa_bwd_dq_kernel, c, {}))
+    for name, kern, consts, ptrs in builds:
+        w, s = consts.pop("num_warps"), consts.pop("num_stages")
+        consts["UPCAST"] = False  # (CPU tensors ask for the interpreter's fp32 dots; a GPU launch does not)
+        out[f"{name}-{causal}"] = _sass.audit(kern, consts, w, s, ptrs=ptrs)
+
 try:
     from gem_kernels import _gluon_jfa as gj
 except ImportError:
@@ -77,8 +97,8 @@ def sm90_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str,
     return json.loads(run.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def _check(got: dict[str, int], *, max_waits: int, min_hgmma: int) -> None:
-    assert got["stl"] + got["ldl"] == 0 and got["reg"] <= 255, f"spills: {got}"
+def _check(got: dict[str, int], *, max_waits: int, min_hgmma: int, max_spills: int = 0) -> None:
+    assert got["stl"] + got["ldl"] <= max_spills and got["reg"] <= 255, f"spills: {got}"
     assert got["smem"] <= 227 * 1024, f"more shared memory than an SM has: {got}"
     assert got["hgmma"] >= min_hgmma, got
     # A handful of waits: asynchronous wgmmas. Serialized: one wait per HGMMA.
@@ -91,6 +111,18 @@ def test_gdpa_default_tiles_build_unspilled_and_asynchronous(
     kernel: str, causal: bool, sm90_builds: dict[str, dict[str, int]]
 ) -> None:
     _check(sm90_builds[f"gdpa-{kernel}-{causal}"], max_waits=10, min_hgmma=20)
+
+
+@pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_jfa_default_tiles_build_asynchronous_with_at_most_a_few_spills(
+    kernel: str, causal: bool, sm90_builds: dict[str, dict[str, int]]
+) -> None:
+    # The causal two-pass dK/dV kernel at its default 32x64 tiles spills a little (2 stores and
+    # 2 loads under triton 3.7.1, 6 and 6 under 3.6.0: its 255 registers are just short); a
+    # larger tile or a change that keeps more live shows as tens of spill instructions.
+    _check(sm90_builds[f"jfa-{kernel}-{causal}"], max_waits=10, min_hgmma=20,
+           max_spills=16 if kernel == "dkdv" else 0)
 
 
 @pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
