@@ -559,14 +559,31 @@ def smem_layouts(block_m: int, block_n: int, d: int, bits: int) -> tuple[Any, An
             gl.NVMMASharedLayout.get_default_for([block_n, d], dt))
 
 
+SMEM_LIMIT = 227 * 1024  # bytes of shared memory one program may use on an H100 / H200 SM
+
+
+def smem_bytes(tiles: tuple[int, ...], by_m: bool, d: int, resident: int) -> int:
+    """Shared memory of a Gluon JFA kernel's tiles (16-bit inputs): `resident` tiles of its own
+    side (BLOCK_M rows if `by_m`, else BLOCK_N) plus STAGES slots of each of the two tensors it
+    streams (the other side's rows)."""
+    block_m, block_n, _, stages = tiles[:4]
+    own, other = (block_m, block_n) if by_m else (block_n, block_m)
+    return 2 * d * (resident * own + 2 * stages * other)
+
+
 def _launch_plan(
     tiles: tuple[int, ...], by_m: bool, rows: int, offsets: torch.Tensor, max_len: int, h: int, d: int, causal: bool,
+    resident: int | None = None,
 ) -> tuple[tuple[int, int], int, dict[str, Any]]:
     """(grid, B, the launch's constexprs and options) of a kernel whose programs take the
     BLOCK_M-row (`by_m`) or BLOCK_N-row tiles of `rows` rows in batch order, one head each.
     `tiles`: (BLOCK_M, BLOCK_N, num_warps, STAGES[, OVERLAP_ACC]); the tiled side must fill the
     wgmma layout (a multiple of 16 x num_warps rows) and STAGES >= 3 (two slots in use, one
-    loading)."""
+    loading). `resident`: how many tiles of the program's own side stay in shared memory (the
+    forward's q: 1; dQ's q and dO, dK/dV's k and v: 2); given, the tiles' shared memory (those
+    plus STAGES slots of the two streamed tensors, 16-bit) must fit an SM's 227 KB, checked here
+    rather than failing at launch with Triton's out-of-resources error (the tools that compile
+    a tile set to show its spills pass None)."""
     from gem_kernels._triton_jfa import in_order_tiles
 
     block_m, block_n, warps, stages = tiles[:4]
@@ -574,6 +591,11 @@ def _launch_plan(
     if stages < 3 or block % (16 * warps) or block < 16 * warps:
         raise ValueError(f"tiles={tiles}: needs STAGES >= 3 and BLOCK_{'M' if by_m else 'N'} a multiple of "
                          f"16 x num_warps")
+    if resident is not None:
+        need = smem_bytes(tiles, by_m, d, resident)
+        if need > SMEM_LIMIT:
+            raise ValueError(f"tiles={tiles}: need {need} bytes of shared memory at head dim {d}, more than the "
+                             f"{SMEM_LIMIT} an SM gives one program (227 KB); use fewer STAGES or smaller tiles")
     b = offsets.numel() - 1
     q_sl, kv_sl = smem_layouts(block_m, block_n, d, 16)
     consts = dict(CAUSAL=causal, D=d, BLOCK_M=block_m, BLOCK_N=block_n, LOG2B=max(4, (b - 1).bit_length()),
@@ -605,7 +627,7 @@ def dkdv(
     from gem_kernels._triton_jfa import _LOG2E
 
     grid, b, consts = _launch_plan(DEFAULT_TILES if tiles is None else tiles, False, k.shape[0], kv_offsets,
-                                   max_kv_len, q.shape[1], q.shape[2], causal)
+                                   max_kv_len, q.shape[1], q.shape[2], causal, resident=2)
     if grid[0] == 0 or grid[1] == 0:
         return
     _jfa_bwd_dkdv_gluon_kernel[grid](
@@ -630,7 +652,7 @@ def dq(
     from gem_kernels._triton_jfa import _LOG2E
 
     grid, b, consts = _launch_plan(DEFAULT_DQ_TILES if tiles is None else tiles, True, q.shape[0], q_offsets,
-                                   max_q_len, q.shape[1], q.shape[2], causal)
+                                   max_q_len, q.shape[1], q.shape[2], causal, resident=2)
     if grid[0] == 0 or grid[1] == 0:
         return
     _jfa_bwd_dq_gluon_kernel[grid](
@@ -656,7 +678,7 @@ def forward(
 
     tq, h, d = q.shape
     grid, b, consts = _launch_plan(DEFAULT_FWD_TILES if tiles is None else tiles, True, tq, q_offsets, max_q_len,
-                                   h, d, causal)
+                                   h, d, causal, resident=1)
     out = torch.empty((tq, h, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((tq, h), dtype=torch.float32, device=q.device)
     if grid[0] == 0 or h == 0:

@@ -59,6 +59,24 @@ def test_problem_names_why_it_cannot_serve() -> None:
     assert "head dim" in str(_gluon_jfa.problem(q[..., :32], q[..., :32], None, False))
 
 
+def test_tiles_past_an_sms_shared_memory_are_refused_before_launch() -> None:
+    # dQ 128x128 w8 s3: 2 x 128 x (2 x 128 + 2 x 3 x 128) = 262,144 bytes at D=128, over 227 KB.
+    q = torch.zeros(300, 2, 128, dtype=torch.bfloat16)
+    lse = torch.zeros(300, 2)
+    offsets = torch.tensor([0, 100, 300])
+    args = (q, q, q, q, lse, lse, q.clone(), offsets, offsets, 200, True, 0.1)
+    with pytest.raises(ValueError, match=r"tiles=\(128, 128, 8, 3, True\): need 262144 bytes of shared memory .*227 KB"):
+        _gluon_jfa.dq(*args, tiles=(128, 128, 8, 3, True))
+    with pytest.raises(ValueError, match=r"tiles=\(128, 128, 8, 4\): need 294912 bytes"):
+        _gluon_jfa.forward(q, q, q, offsets, offsets, 200, True, 0.1, tiles=(128, 128, 8, 4))
+    assert q.abs().max() == 0 and lse.abs().max() == 0  # nothing written
+    # Every tile set the GPU tests run (and the defaults) fits at D=128.
+    for tiles, by_m, resident in ([*TILES, _gluon_jfa.DEFAULT_TILES], False, 2), \
+            ([*DQ_TILES, _gluon_jfa.DEFAULT_DQ_TILES], True, 2), ([*FWD_TILES, _gluon_jfa.DEFAULT_FWD_TILES], True, 1):
+        for t in tiles:
+            assert _gluon_jfa.smem_bytes(t, by_m, 128, resident) <= _gluon_jfa.SMEM_LIMIT, t
+
+
 @pytest.mark.skipif(not (CUDA or INTERPRET), reason="Triton needs CUDA or TRITON_INTERPRET=1 (set by Bazel)")
 @pytest.mark.parametrize("causal", [False, True])
 def test_asking_for_gluon_keeps_gradients_right_everywhere(causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -83,6 +83,8 @@ if gj is not None and gj.HAVE_GLUON:
             tiles = {"fwd": gj.DEFAULT_FWD_TILES, "dkdv": gj.DEFAULT_TILES, "dq": gj.DEFAULT_DQ_TILES}[kernel]
             _, _, consts = gj._launch_plan(tiles, kernel != "dkdv", 1, offsets, 1, 1, d, causal)
             out[f"gluon-{kernel}-{causal}"] = _sass.audit(kern, consts, tiles[2], tiles[3])
+            out[f"gluon-{kernel}-{causal}"]["smem_check"] = gj.smem_bytes(tiles, kernel != "dkdv", d,
+                                                                          1 if kernel == "fwd" else 2)
 print(json.dumps(out))
 """
 
@@ -134,3 +136,5 @@ def test_gluon_jfa_default_tiles_build_unspilled_and_asynchronous(
     if key not in sm90_builds:
         pytest.fail("this Triton has no Gluon: the Gluon twins of JFA's kernels cannot build")
     _check(sm90_builds[key], max_waits=8, min_hgmma=20)
+    # The launchers' up-front shared-memory check counts what the kernel allocates.
+    assert sm90_builds[key]["smem"] == sm90_builds[key]["smem_check"], sm90_builds[key]
