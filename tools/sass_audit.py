@@ -79,6 +79,7 @@ def gluon_cases() -> list[tuple[str, Any, dict[str, Any], int, int, dict[str, st
             ("fwd", gj._jfa_fwd_gluon_kernel, True, gj.DEFAULT_FWD_TILES, gj.DEFAULT_FWD_TILES),
             ("fwd", gj._jfa_fwd_gluon_kernel, True, (128, 64, 8, 4), gj.DEFAULT_FWD_TILES),
             ("dkdv", gj._jfa_bwd_dkdv_gluon_kernel, False, gj.DEFAULT_TILES, gj.DEFAULT_TILES),
+            ("dkdv", gj._jfa_bwd_dkdv_gluon_kernel, False, (32, 128, 8, 4, True), gj.DEFAULT_TILES),
             ("dkdv", gj._jfa_bwd_dkdv_gluon_kernel, False, (64, 128, 8, 4, True), gj.DEFAULT_TILES),
             ("dq", gj._jfa_bwd_dq_gluon_kernel, True, gj.DEFAULT_DQ_TILES, gj.DEFAULT_DQ_TILES),
             ("dq", gj._jfa_bwd_dq_gluon_kernel, True, (128, 128, 8, 3, True), gj.DEFAULT_DQ_TILES)):

@@ -15,6 +15,7 @@ from gem_kernels._gdpa import generalized_dot_product_attention
 from gem_kernels._block import block_attention
 from gem_kernels._rowwise_adagrad import rowwise_adagrad_, rowwise_adagrad_reference_
 from gem_kernels._rope import rope, rope_qkv_grad
+from gem_kernels._gluon_jfa import use_gluon_jfa
 
 __version__ = "0.3.15"
 
@@ -33,4 +34,5 @@ __all__ = [
     "rowwise_adagrad_",
     "rowwise_adagrad_reference_",
     "unpad_jagged",
+    "use_gluon_jfa",
 ]

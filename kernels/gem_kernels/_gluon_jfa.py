@@ -60,15 +60,36 @@ ENV = "GEM_JFA_GLUON"
 KERNELS = ("fwd", "dkdv", "dq")
 
 
-def requested(*kernels: str) -> bool:
-    """Whether `GEM_JFA_GLUON` asks for the Gluon twin of any of `kernels` ("fwd", "dkdv", "dq"):
-    a comma-separated list of them, "all", or "off" / unset (none); anything else is an error."""
-    value = os.environ.get(ENV, "").strip().lower()
+_default = ""  # `use_gluon_jfa`'s process-wide choice, read when GEM_JFA_GLUON is unset
+
+
+def _parse(value: str, name: str) -> tuple[str, ...]:
+    """The kernels a switch value names: "all", "off" / "" (none) or a comma-separated list of
+    KERNELS; anything else is a ValueError naming `name` and the rule."""
+    value = value.strip().lower()
     if value in ("", "off"):
-        return False
+        return ()
     names = KERNELS if value == "all" else tuple(n.strip() for n in value.split(","))
     if any(n not in KERNELS for n in names):
-        raise ValueError(f"{ENV}={value!r} must be 'all', 'off' or a comma-separated list of {KERNELS}")
+        raise ValueError(f"{name}={value!r} must be 'all', 'off' or a comma-separated list of {KERNELS}")
+    return names
+
+
+def use_gluon_jfa(value: str) -> None:
+    """Sets, for this process, which of JFA's kernels run as their Gluon twins where they can
+    serve (Hopper, bf16/fp16, head dim 64/128, no window, the two-pass backward): "all", "off"
+    or a comma-separated list of "fwd", "dkdv", "dq". Off unless set. The environment variable
+    GEM_JFA_GLUON, when set and not empty (even to "off"), wins over this."""
+    _parse(value, "use_gluon_jfa(value)")
+    global _default
+    _default = value
+
+
+def requested(*kernels: str) -> bool:
+    """Whether the switch asks for the Gluon twin of any of `kernels` ("fwd", "dkdv", "dq"): the
+    environment variable `GEM_JFA_GLUON` where set, else `use_gluon_jfa`'s value (default off)."""
+    env = os.environ.get(ENV)
+    names = _parse(env, ENV) if env is not None and env.strip() else _parse(_default, "use_gluon_jfa(value)")
     return any(k in names for k in kernels)
 
 
@@ -605,11 +626,12 @@ def _launch_plan(
     return (in_order_tiles(rows, b, max_len, block), h), b, consts
 
 
-# (BLOCK_M, BLOCK_N, num_warps, STAGES, OVERLAP_ACC): 32 q rows per step, 128 kv rows over two
-# warpgroups, 4 q/dO slots (2 tiles loading ahead), dV/dK MMAs in flight across iterations.
-# 242 registers, no spills (ptxas, sm_90a); 64 q rows spill (the Sᵀ/dPᵀ tiles, lse and delta
-# double).
-DEFAULT_TILES = (32, 128, 8, 4, True)
+# (BLOCK_M, BLOCK_N, num_warps, STAGES, OVERLAP_ACC): 32 q rows per step, 64 kv rows in one
+# warpgroup, 4 q/dO slots (2 tiles loading ahead), dV/dK MMAs in flight across iterations.
+# On an H100 (`bench.gluon`, 2026-12-07) 430 / 344 / 489 / 465 TFLOP/s on issue 15's batch full /
+# causal, the trainer's and the dense batch, against the Triton kernel's 407 / 299 / 472 / 442 and
+# 372-434 for 32x128 over two warpgroups; 64 q rows spill (the Sᵀ/dPᵀ tiles, lse and delta double).
+DEFAULT_TILES = (32, 64, 4, 4, True)
 
 
 def dkdv(
@@ -638,8 +660,10 @@ def dkdv(
 
 
 # dQ: (BLOCK_M, BLOCK_N, num_warps, STAGES, OVERLAP_ACC): 128 q rows over two warpgroups, 64 keys
-# per step, 4 K/V slots.
-DEFAULT_DQ_TILES = (128, 64, 8, 4, True)
+# per step, 3 K/V slots. On an H100 (`bench.gluon`, 2026-12-07) 507 / 331 / 625 / 554 TFLOP/s
+# (issue 15's batch full / causal, trainer, dense) against the Triton kernel's 476 / 354 / 546 /
+# 484; 4 slots 505 / 340 / 584 / 601.
+DEFAULT_DQ_TILES = (128, 64, 8, 3, True)
 
 
 def dq(

@@ -46,6 +46,26 @@ def test_switch_parses_and_names_the_variable(monkeypatch: pytest.MonkeyPatch) -
             _gluon_jfa.requested("dq")
 
 
+def test_use_gluon_jfa_sets_the_default_and_the_variable_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gem_kernels
+
+    monkeypatch.setattr(_gluon_jfa, "_default", "")  # restored after the test
+    monkeypatch.delenv(_gluon_jfa.ENV, raising=False)
+    gem_kernels.use_gluon_jfa("dkdv,dq")
+    assert [k for k in _gluon_jfa.KERNELS if _gluon_jfa.requested(k)] == ["dkdv", "dq"]
+    monkeypatch.setenv(_gluon_jfa.ENV, "off")  # set: the variable decides
+    assert not any(_gluon_jfa.requested(k) for k in _gluon_jfa.KERNELS)
+    monkeypatch.setenv(_gluon_jfa.ENV, "fwd")
+    assert [k for k in _gluon_jfa.KERNELS if _gluon_jfa.requested(k)] == ["fwd"]
+    monkeypatch.setenv(_gluon_jfa.ENV, "")  # empty: as unset
+    assert [k for k in _gluon_jfa.KERNELS if _gluon_jfa.requested(k)] == ["dkdv", "dq"]
+    with pytest.raises(ValueError, match=r"use_gluon_jfa\(value\)='dkdv,bwd' must be 'all', 'off' or a comma"):
+        gem_kernels.use_gluon_jfa("dkdv,bwd")
+    assert [k for k in _gluon_jfa.KERNELS if _gluon_jfa.requested(k)] == ["dkdv", "dq"]  # a bad value changes nothing
+    gem_kernels.use_gluon_jfa("off")
+    assert not any(_gluon_jfa.requested(k) for k in _gluon_jfa.KERNELS)
+
+
 def test_problem_names_why_it_cannot_serve() -> None:
     q = torch.zeros(4, 2, 128, dtype=torch.bfloat16, device=DEVICE)
     if not (HOPPER and _gluon_jfa.HAVE_GLUON and not INTERPRET):

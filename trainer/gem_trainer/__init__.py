@@ -21,5 +21,5 @@ def train(cfg: TrainConfig, *, deterministic: bool | None = None,
     return _train(cfg, deterministic=deterministic, step_hook=step_hook)
 
 
-__version__ = "0.2.29"
+__version__ = "0.2.30"
 __all__ = ["PRESETS", "TrainConfig", "presets_h200", "presets_multi", "presets_tiny", "train", "__version__"]

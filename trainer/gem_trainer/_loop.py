@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import gem_data
+import gem_kernels
 import gem_model
 from gem_checkpoint import Checkpointer, RNGState
 from gem_trainer._gc import GcWatch
@@ -504,6 +505,7 @@ def _build(cfg: TrainConfig, deterministic: bool | None) -> _Run:
     _preflight.check_export(cfg, world)
     _preflight.check_compile_aot(cfg, world)
     det = _preflight.determinism(device, deterministic)
+    gem_kernels.use_gluon_jfa(cfg.jfa_gluon)  # GEM_JFA_GLUON, where set, wins
     if det and cfg.compile_background and cfg.compile_aot:
         # The step where compiled blocks take over would depend on the compile's speed.
         _preflight.say("compile_background is off under deterministic algorithms: the blocks compile "

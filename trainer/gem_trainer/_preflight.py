@@ -300,4 +300,9 @@ def run_info(cfg: TrainConfig, device: torch.device, deterministic: bool,
         import gem_kernels
 
         info["jfa_backward"] = gem_kernels.jfa_backward_rule()
+        from gem_kernels import _gluon_jfa
+
+        # Which kernels the Gluon switch asks for (cfg.jfa_gluon, or GEM_JFA_GLUON where set);
+        # each runs where it can serve (Hopper, ...), the Triton kernel elsewhere.
+        info["jfa_gluon"] = ",".join(k for k in _gluon_jfa.KERNELS if _gluon_jfa.requested(k)) or "off"
     return info

@@ -87,6 +87,15 @@ class TrainConfig:
             from the h200 preset; `gem_trainer/triton_manifests/`), where there is one; nothing
             on CPU or without one. It changes no result: a kernel the run reaches before its
             worker does compiles as it would without it.
+        jfa_gluon: which of JFA's kernels run as their Gluon twins (`gem_kernels.use_gluon_jfa`,
+            set for the process at start-up): "all", "off" or a comma-separated list of "fwd",
+            "dkdv", "dq". Default "dkdv,dq", the backward's two kernels, where they can serve
+            (a Hopper GPU, bf16/fp16, head dim 64/128, no window, the two-pass backward;
+            elsewhere, CPU included, the Triton kernels run and nothing changes). On an H100
+            the h200 preset's compiled step took 0.1814 s against 0.1860 s with the Triton
+            kernels (36.8 -> 37.1 % steady MFU, 250 warm steps each, trainer/BENCHMARKS.md);
+            the forward's twin is slower there on full attention, so it is not in the default.
+            The environment variable GEM_JFA_GLUON, when set, wins.
         progress: show a progress bar when stdout is a terminal.
         gc_freeze: after the warm-up steps, one full garbage collection and `gc.freeze()`, so
             later collections skip the warm-up's long-lived objects (compiled graphs, kernels,
@@ -149,6 +158,7 @@ class TrainConfig:
     compile_background: bool = False
     compile_background_after_first_step: bool = True
     triton_precompile: str = "auto"
+    jfa_gluon: str = "dkdv,dq"
     progress: bool = True
     gc_freeze: bool = False
     sparse_sharding: str = "none"
@@ -215,6 +225,11 @@ class TrainConfig:
         if self.triton_precompile not in ("", "auto") and not os.path.isfile(self.triton_precompile):
             raise ValueError(f"triton_precompile={self.triton_precompile!r} must be '', 'auto' or a manifest "
                              "file (gem_kernels.precompile.record_compiles writes one); no such file")
+        if not isinstance(self.jfa_gluon, str) or not (
+                self.jfa_gluon.strip().lower() in ("", "off", "all")
+                or all(n.strip() in ("fwd", "dkdv", "dq") for n in self.jfa_gluon.lower().split(","))):
+            raise ValueError(f"jfa_gluon={self.jfa_gluon!r} must be 'all', 'off' or a comma-separated list of "
+                             "'fwd', 'dkdv', 'dq'")
         if self.export_teacher and self.sparse_sharding != "none":
             # torchrec's sharded tables are not a plain GEMModel state dict (save_teacher's format)
             raise ValueError(f"export_teacher={self.export_teacher!r} needs sparse_sharding='none' "

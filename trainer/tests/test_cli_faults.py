@@ -123,7 +123,8 @@ def test_check_checkpoints_rules() -> None:
 _BAD = [("steps", 0), ("batch_size", -1), ("batch_tokens", -5), ("lr", 0.0), ("data", "csv:x"),
         ("ckpt_every", 0), ("keep_last", 0), ("log_every", 0), ("eval_batches", -1),
         ("max_bad_steps", 0), ("sparse_lr", -1.0), ("sparse_mp", -1), ("sparse_mp", 2),
-        ("warmup_steps", -1), ("lr_final_frac", 2.0), ("resume", True), ("triton_precompile", "/no/such.json")]
+        ("warmup_steps", -1), ("lr_final_frac", 2.0), ("resume", True), ("triton_precompile", "/no/such.json"),
+        ("jfa_gluon", "bwd")]
 
 
 @pytest.mark.parametrize("field,value", _BAD)

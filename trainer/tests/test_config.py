@@ -36,6 +36,7 @@ def test_presets_are_frozen_and_valid() -> None:
     ("ckpt_writer", "fork", "ckpt_writer='fork' must be one of"),
     ("triton_precompile", "/no/such/manifest.json", "triton_precompile='/no/such/manifest.json' must be '', "
                                                     "'auto' or a manifest file"),
+    ("jfa_gluon", "dkdv,bwd", "jfa_gluon='dkdv,bwd' must be 'all', 'off' or a comma-separated list"),
 ])
 def test_bad_fields_name_the_field_and_rule(field: str, value: object, rule: str) -> None:
     cfg = dataclasses.replace(TrainConfig(), **{field: value})
@@ -119,3 +120,18 @@ def test_shipped_triton_manifests_are_manifests() -> None:
         for entry in doc["kernels"]:
             kernel = getattr(importlib.import_module(entry["module"]), entry["name"])
             assert list(json.loads(entry["spec"])["signature"]) == list(kernel.arg_names), (path.name, entry["name"])
+
+
+def test_jfa_gluon_is_set_for_the_process_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gem_kernels import _gluon_jfa
+
+    from gem_trainer import train
+
+    monkeypatch.setattr(_gluon_jfa, "_default", "")  # restored after the test
+    monkeypatch.delenv(_gluon_jfa.ENV, raising=False)
+    assert TrainConfig().jfa_gluon == h200().jfa_gluon == "dkdv,dq"
+    assert parse_args(["--jfa-gluon", "off"]).jfa_gluon == "off"
+    s = train(tiny(steps=1, batch_size=8, eval_batches=0, progress=False, jfa_gluon="dq"))
+    assert s["steps"] == 1
+    # On CPU the Triton kernels run (no Gluon twin serves there), but the switch is the run's.
+    assert [k for k in _gluon_jfa.KERNELS if _gluon_jfa.requested(k)] == ["dq"]
