@@ -19,7 +19,7 @@ from gem_model._baselines import LogisticRegression, PooledMLP
 from gem_model._embedding import sparse_table_grads
 from gem_model._model import GEMModel, TaskHeads
 
-__version__ = "0.6.4"
+__version__ = "0.6.5"
 
 __all__ = [
     "GDPAFFN",

@@ -14,6 +14,24 @@ import torch
 from gem_model.bench import local_mfu
 
 
+@pytest.fixture(autouse=True)
+def _restore_gluon_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """main() sets the process's Gluon switch (--jfa-gluon): put it back after each test."""
+    from gem_kernels import _gluon_jfa
+
+    monkeypatch.setattr(_gluon_jfa, "_default", _gluon_jfa._default)
+
+
+def test_jfa_gluon_is_set_and_recorded(capsys: pytest.CaptureFixture[str]) -> None:
+    from gem_kernels import _gluon_jfa
+
+    local_mfu.main(["--batch", "2", "--no-reference", "--jfa-gluon", "dq"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["jfa_gluon"] == "dq" and _gluon_jfa._default == "dq"
+    with pytest.raises(SystemExit, match=r"--jfa-gluon: use_gluon_jfa\(value\)='bwd' must be 'all', 'off'"):
+        local_mfu.main(["--batch", "2", "--no-reference", "--jfa-gluon", "bwd"])
+
+
 def test_local_mfu_bench_runs_and_matches_reference(capsys: pytest.CaptureFixture[str]) -> None:
     local_mfu.main(["--batch", "3"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
