@@ -5,9 +5,10 @@
 #   kernels at their new default tiles), from empty caches each; steady MFU and step time.
 #   (Run on 2026-12-07: over empty caches the 300 steps stayed eager; `WATCH=215 STEPS=250` over
 #   the folders they left gave the compiled A/B, trainer/BENCHMARKS.md.)
-# PART=2 (written for the next GPU, not yet run): the Gluon GPU tests at the new default tiles,
-#   the model's local MFU (compiled, CUDA graph) with --jfa-gluon off vs dkdv,dq, then a second
-#   trainer round over warm caches (cold arms first, so the compiled variants exist).
+# PART=2 (written for the next GPU, not yet run): the Gluon GPU tests at the new default tiles
+#   and the model's local MFU (compiled, CUDA graph) with --jfa-gluon off vs dkdv,dq.
+# PART=3 (next GPU, one call of ~520 s): a second trainer round, cold arms (they leave the
+#   compiled variants in the arms' folders), then warm arms over them.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 . tools/stage.sh
@@ -22,8 +23,8 @@ case ${PART:-1} in
 2) st gt 150 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_gluon_jfa.py
    MFU="python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph"
    st mfu_off 80 $MFU --jfa-gluon off
-   st mfu_gl 80 $MFU --jfa-gluon dkdv,dq
-   for arm in off gl; do g=$([ $arm = off ] && echo off || echo dkdv,dq)
+   st mfu_gl 80 $MFU --jfa-gluon dkdv,dq;;
+3) for arm in off gl; do g=$([ $arm = off ] && echo off || echo dkdv,dq)
      [ "$(gpu_left)" -gt 100 ] && st tr_${arm}_cold 200 env GEM_JFA_GLUON=$g $(arm_caches $arm) python3 $H200_TR --steps 300; done
    for arm in off gl; do g=$([ $arm = off ] && echo off || echo dkdv,dq)
      [ "$(gpu_left)" -gt 60 ] && st tr_${arm}_warm 90 env GEM_JFA_GLUON=$g $(arm_caches $arm) python3 $H200_TR --steps 250; done;;
