@@ -62,12 +62,13 @@ ENV = "GEM_JFA_GLUON"
 KERNELS = ("fwd", "dkdv", "dq")
 
 
-_default = ""  # `use_gluon_jfa`'s process-wide choice, read when GEM_JFA_GLUON is unset
+_default: tuple[str, ...] = ()  # what `use_gluon_jfa` asked for, read when GEM_JFA_GLUON is unset
 
 
-def _parse(value: str, name: str) -> tuple[str, ...]:
+def kernels_named(value: str, name: str) -> tuple[str, ...]:
     """The kernels a switch value names: "all", "off" / "" (none) or a comma-separated list of
-    KERNELS; anything else is a ValueError naming `name` and the rule."""
+    KERNELS; anything else is a ValueError naming `name` (the variable, argument or field the
+    value came from) and the rule."""
     value = value.strip().lower()
     if value in ("", "off"):
         return ()
@@ -77,22 +78,28 @@ def _parse(value: str, name: str) -> tuple[str, ...]:
     return names
 
 
-def use_gluon_jfa(value: str) -> None:
+def use_gluon_jfa(value: str) -> tuple[str, ...]:
     """Sets, for this process, which of JFA's kernels run as their Gluon twins where they can
     serve (Hopper, bf16/fp16, head dim 64/128, no window, the two-pass backward): "all", "off"
     or a comma-separated list of "fwd", "dkdv", "dq". Off unless set. The environment variable
-    GEM_JFA_GLUON, when set and not empty (even to "off"), wins over this."""
-    _parse(value, "use_gluon_jfa(value)")
+    GEM_JFA_GLUON, when set and not empty (even to "off"), wins over this. Returns the kernels
+    the switch now asks for (`requested_kernels`)."""
     global _default
-    _default = value
+    _default = kernels_named(value, "use_gluon_jfa(value)")
+    return requested_kernels()
+
+
+def requested_kernels() -> tuple[str, ...]:
+    """The kernels the switch asks for: the environment variable `GEM_JFA_GLUON` where set and
+    not empty, else `use_gluon_jfa`'s choice (default none)."""
+    env = os.environ.get(ENV)
+    return kernels_named(env, ENV) if env is not None and env.strip() else _default
 
 
 def requested(*kernels: str) -> bool:
-    """Whether the switch asks for the Gluon twin of any of `kernels` ("fwd", "dkdv", "dq"): the
-    environment variable `GEM_JFA_GLUON` where set, else `use_gluon_jfa`'s value (default off)."""
-    env = os.environ.get(ENV)
-    names = _parse(env, ENV) if env is not None and env.strip() else _parse(_default, "use_gluon_jfa(value)")
-    return any(k in names for k in kernels)
+    """Whether the switch asks for the Gluon twin of any of `kernels` ("fwd", "dkdv", "dq")."""
+    asked = requested_kernels()
+    return any(k in asked for k in kernels)
 
 
 def problem(q: torch.Tensor, k: torch.Tensor, window: int | None, one_pass: bool = False) -> str | None:

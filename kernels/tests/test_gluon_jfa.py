@@ -49,12 +49,14 @@ def test_switch_parses_and_names_the_variable(monkeypatch: pytest.MonkeyPatch) -
 def test_use_gluon_jfa_sets_the_default_and_the_variable_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     import gem_kernels
 
-    monkeypatch.setattr(_gluon_jfa, "_default", "")  # restored after the test
+    monkeypatch.setattr(_gluon_jfa, "_default", ())  # restored after the test
     monkeypatch.delenv(_gluon_jfa.ENV, raising=False)
-    gem_kernels.use_gluon_jfa("dkdv,dq")
+    assert gem_kernels.use_gluon_jfa("dkdv,dq") == ("dkdv", "dq")
     assert [k for k in _gluon_jfa.KERNELS if _gluon_jfa.requested(k)] == ["dkdv", "dq"]
     monkeypatch.setenv(_gluon_jfa.ENV, "off")  # set: the variable decides
     assert not any(_gluon_jfa.requested(k) for k in _gluon_jfa.KERNELS)
+    assert gem_kernels.use_gluon_jfa("all") == ()  # and use_gluon_jfa says so
+    gem_kernels.use_gluon_jfa("dkdv,dq")
     monkeypatch.setenv(_gluon_jfa.ENV, "fwd")
     assert [k for k in _gluon_jfa.KERNELS if _gluon_jfa.requested(k)] == ["fwd"]
     monkeypatch.setenv(_gluon_jfa.ENV, "")  # empty: as unset

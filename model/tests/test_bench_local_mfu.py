@@ -22,12 +22,16 @@ def _restore_gluon_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_gluon_jfa, "_default", _gluon_jfa._default)
 
 
-def test_jfa_gluon_is_set_and_recorded(capsys: pytest.CaptureFixture[str]) -> None:
+def test_jfa_gluon_is_set_and_recorded(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from gem_kernels import _gluon_jfa
 
+    monkeypatch.delenv(_gluon_jfa.ENV, raising=False)
     local_mfu.main(["--batch", "2", "--no-reference", "--jfa-gluon", "dq"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["jfa_gluon"] == "dq" and _gluon_jfa._default == "dq"
+    assert out["jfa_gluon"] == "dq" and _gluon_jfa.requested_kernels() == ("dq",)
+    monkeypatch.setenv(_gluon_jfa.ENV, "off")  # the variable wins: the record says what ran
+    local_mfu.main(["--batch", "2", "--no-reference", "--jfa-gluon", "dq"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["jfa_gluon"] == "off"
     with pytest.raises(SystemExit, match=r"--jfa-gluon: use_gluon_jfa\(value\)='bwd' must be 'all', 'off'"):
         local_mfu.main(["--batch", "2", "--no-reference", "--jfa-gluon", "bwd"])
 

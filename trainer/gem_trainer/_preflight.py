@@ -304,5 +304,5 @@ def run_info(cfg: TrainConfig, device: torch.device, deterministic: bool,
 
         # Which kernels the Gluon switch asks for (cfg.jfa_gluon, or GEM_JFA_GLUON where set);
         # each runs where it can serve (Hopper, ...), the Triton kernel elsewhere.
-        info["jfa_gluon"] = ",".join(k for k in _gluon_jfa.KERNELS if _gluon_jfa.requested(k)) or "off"
+        info["jfa_gluon"] = ",".join(_gluon_jfa.requested_kernels()) or "off"
     return info

@@ -225,11 +225,12 @@ class TrainConfig:
         if self.triton_precompile not in ("", "auto") and not os.path.isfile(self.triton_precompile):
             raise ValueError(f"triton_precompile={self.triton_precompile!r} must be '', 'auto' or a manifest "
                              "file (gem_kernels.precompile.record_compiles writes one); no such file")
-        if not isinstance(self.jfa_gluon, str) or not (
-                self.jfa_gluon.strip().lower() in ("", "off", "all")
-                or all(n.strip() in ("fwd", "dkdv", "dq") for n in self.jfa_gluon.lower().split(","))):
-            raise ValueError(f"jfa_gluon={self.jfa_gluon!r} must be 'all', 'off' or a comma-separated list of "
-                             "'fwd', 'dkdv', 'dq'")
+        if not isinstance(self.jfa_gluon, str):
+            raise ValueError(f"jfa_gluon={self.jfa_gluon!r} must be a string: 'all', 'off' or a comma-separated "
+                             "list of 'fwd', 'dkdv', 'dq'")
+        from gem_kernels._gluon_jfa import kernels_named  # the switch's own rule
+
+        kernels_named(self.jfa_gluon, "jfa_gluon")
         if self.export_teacher and self.sparse_sharding != "none":
             # torchrec's sharded tables are not a plain GEMModel state dict (save_teacher's format)
             raise ValueError(f"export_teacher={self.export_teacher!r} needs sparse_sharding='none' "

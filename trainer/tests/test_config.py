@@ -127,7 +127,7 @@ def test_jfa_gluon_is_set_for_the_process_at_start(monkeypatch: pytest.MonkeyPat
 
     from gem_trainer import train
 
-    monkeypatch.setattr(_gluon_jfa, "_default", "")  # restored after the test
+    monkeypatch.setattr(_gluon_jfa, "_default", ())  # restored after the test
     monkeypatch.delenv(_gluon_jfa.ENV, raising=False)
     assert TrainConfig().jfa_gluon == h200().jfa_gluon == "dkdv,dq"
     assert parse_args(["--jfa-gluon", "off"]).jfa_gluon == "off"

@@ -259,8 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     import gem_kernels
 
-    try:
-        gem_kernels.use_gluon_jfa(args.jfa_gluon)
+    try:  # what runs: GEM_JFA_GLUON, where set, wins over the flag
+        jfa_gluon = ",".join(gem_kernels.use_gluon_jfa(args.jfa_gluon)) or "off"
     except ValueError as e:
         raise SystemExit(f"--jfa-gluon: {e}") from None
 
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nGEM local MFU — {torch.cuda.get_device_name() if cuda else 'CPU'}; B={b} tokens={sum(lengths)} "
           f"max_len={max(lengths)} d_model={cfg.d_model} heads={cfg.num_heads}x{cfg.head_dim} layers={cfg.num_layers} "
           f"window={cfg.window} mxfp8={args.mxfp8} compile={args.compile} cuda_graph={args.cuda_graph} "
-          f"last_layer_rows_only={cfg.last_layer_rows_only} jfa_gluon={args.jfa_gluon}; "
+          f"last_layer_rows_only={cfg.last_layer_rows_only} jfa_gluon={jfa_gluon}; "
           f"fwd GFLOP={fwd['total'] / 1e9:.1f}")
     gcols = f"{'graph ms':>10}{'graph MFU':>10}" if args.cuda_graph else ""
     hdr = f"{'module':<20}{'n':>3}{'GFLOP(3x)':>11}{'ms':>9}{'TFLOP/s':>9}{'MFU':>7}{'ref ms':>9}{'ref MFU':>8}{gcols}"
@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
         "batch": b, "tokens": sum(lengths), "max_len": max(lengths), "window": cfg.window,
         "d_model": cfg.d_model, "layers": cfg.num_layers, "mxfp8": args.mxfp8, "compile": args.compile,
         "cuda_graph": args.cuda_graph, "table_grads": args.table_grads,
-        "last_layer_rows_only": cfg.last_layer_rows_only, "jfa_gluon": args.jfa_gluon,
+        "last_layer_rows_only": cfg.last_layer_rows_only, "jfa_gluon": jfa_gluon,
         "peak_tflops": PEAK / 1e12,
         "fwd_gflop": {k: v / 1e9 for k, v in fwd.items()},
         "kernels": results.get("kernels"), "reference": results.get("reference"),
