@@ -47,6 +47,7 @@ try:  # Gluon is experimental: absent on older Triton, and its API may move
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
+        mbarrier,
         warpgroup_mma,
         warpgroup_mma_init,
         warpgroup_mma_wait,
@@ -581,6 +582,146 @@ if HAVE_GLUON:
         alpha = gl.exp2(m_i - m_safe)
         return p, alpha, l_i * alpha + gl.sum(p, 1), m_new
 
+    # ---- The warp-specialized forward (FlashAttention-3's producer / consumer split) ----
+
+    @gluon.jit
+    def _jfa_fwd_ws_kernel(
+        Q, K, V, O, LSE, QO, KO,
+        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+        B, H, scale_log2,
+        CAUSAL: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        LOG2B: gl.constexpr, STAGES: gl.constexpr, LOAD_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        LOAD_REGS: gl.constexpr, q_sl: gl.constexpr, kv_sl: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        """The forward with its warps specialized: one program per (q tile of BLOCK_M rows, head) in
+        batch order, as `_jfa_fwd_gluon_kernel`, split over three warpgroups. A loader (LOAD_WARPS
+        warps) copies the q tile and streams K/V tiles into STAGES slots by `cp.async` (rows past
+        the sample's end zero-filled) and signals each slot's `ready` barrier when its copies land;
+        two consumer warpgroups (the default partition and one worker, num_warps = 4 each) own
+        the tile's two halves of BLOCK_M / 2 rows, run the intra-warpgroup pipelined loop of
+        `_jfa_fwd_gluon_kernel` over the same K/V slots and release a slot (`empty`, one arrival
+        each) once their MMAs that read it retired. The consumers run independently: one's
+        softmax overlaps the other's MMAs on the SM's tensor cores, which in the one-stream
+        kernel wait for each other at every CTA barrier."""
+        ok, m_start, q_start, lq, kv_start, lk = _sample(QO, QO, KO, B, BLOCK_M, LOG2B, num_warps)
+        if not ok:
+            return
+        h = gl.program_id(1)
+        shift = lk - lq
+        hi = lk
+        if CAUSAL:
+            hi = gl.minimum(lk, gl.maximum(m_start + BLOCK_M + shift, 0))
+        n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
+
+        HALF: gl.constexpr = BLOCK_M // 2
+        dtype: gl.constexpr = Q.dtype.element_ty
+        q_smem = gl.allocate_shared_memory(dtype, [2, HALF, D], q_sl)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_sl)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_sl)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=LOAD_WARPS * 32)  # each loader thread's copies
+            mbarrier.init(empty.index(i), count=2)  # each consumer, once
+        mbarrier.init(q_bar.index(0), count=LOAD_WARPS * 32)
+
+        q_base = Q + q_start * stride_qt + h * stride_qh
+        o_base = O + q_start * stride_ot + h * stride_oh
+        k_base = K + kv_start * stride_kt + h * stride_kh
+        v_base = V + kv_start * stride_vt + h * stride_vh
+        lse_base = LSE + q_start * H + h
+        gl.warp_specialize([
+            (_fwd_ws_consumer, (q_smem, k_smem, v_smem, ready, empty, q_bar, o_base, lse_base, m_start, lq, lk,
+                                shift, n_tiles, stride_ot, H, scale_log2, 0, CAUSAL, D, HALF, BLOCK_N, STAGES)),
+            (_fwd_ws_consumer, (q_smem, k_smem, v_smem, ready, empty, q_bar, o_base, lse_base, m_start, lq, lk,
+                                shift, n_tiles, stride_ot, H, scale_log2, 1, CAUSAL, D, HALF, BLOCK_N, STAGES)),
+            (_fwd_ws_loader, (q_smem, k_smem, v_smem, ready, empty, q_bar, q_base, k_base, v_base, m_start, lq, lk,
+                              n_tiles, stride_qt, stride_kt, stride_vt, D, HALF, BLOCK_N, STAGES, LOAD_WARPS)),
+        ], [4, LOAD_WARPS], [CONSUMER_REGS, LOAD_REGS])
+
+    @gluon.jit
+    def _fwd_ws_loader(q_smem, k_smem, v_smem, ready, empty, q_bar, q_base, k_base, v_base, m_start, lq, lk,
+                       n_tiles, stride_qt, stride_kt, stride_vt, D: gl.constexpr, HALF: gl.constexpr,
+                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, LOAD_WARPS: gl.constexpr):
+        """The loader partition: the q tile's two halves (`q_bar`), then kv tile t into slot
+        t % STAGES once both consumers released the tile before it there (`empty`; a fresh
+        barrier passes the first wait). Every thread arrives on the slot's `ready` barrier when its
+        own copies have landed (`cp.async.mbarrier.arrive.noinc`): it never waits on them."""
+        ld_layout: gl.constexpr = _copy_layout(D, LOAD_WARPS)
+        rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, ld_layout))
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, ld_layout))
+        for half in gl.static_range(2):
+            r = m_start + half * HALF + rows
+            cp.async_copy_global_to_shared(q_smem.index(half), q_base + r[:, None] * stride_qt + cols[None, :],
+                                           mask=(r < lq)[:, None])
+        cp.mbarrier_arrive(q_bar.index(0), increment_count=False)
+        for t in range(n_tiles):
+            slot = t % STAGES
+            mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)
+            _issue_tile(k_smem.index(slot), v_smem.index(slot), k_base, v_base, t * BLOCK_N, lk, stride_kt,
+                        stride_vt, BLOCK_N, D, ld_layout)
+            cp.mbarrier_arrive(ready.index(slot), increment_count=False)
+
+    @gluon.jit
+    def _fwd_ws_consumer(q_smem, k_smem, v_smem, ready, empty, q_bar, o_base, lse_base, m_start, lq, lk, shift,
+                         n_tiles, stride_ot, H, scale_log2, HALF_ID: gl.constexpr, CAUSAL: gl.constexpr,
+                         D: gl.constexpr, HALF: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """A consumer partition (one warpgroup): rows [HALF_ID * HALF, +HALF) of the program's q
+        tile over every kv tile the loader streams, `_jfa_fwd_gluon_kernel`'s loop with the slot
+        barriers in place of `cp.async` waits and CTA barriers; writes its rows of out and lse2."""
+        s_layout: gl.constexpr = _acc_layout(4, BLOCK_N)
+        o_layout: gl.constexpr = _acc_layout(4, D)
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        dtype: gl.constexpr = q_smem.dtype
+
+        m0 = m_start + HALF_ID * HALF
+        f_hi = lk  # tiles reaching past f_hi are masked (the last partial one; causal: the diagonal)
+        if CAUSAL:
+            f_hi = gl.minimum(lk, m0 + shift + 1)
+        my_q = q_smem.index(HALF_ID)
+        rows = m0 + gl.arange(0, HALF, layout=row_s)
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        zero_s = gl.zeros([HALF, BLOCK_N], dtype=gl.float32, layout=s_layout)
+        acc = gl.zeros([HALF, D], dtype=gl.float32, layout=o_layout)
+        m_i = gl.full([HALF], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([HALF], dtype=gl.float32, layout=row_s)
+        mbarrier.wait(q_bar.index(0), 0)
+        if n_tiles > 0:
+            mbarrier.wait(ready.index(0), 0)
+            fence_async_shared()
+            s = warpgroup_mma(my_q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False)
+            p, alpha, l_i, m_i = _online_softmax(s * scale_log2, m_i, l_i, rows, offs_n, 0, f_hi, lk, shift,
+                                                 CAUSAL, BLOCK_N)
+            p_op = gl.convert_layout(p.to(dtype), a_layout)
+            for j in range(1, n_tiles):
+                slot = j % STAGES
+                mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+                fence_async_shared()
+                s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                      is_async=True)
+                o_tok = warpgroup_mma(p_op, v_smem.index((j - 1) % STAGES), acc, is_async=True)
+                s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # O += P·V still runs
+                p, alpha, l_i, m_i = _online_softmax(s * scale_log2, m_i, l_i, rows, offs_n, j * BLOCK_N, f_hi,
+                                                     lk, shift, CAUSAL, BLOCK_N)
+                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+                mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)  # K and V of tile j - 1 read
+                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                p_op = gl.convert_layout(p.to(dtype), a_layout)
+            acc = warpgroup_mma(p_op, v_smem.index((n_tiles - 1) % STAGES), acc)
+        empty_row = l_i == 0.0
+        l_safe = gl.where(empty_row, 1.0, l_i)
+        out = acc / gl.convert_layout(l_safe, row_o)[:, None]
+        lse2 = gl.where(empty_row, float("inf"), m_i + gl.log2(l_safe))
+        out_rows = m0 + gl.arange(0, HALF, layout=row_o)
+        out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        gl.store(o_base + out_rows[:, None] * stride_ot + out_cols[None, :], out.to(o_base.dtype.element_ty),
+                 mask=(out_rows < lq)[:, None])
+        gl.store(lse_base + rows * H, lse2, mask=rows < lq)
+
+
 @functools.cache
 def smem_layouts(block_m: int, block_n: int, d: int, bits: int) -> tuple[Any, Any]:
     """NVMMA shared layouts of the q/dO tiles and of K, V (swizzled for wgmma)."""
@@ -603,13 +744,14 @@ def smem_bytes(tiles: tuple[int, ...], by_m: bool, d: int, resident: int) -> int
 
 def _launch_plan(
     tiles: tuple[int, ...], by_m: bool, rows: int, offsets: torch.Tensor, max_len: int, h: int, d: int, causal: bool,
-    resident: int | None = None,
+    resident: int | None = None, min_stages: int = 3,
 ) -> tuple[tuple[int, int], int, dict[str, Any]]:
     """(grid, B, the launch's constexprs and options) of a kernel whose programs take the
     BLOCK_M-row (`by_m`) or BLOCK_N-row tiles of `rows` rows in batch order, one head each.
     `tiles`: (BLOCK_M, BLOCK_N, num_warps, STAGES[, OVERLAP_ACC]); the tiled side must fill the
-    wgmma layout (a multiple of 16 x num_warps rows) and STAGES >= 3 (two slots in use, one
-    loading). `resident`: how many tiles of the program's own side stay in shared memory (the
+    wgmma layout (a multiple of 16 x num_warps rows) and STAGES >= `min_stages` (3 where the
+    program loads its own tiles: two slots in use, one loading; 2 for the warp-specialized
+    forward, whose loader runs apart). `resident`: how many tiles of the program's own side stay in shared memory (the
     forward's q: 1; dQ's q and dO, dK/dV's k and v: 2); given, the tiles' shared memory (those
     plus STAGES slots of the two streamed tensors, 16-bit) must fit an SM's 227 KB, checked here
     rather than failing at launch with Triton's out-of-resources error (the tools that compile
@@ -618,8 +760,8 @@ def _launch_plan(
 
     block_m, block_n, warps, stages = tiles[:4]
     block = block_m if by_m else block_n
-    if stages < 3 or block % (16 * warps) or block < 16 * warps:
-        raise ValueError(f"tiles={tiles}: needs STAGES >= 3 and BLOCK_{'M' if by_m else 'N'} a multiple of "
+    if stages < min_stages or block % (16 * warps) or block < 16 * warps:
+        raise ValueError(f"tiles={tiles}: needs STAGES >= {min_stages} and BLOCK_{'M' if by_m else 'N'} a multiple of "
                          f"16 x num_warps")
     if resident is not None:
         need = smem_bytes(tiles, by_m, d, resident)
@@ -695,31 +837,46 @@ def dq(
         b, grid[1], scale, scale * _LOG2E, **consts)
 
 
-# The forward: (BLOCK_M, BLOCK_N, num_warps, STAGES): 128 q rows over two warpgroups, 128 keys per
-# step, 3 K/V slots (224 KB of shared memory; 4 would need 288 KB), 231 registers, no spills.
+# The forward: (BLOCK_M, BLOCK_N, num_warps, STAGES[, WS]). Without WS (or WS False) the one-stream
+# kernel: 128 q rows over two warpgroups, 128 keys per step, 3 K/V slots (224 KB of shared memory;
+# 4 would need 288 KB), 231 registers, no spills. With WS True the warp-specialized kernel
+# (`_jfa_fwd_ws_kernel`): BLOCK_M must be 128 (two consumer warpgroups of 64 rows) and num_warps
+# 12 (the two consumers and a 4-warp loader; registers 232 / 232 / 40 of a 168 launch cap).
 DEFAULT_FWD_TILES = (128, 128, 8, 3)
+WS_WARPS = 12
+WS_REGS = (168, 232, 40)  # the launch's cap, a consumer's and the loader's (setmaxnreg)
 
 
 def forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
-    max_q_len: int, causal: bool, scale: float, tiles: tuple[int, int, int, int] | None = None,
+    max_q_len: int, causal: bool, scale: float, tiles: tuple[Any, ...] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out `[Tq, H, D]`, log2 lse `[Tq, H]` fp32) of `_triton_jfa.jfa_forward`'s contract, by the
     Gluon kernel (`problem(...)` must be None; q/k/v with unit stride on D, offsets int64);
-    `tiles` default `DEFAULT_FWD_TILES` (read per call)."""
+    `tiles` default `DEFAULT_FWD_TILES` (read per call; see there for the warp-specialized set)."""
     from gem_kernels._triton_jfa import _LOG2E
 
     tq, h, d = q.shape
-    grid, b, consts = _launch_plan(DEFAULT_FWD_TILES if tiles is None else tiles, True, tq, q_offsets, max_q_len,
-                                   h, d, causal, resident=1)
+    tiles = DEFAULT_FWD_TILES if tiles is None else tiles
+    ws = len(tiles) > 4 and bool(tiles[4])
+    if ws and (tiles[0] != 128 or tiles[2] != WS_WARPS):
+        raise ValueError(f"tiles={tiles}: the warp-specialized forward needs BLOCK_M 128 (two consumer "
+                         f"warpgroups of 64 rows) and num_warps {WS_WARPS} (two consumers and a 4-warp loader)")
+    grid, b, consts = _launch_plan((*tiles[:2], 8 if ws else tiles[2], tiles[3]), True, tq, q_offsets, max_q_len,
+                                   h, d, causal, resident=1, min_stages=2 if ws else 3)
     out = torch.empty((tq, h, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((tq, h), dtype=torch.float32, device=q.device)
-    if grid[0] == 0 or h == 0:
+    if grid[0] == 0 or grid[1] == 0:
         return out.zero_(), lse.fill_(float("inf"))
-    _jfa_fwd_gluon_kernel[grid](
-        q, k, v, out, lse, q_offsets, kv_offsets,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        b, h, scale * _LOG2E, **consts)
+    args = (q, k, v, out, lse, q_offsets, kv_offsets,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+            b, h, scale * _LOG2E)
+    if ws:
+        consts.update(num_warps=4, LOAD_WARPS=4, CONSUMER_REGS=WS_REGS[1], LOAD_REGS=WS_REGS[2],
+                      q_sl=smem_layouts(64, tiles[1], d, 16)[0])
+        _jfa_fwd_ws_kernel[grid](*args, maxnreg=WS_REGS[0], **consts)
+    else:
+        _jfa_fwd_gluon_kernel[grid](*args, **consts)
     return out, lse
 
 

@@ -25,7 +25,7 @@ BF16 = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ", "Q_DESC", "DO_DESC", "DQ_DES
 
 
 def audit(kern: Any, consts: dict[str, Any], warps: int, stages: int, arch: int = 90,
-          ptrs: dict[str, str] | None = None, aligned: bool = True) -> dict[str, int]:
+          ptrs: dict[str, str] | None = None, aligned: bool = True, maxnreg: int | None = None) -> dict[str, int]:
     """Compiles `kern` with `consts` for sm_`arch` and returns its resource and instruction counts:
     reg, stack, stl, ldl, hgmma, wgwait, mufu, ldgsts, smem (bytes).
 
@@ -33,7 +33,8 @@ def audit(kern: Any, consts: dict[str, Any], warps: int, stages: int, arch: int 
     unless `ptrs` says otherwise, `FLOATS` fp32, the rest i32. `aligned`: specialized as a launch
     with 16-byte aligned tensors and strides divisible by 16 is (without these hints loads are
     not vectorized, so cp.async pipelining and the register allocation differ from the binary a
-    real launch runs); False: no divisibility known.
+    real launch runs); False: no divisibility known. `maxnreg`: the launch's register cap (a
+    warp-specialized kernel's, which its partitions' `setmaxnreg` redistribute).
     """
     import triton
     from triton.backends.compiler import GPUTarget
@@ -50,7 +51,8 @@ def audit(kern: Any, consts: dict[str, Any], warps: int, stages: int, arch: int 
 
         source = GluonASTSource
     src = source(fn=kern, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
-    c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=stages))
+    c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=stages,
+                                                                               **({} if maxnreg is None else {"maxnreg": maxnreg})))
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")

@@ -91,10 +91,18 @@ def test_tiles_past_an_sms_shared_memory_are_refused_before_launch() -> None:
         _gluon_jfa.dq(*args, tiles=(128, 128, 8, 3, True))
     with pytest.raises(ValueError, match=r"tiles=\(128, 128, 8, 4\): need 294912 bytes"):
         _gluon_jfa.forward(q, q, q, offsets, offsets, 200, True, 0.1, tiles=(128, 128, 8, 4))
+    # The warp-specialized forward's shape rule (two consumer warpgroups of 64 rows, a loader).
+    with pytest.raises(ValueError, match=r"tiles=\(64, 64, 12, 3, True\): the warp-specialized forward needs "
+                                         r"BLOCK_M 128 .* num_warps 12"):
+        _gluon_jfa.forward(q, q, q, offsets, offsets, 200, True, 0.1, tiles=(64, 64, 12, 3, True))
+    with pytest.raises(ValueError, match=r"num_warps 12"):
+        _gluon_jfa.forward(q, q, q, offsets, offsets, 200, True, 0.1, tiles=(128, 64, 8, 3, True))
+    with pytest.raises(ValueError, match=r"STAGES >= 2"):
+        _gluon_jfa.forward(q, q, q, offsets, offsets, 200, True, 0.1, tiles=(128, 64, 12, 1, True))
     assert q.abs().max() == 0 and lse.abs().max() == 0  # nothing written
     # Every tile set the GPU tests run (and the defaults) fits at D=128.
     for tiles, by_m, resident in ([*TILES, _gluon_jfa.DEFAULT_TILES], False, 2), \
-            ([*DQ_TILES, _gluon_jfa.DEFAULT_DQ_TILES], True, 2), ([*FWD_TILES, _gluon_jfa.DEFAULT_FWD_TILES], True, 1):
+            ([*DQ_TILES, _gluon_jfa.DEFAULT_DQ_TILES], True, 2), ([*FWD_TILES, *WS_TILES, _gluon_jfa.DEFAULT_FWD_TILES], True, 1):
         for t in tiles:
             assert _gluon_jfa.smem_bytes(t, by_m, 128, resident) <= _gluon_jfa.SMEM_LIMIT, t
 
@@ -197,11 +205,14 @@ def test_gpu_cross_attention_and_empty_sides(causal: bool) -> None:
     assert dq[0:5].abs().max() == 0  # sample 1 has no keys
 
 
-FWD_TILES = [(128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3)]
+FWD_TILES: list[tuple[int | bool, ...]] = [(128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3)]
+# The warp-specialized forward (two consumer warpgroups and a loader): 3 and 2 K/V slots of 128
+# keys, 4 of 64.
+WS_TILES: list[tuple[int | bool, ...]] = [(128, 128, 12, 3, True), (128, 128, 12, 2, True), (128, 64, 12, 4, True)]
 
 
 def _both_forwards(lq: list[int], lk: list[int], h: int, d: int, causal: bool, seed: int,
-                   tiles: tuple[int, int, int, int] | None = None) -> tuple[torch.Tensor, ...]:
+                   tiles: tuple[int | bool, ...] | None = None) -> tuple[torch.Tensor, ...]:
     """(out, lse2) of the Gluon forward and of the Triton forward on the same bf16 inputs."""
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     qo, ko = _offsets(lq), _offsets(lk)
@@ -224,22 +235,23 @@ def _forwards_agree(out: torch.Tensor, lse: torch.Tensor, out_t: torch.Tensor, l
 
 
 @needs_hopper
-@pytest.mark.parametrize("tiles", FWD_TILES, ids=lambda t: "x".join(map(str, t)))
+@pytest.mark.parametrize("tiles", FWD_TILES + WS_TILES, ids=lambda t: "x".join(map(str, t)))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_gpu_forward_matches_triton_kernel(tiles: tuple[int, int, int, int], causal: bool, d: int) -> None:
+def test_gpu_forward_matches_triton_kernel(tiles: tuple[int | bool, ...], causal: bool, d: int) -> None:
     g = torch.Generator().manual_seed(d + 2 * causal)
     lengths = torch.randint(0, 1500, (10,), generator=g).tolist() + [0, 1, 63, 64, 65, 127, 128, 129]
     _forwards_agree(*_both_forwards(lengths, lengths, 4, d, causal, seed=d, tiles=tiles))
 
 
 @needs_hopper
+@pytest.mark.parametrize("tiles", [None, WS_TILES[0]], ids=["default", "ws"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_forward_cross_attention_and_empty_sides(causal: bool) -> None:
+def test_gpu_forward_cross_attention_and_empty_sides(causal: bool, tiles: tuple[int | bool, ...] | None) -> None:
     # More queries than keys (causal: the first rows see no key), fewer, and empty sides.
     lq = [0, 5, 700, 64, 300, 129, 7]
     lk = [9, 0, 650, 200, 40, 129, 0]
-    out, lse, out_t, lse_t = _both_forwards(lq, lk, 2, 128, causal, seed=5)
+    out, lse, out_t, lse_t = _both_forwards(lq, lk, 2, 128, causal, seed=5, tiles=tiles)
     _forwards_agree(out, lse, out_t, lse_t)
     assert torch.isinf(lse[0:5]).all() and out[0:5].abs().max() == 0  # sample 1 has no keys
 
@@ -258,11 +270,13 @@ def test_gpu_nan_neighbour_does_not_leak() -> None:
     g = torch.Generator(device=DEVICE).manual_seed(8)
     q, k, v = (torch.randn(400, 2, 128, generator=g, device=DEVICE).bfloat16() for _ in range(3))
     off = _offsets(lq)
-    clean_f = _gluon_jfa.forward(q, k, v, off, off, 300, False, 0.1)
-    k[100:], v[100:] = float("nan"), float("nan")
-    dirty_f = _gluon_jfa.forward(q, k, v, off, off, 300, False, 0.1)
-    for got, want in zip(dirty_f, clean_f):
-        assert torch.isfinite(got[:100]).all() and torch.equal(got[:100], want[:100])
+    for tiles in (None, WS_TILES[0]):
+        kk, vv = k.clone(), v.clone()
+        clean_f = _gluon_jfa.forward(q, kk, vv, off, off, 300, False, 0.1, tiles)
+        kk[100:], vv[100:] = float("nan"), float("nan")
+        dirty_f = _gluon_jfa.forward(q, kk, vv, off, off, 300, False, 0.1, tiles)
+        for got, want in zip(dirty_f, clean_f):
+            assert torch.isfinite(got[:100]).all() and torch.equal(got[:100], want[:100]), tiles
 
 
 @needs_hopper

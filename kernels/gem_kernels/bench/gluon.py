@@ -68,7 +68,7 @@ def _sweep(row: dict[str, object], prefix: str, tiles: list[Any], run: Callable[
 
 def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
           tiles: list[tuple[int, int, int, int, bool]], dq_tiles: list[tuple[int, int, int, int, bool]],
-          fwd_tiles: list[tuple[int, int, int, int]]) -> dict[str, object]:
+          fwd_tiles: list[tuple[int, ...]], fwd_only: bool = False) -> dict[str, object]:
     off = offsets_from_lengths(lengths, "cuda")
     mx, t = max(lengths), sum(lengths)
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -87,6 +87,18 @@ def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
     row["triton_fwd_tf"] = _tf(4.0 * work, ms)
     _sweep(row, "gluon_fwd_", fwd_tiles, lambda tl: _gluon_jfa.forward(q, k, v, off, off, mx, causal, scale, tl),
            lambda r: max(rel_err(r[0], out), float((r[1] - lse)[seen].abs().max())), 4.0 * work, iters, fwd_errs)
+    if len(set(lengths)) == 1 and not causal:  # dense: cuDNN's SDPA on the same [B, H, L, D] problem
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        qd, kd, vd = (x.view(len(lengths), lengths[0], heads, D).transpose(1, 2) for x in (q, k, v))
+        try:
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                ms = bench_ms(lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, vd), iters=iters)
+            row["cudnn_fwd_tf"] = _tf(4.0 * work, ms)
+        except RuntimeError as exc:
+            row["cudnn_fwd_tf"] = f"error: {str(exc)[:80]}"
+    if fwd_only:
+        return row
 
     errs: list[float] = []
     dk_t, dv_t = torch.empty_like(k), torch.empty_like(v)
@@ -148,8 +160,11 @@ def main() -> None:
     p.add_argument("--tiles", nargs="*", default=["32,128,8,4,1", "32,128,8,3,1", "32,128,8,5,1", "32,128,8,4,0",
                                                   "32,64,4,4,1", "64,128,8,4,1"],
                    help="Gluon dK/dV tiles BLOCK_M,BLOCK_N,num_warps,STAGES,OVERLAP_ACC")
-    p.add_argument("--fwd-tiles", nargs="*", default=["128,128,8,3", "128,64,8,4", "128,64,8,3"],
-                   help="Gluon forward tiles BLOCK_M,BLOCK_N,num_warps,STAGES")
+    p.add_argument("--fwd-tiles", nargs="*", default=["128,128,8,3", "128,128,12,3,1", "128,128,12,2,1",
+                                                      "128,64,12,4,1", "128,64,12,3,1"],
+                   help="Gluon forward tiles BLOCK_M,BLOCK_N,num_warps,STAGES[,WS] (WS 1: the warp-specialized "
+                        "kernel, BLOCK_M 128 and 12 warps)")
+    p.add_argument("--fwd-only", action="store_true", help="time the forwards only (no backward kernels)")
     p.add_argument("--dq-tiles", nargs="*", default=["128,64,8,4,1", "128,64,8,3,1", "128,32,8,4,1", "128,64,8,4,0",
                                                      "64,64,4,4,1"],
                    help="Gluon dQ tiles, the same fields")
@@ -162,17 +177,22 @@ def main() -> None:
         return
     tiles, dq_tiles = ([(a, b, c, s, bool(o)) for a, b, c, s, o in (tuple(int(x) for x in t.split(",")) for t in ts)]
                        for ts in (args.tiles, args.dq_tiles))
-    fwd_tiles = [(a, b, c, s) for a, b, c, s in (tuple(int(x) for x in t.split(",")) for t in args.fwd_tiles)]
+    fwd_tiles = [tuple(int(x) for x in t.split(",")) for t in args.fwd_tiles]
     tl = trainer_lengths()
     cases = [("issue", issue_lengths(), 4, False), ("issue causal", issue_lengths(), 4, True),
              ("trainer+cls", [n + 4 for n in tl], 8, False), ("dense 8x4096", [4096] * 8, 16, False)]
-    rows = [_case(name, lengths, heads, causal, args.iters, tiles, dq_tiles, fwd_tiles)
+    rows = [_case(name, lengths, heads, causal, args.iters, tiles, dq_tiles, fwd_tiles, args.fwd_only)
             for name, lengths, heads, causal in cases if args.only in name]
     cols = ["case", "B", "mean", "max", "H", "triton_tiles", "triton_dkdv_tf",
             *("gluon_" + "x".join(map(str, t)) for t in tiles), "gluon_best", "dkdv_speedup", "err"]
     print("\nForward, Triton vs Gluon (TFLOP/s; _err = the larger of out's relative and lse2's absolute difference):")
-    print_table(rows, ["case", "triton_fwd_tf", *(f"gluon_fwd_{'x'.join(map(str, t))}{e}" for t in fwd_tiles
-                                                   for e in ("", "_err"))])
+    print_table(rows, ["case", "triton_fwd_tf", "cudnn_fwd_tf",
+                       *(f"gluon_fwd_{'x'.join(map(str, t))}{e}" for t in fwd_tiles for e in ("", "_err"))])
+    if args.fwd_only:
+        payload0: dict[str, object] = {"bench": "gluon", "fwd_only": True, **env_info(), "rows": rows}
+        save_json(args.out, "gluon_fwd.json", payload0)
+        emit_json(payload0)
+        return
     print("\ndK/dV kernel, Triton vs Gluon (TFLOP/s; gluon_<BM>x<BN>x<warps>x<stages>x<overlap>):")
     print_table(rows, cols)
     print("\ndQ kernel (TFLOP/s); whole backward with GEM_JFA_GLUON off / dkdv / dkdv,dq; eager fwd+bwd off / all:")

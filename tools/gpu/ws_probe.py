@@ -1,0 +1,25 @@
+"""First GPU contact of the warp-specialized JFA forward (`_gluon_jfa._jfa_fwd_ws_kernel`): one
+small and one issue-sized batch against the Triton forward, printed per tile set; a deadlock
+shows as the stage's time limit."""
+import math
+import sys
+import time
+
+import torch
+
+from gem_kernels import _gluon_jfa as gj
+from gem_kernels import _triton_jfa as tj
+
+for tiles in [(128, 128, 12, 3, True), (128, 128, 12, 2, True), (128, 64, 12, 4, True)]:
+    for lengths, causal in (([5, 130, 300, 64], False), ([5, 130, 300, 64], True), ([700, 1500, 3000, 90] * 4, False)):
+        g = torch.Generator(device="cuda").manual_seed(0)
+        off = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
+        q, k, v = (torch.randn(sum(lengths), 4, 128, generator=g, device="cuda").bfloat16() for _ in range(3))
+        t = time.time()
+        out, lse = gj.forward(q, k, v, off, off, max(lengths), causal, 1 / math.sqrt(128), tiles)
+        torch.cuda.synchronize()
+        ref, lse_r = tj.jfa_forward(q, k, v, off, off, max(lengths), max(lengths), causal, None, 1 / math.sqrt(128))
+        err = float((out.float() - ref.float()).abs().max())
+        lerr = float((lse - lse_r)[torch.isfinite(lse_r)].abs().max())
+        print(tiles, len(lengths), causal, f"out err {err:.2e} lse err {lerr:.2e} {time.time() - t:.1f}s", flush=True)
+sys.exit(0)
