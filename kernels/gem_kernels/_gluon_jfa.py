@@ -842,9 +842,28 @@ def dq(
 # 4 would need 288 KB), 231 registers, no spills. With WS True the warp-specialized kernel
 # (`_jfa_fwd_ws_kernel`): BLOCK_M must be 128 (two consumer warpgroups of 64 rows) and num_warps
 # 12 (the two consumers and a 4-warp loader; registers 232 / 232 / 40 of a 168 launch cap).
-DEFAULT_FWD_TILES = (128, 128, 8, 3)
+DEFAULT_FWD_TILES: tuple[Any, ...] = (128, 128, 8, 3)
+WS_FWD_TILES = (128, 128, 12, 3, True)  # the warp-specialized set the build test pins
 WS_WARPS = 12
 WS_REGS = (168, 232, 40)  # the launch's cap, a consumer's and the loader's (setmaxnreg)
+
+
+def fwd_plan(
+    tiles: tuple[Any, ...], rows: int, offsets: torch.Tensor, max_len: int, h: int, d: int, causal: bool,
+) -> tuple[Any, tuple[int, int], int, dict[str, Any]]:
+    """(kernel, grid, B, its constexprs and launch options) of the forward at `tiles` (see
+    `DEFAULT_FWD_TILES`), checked as `_launch_plan` checks, plus the warp-specialized shape rule."""
+    ws = len(tiles) > 4 and bool(tiles[4])
+    if ws and (tiles[0] != 128 or tiles[2] != WS_WARPS):
+        raise ValueError(f"tiles={tiles}: the warp-specialized forward needs BLOCK_M 128 (two consumer "
+                         f"warpgroups of 64 rows) and num_warps {WS_WARPS} (two consumers and a 4-warp loader)")
+    grid, b, consts = _launch_plan((*tiles[:2], 8 if ws else tiles[2], tiles[3]), True, rows, offsets, max_len, h, d,
+                                   causal, resident=1, min_stages=2 if ws else 3)
+    if not ws:
+        return _jfa_fwd_gluon_kernel, grid, b, consts
+    consts.update(num_warps=4, LOAD_WARPS=4, CONSUMER_REGS=WS_REGS[1], LOAD_REGS=WS_REGS[2],
+                  q_sl=smem_layouts(64, tiles[1], d, 16)[0], maxnreg=WS_REGS[0])
+    return _jfa_fwd_ws_kernel, grid, b, consts
 
 
 def forward(
@@ -857,26 +876,15 @@ def forward(
     from gem_kernels._triton_jfa import _LOG2E
 
     tq, h, d = q.shape
-    tiles = DEFAULT_FWD_TILES if tiles is None else tiles
-    ws = len(tiles) > 4 and bool(tiles[4])
-    if ws and (tiles[0] != 128 or tiles[2] != WS_WARPS):
-        raise ValueError(f"tiles={tiles}: the warp-specialized forward needs BLOCK_M 128 (two consumer "
-                         f"warpgroups of 64 rows) and num_warps {WS_WARPS} (two consumers and a 4-warp loader)")
-    grid, b, consts = _launch_plan((*tiles[:2], 8 if ws else tiles[2], tiles[3]), True, tq, q_offsets, max_q_len,
-                                   h, d, causal, resident=1, min_stages=2 if ws else 3)
+    kern, grid, b, consts = fwd_plan(DEFAULT_FWD_TILES if tiles is None else tiles, tq, q_offsets, max_q_len, h, d,
+                                     causal)
     out = torch.empty((tq, h, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((tq, h), dtype=torch.float32, device=q.device)
     if grid[0] == 0 or grid[1] == 0:
         return out.zero_(), lse.fill_(float("inf"))
-    args = (q, k, v, out, lse, q_offsets, kv_offsets,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-            b, h, scale * _LOG2E)
-    if ws:
-        consts.update(num_warps=4, LOAD_WARPS=4, CONSUMER_REGS=WS_REGS[1], LOAD_REGS=WS_REGS[2],
-                      q_sl=smem_layouts(64, tiles[1], d, 16)[0])
-        _jfa_fwd_ws_kernel[grid](*args, maxnreg=WS_REGS[0], **consts)
-    else:
-        _jfa_fwd_gluon_kernel[grid](*args, **consts)
+    kern[grid](q, k, v, out, lse, q_offsets, kv_offsets,
+               q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0),
+               out.stride(1), b, h, scale * _LOG2E, **consts)
     return out, lse
 
 

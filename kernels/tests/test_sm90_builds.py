@@ -85,6 +85,12 @@ if gj is not None and gj.HAVE_GLUON:
             out[f"gluon-{kernel}-{causal}"] = _sass.audit(kern, consts, tiles[2], tiles[3])
             out[f"gluon-{kernel}-{causal}"]["smem_check"] = gj.smem_bytes(tiles, kernel != "dkdv", d,
                                                                           1 if kernel == "fwd" else 2)
+    # The warp-specialized forward (its launch caps registers; its partitions redistribute them).
+    for causal in (False, True):
+        kern, _, _, consts = gj.fwd_plan(gj.WS_FWD_TILES, 1, offsets, 1, 1, d, causal)
+        out[f"gluon-fwd_ws-{causal}"] = _sass.audit(kern, consts, consts["num_warps"], gj.WS_FWD_TILES[3],
+                                                   maxnreg=consts.pop("maxnreg"))
+        out[f"gluon-fwd_ws-{causal}"]["smem_check"] = gj.smem_bytes(gj.WS_FWD_TILES, True, d, 1)
 print(json.dumps(out))
 """
 
@@ -140,3 +146,24 @@ def test_gluon_jfa_default_tiles_build_unspilled_and_asynchronous(
     _check(sm90_builds[key], max_waits=8, min_hgmma=20, max_spills=16 if kernel == "dkdv" else 0)
     # The launchers' up-front shared-memory check counts what the kernel allocates.
     assert sm90_builds[key]["smem"] == sm90_builds[key]["smem_check"], sm90_builds[key]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gluon_warp_specialized_forward_builds_within_an_sm(causal: bool, sm90_builds: dict[str, dict[str, int]]) -> None:
+    key = f"gluon-fwd_ws-{causal}"
+    if key not in sm90_builds:
+        pytest.fail("this Triton has no Gluon: the warp-specialized forward cannot build")
+    got = sm90_builds[key]
+    # 12 warps under a 168-register launch cap; the partitions' setmaxnreg hands the consumers
+    # 232 each, the loader 40 (the count below is the launch's, spills are the whole binary's).
+    _check(got, max_waits=10, min_hgmma=40)
+    assert got["reg"] <= gj_ws_cap(), got
+    # Its shared memory: the q tile and the K/V slots (`smem_bytes`) plus the slots' mbarriers and
+    # the partitions' captured arguments, under 1 KB.
+    assert got["smem_check"] <= got["smem"] <= got["smem_check"] + 1024, got
+
+
+def gj_ws_cap() -> int:
+    from gem_kernels import _gluon_jfa
+
+    return _gluon_jfa.WS_REGS[0]
