@@ -591,7 +591,8 @@ if HAVE_GLUON:
         B, H, scale_log2,
         CAUSAL: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         LOG2B: gl.constexpr, STAGES: gl.constexpr, LOAD_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        LOAD_REGS: gl.constexpr, q_sl: gl.constexpr, kv_sl: gl.constexpr, num_warps: gl.constexpr,
+        LOAD_REGS: gl.constexpr, PINGPONG: gl.constexpr, q_sl: gl.constexpr, kv_sl: gl.constexpr,
+        num_warps: gl.constexpr,
     ):
         """The forward with its warps specialized: one program per (q tile of BLOCK_M rows, head) in
         batch order, as `_jfa_fwd_gluon_kernel`, split over three warpgroups. A loader (LOAD_WARPS
@@ -602,7 +603,9 @@ if HAVE_GLUON:
         `_jfa_fwd_gluon_kernel` over the same K/V slots and release a slot (`empty`, one arrival
         each) once their MMAs that read it retired. The consumers run independently: one's
         softmax overlaps the other's MMAs on the SM's tensor cores, which in the one-stream
-        kernel wait for each other at every CTA barrier."""
+        kernel wait for each other at every CTA barrier. PINGPONG: the consumers take turns to
+        issue each tile's MMAs (`turn` barriers, FlashAttention-3's inter-warpgroup schedule), so
+        one's softmax runs while the other's MMAs do; without it they drift as they may."""
         ok, m_start, q_start, lq, kv_start, lk = _sample(QO, QO, KO, B, BLOCK_M, LOG2B, num_warps)
         if not ok:
             return
@@ -621,6 +624,9 @@ if HAVE_GLUON:
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(turn.index(0), count=1)
+        mbarrier.init(turn.index(1), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=LOAD_WARPS * 32)  # each loader thread's copies
             mbarrier.init(empty.index(i), count=2)  # each consumer, once
@@ -632,10 +638,12 @@ if HAVE_GLUON:
         v_base = V + kv_start * stride_vt + h * stride_vh
         lse_base = LSE + q_start * H + h
         gl.warp_specialize([
-            (_fwd_ws_consumer, (q_smem, k_smem, v_smem, ready, empty, q_bar, o_base, lse_base, m_start, lq, lk,
-                                shift, n_tiles, stride_ot, H, scale_log2, 0, CAUSAL, D, HALF, BLOCK_N, STAGES)),
-            (_fwd_ws_consumer, (q_smem, k_smem, v_smem, ready, empty, q_bar, o_base, lse_base, m_start, lq, lk,
-                                shift, n_tiles, stride_ot, H, scale_log2, 1, CAUSAL, D, HALF, BLOCK_N, STAGES)),
+            (_fwd_ws_consumer, (q_smem, k_smem, v_smem, ready, empty, q_bar, turn, o_base, lse_base, m_start, lq,
+                                lk, shift, n_tiles, stride_ot, H, scale_log2, 0, CAUSAL, D, HALF, BLOCK_N, STAGES,
+                                PINGPONG)),
+            (_fwd_ws_consumer, (q_smem, k_smem, v_smem, ready, empty, q_bar, turn, o_base, lse_base, m_start, lq,
+                                lk, shift, n_tiles, stride_ot, H, scale_log2, 1, CAUSAL, D, HALF, BLOCK_N, STAGES,
+                                PINGPONG)),
             (_fwd_ws_loader, (q_smem, k_smem, v_smem, ready, empty, q_bar, q_base, k_base, v_base, m_start, lq, lk,
                               n_tiles, stride_qt, stride_kt, stride_vt, D, HALF, BLOCK_N, STAGES, LOAD_WARPS)),
         ], [4, LOAD_WARPS], [CONSUMER_REGS, LOAD_REGS])
@@ -664,9 +672,10 @@ if HAVE_GLUON:
             cp.mbarrier_arrive(ready.index(slot), increment_count=False)
 
     @gluon.jit
-    def _fwd_ws_consumer(q_smem, k_smem, v_smem, ready, empty, q_bar, o_base, lse_base, m_start, lq, lk, shift,
-                         n_tiles, stride_ot, H, scale_log2, HALF_ID: gl.constexpr, CAUSAL: gl.constexpr,
-                         D: gl.constexpr, HALF: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    def _fwd_ws_consumer(q_smem, k_smem, v_smem, ready, empty, q_bar, turn, o_base, lse_base, m_start, lq, lk,
+                         shift, n_tiles, stride_ot, H, scale_log2, HALF_ID: gl.constexpr, CAUSAL: gl.constexpr,
+                         D: gl.constexpr, HALF: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                         PINGPONG: gl.constexpr):
         """A consumer partition (one warpgroup): rows [HALF_ID * HALF, +HALF) of the program's q
         tile over every kv tile the loader streams, `_jfa_fwd_gluon_kernel`'s loop with the slot
         barriers in place of `cp.async` waits and CTA barriers; writes its rows of out and lse2."""
@@ -692,7 +701,12 @@ if HAVE_GLUON:
         if n_tiles > 0:
             mbarrier.wait(ready.index(0), 0)
             fence_async_shared()
-            s = warpgroup_mma(my_q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False)
+            if PINGPONG:
+                mbarrier.wait(turn.index(HALF_ID), 1 - HALF_ID)
+            s_tok = warpgroup_mma(my_q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn.index(1 - HALF_ID), count=1)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
             p, alpha, l_i, m_i = _online_softmax(s * scale_log2, m_i, l_i, rows, offs_n, 0, f_hi, lk, shift,
                                                  CAUSAL, BLOCK_N)
             p_op = gl.convert_layout(p.to(dtype), a_layout)
@@ -700,9 +714,13 @@ if HAVE_GLUON:
                 slot = j % STAGES
                 mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
                 fence_async_shared()
+                if PINGPONG:
+                    mbarrier.wait(turn.index(HALF_ID), (j + 1 - HALF_ID) & 1)
                 s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
                                       is_async=True)
                 o_tok = warpgroup_mma(p_op, v_smem.index((j - 1) % STAGES), acc, is_async=True)
+                if PINGPONG:
+                    mbarrier.arrive(turn.index(1 - HALF_ID), count=1)
                 s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # O += P·V still runs
                 p, alpha, l_i, m_i = _online_softmax(s * scale_log2, m_i, l_i, rows, offs_n, j * BLOCK_N, f_hi,
                                                      lk, shift, CAUSAL, BLOCK_N)
@@ -841,7 +859,8 @@ def dq(
 # kernel: 128 q rows over two warpgroups, 128 keys per step, 3 K/V slots (224 KB of shared memory;
 # 4 would need 288 KB), 231 registers, no spills. With WS True the warp-specialized kernel
 # (`_jfa_fwd_ws_kernel`): BLOCK_M must be 128 (two consumer warpgroups of 64 rows) and num_warps
-# 12 (the two consumers and a 4-warp loader; registers 232 / 232 / 40 of a 168 launch cap).
+# 12 (the two consumers and a 4-warp loader; registers 232 / 232 / 40 of a 168 launch cap); a
+# sixth field True: the consumers take turns to issue their MMAs (PINGPONG).
 DEFAULT_FWD_TILES: tuple[Any, ...] = (128, 128, 8, 3)
 WS_FWD_TILES = (128, 128, 12, 3, True)  # the warp-specialized set the build test pins
 WS_WARPS = 12
@@ -862,6 +881,7 @@ def fwd_plan(
     if not ws:
         return _jfa_fwd_gluon_kernel, grid, b, consts
     consts.update(num_warps=4, LOAD_WARPS=4, CONSUMER_REGS=WS_REGS[1], LOAD_REGS=WS_REGS[2],
+                  PINGPONG=len(tiles) > 5 and bool(tiles[5]),
                   q_sl=smem_layouts(64, tiles[1], d, 16)[0], maxnreg=WS_REGS[0])
     return _jfa_fwd_ws_kernel, grid, b, consts
 

@@ -207,8 +207,9 @@ def test_gpu_cross_attention_and_empty_sides(causal: bool) -> None:
 
 FWD_TILES: list[tuple[int | bool, ...]] = [(128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3)]
 # The warp-specialized forward (two consumer warpgroups and a loader): 3 and 2 K/V slots of 128
-# keys, 4 of 64.
-WS_TILES: list[tuple[int | bool, ...]] = [(128, 128, 12, 3, True), (128, 128, 12, 2, True), (128, 64, 12, 4, True)]
+# keys, 4 of 64; the consumers taking turns (ping-pong) at 128 and 64 keys.
+WS_TILES: list[tuple[int | bool, ...]] = [(128, 128, 12, 3, True), (128, 128, 12, 2, True), (128, 64, 12, 4, True),
+                                          (128, 128, 12, 3, True, True), (128, 64, 12, 4, True, True)]
 
 
 def _both_forwards(lq: list[int], lk: list[int], h: int, d: int, causal: bool, seed: int,
@@ -245,7 +246,7 @@ def test_gpu_forward_matches_triton_kernel(tiles: tuple[int | bool, ...], causal
 
 
 @needs_hopper
-@pytest.mark.parametrize("tiles", [None, WS_TILES[0]], ids=["default", "ws"])
+@pytest.mark.parametrize("tiles", [None, WS_TILES[0], WS_TILES[3]], ids=["default", "ws", "ws-pingpong"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_forward_cross_attention_and_empty_sides(causal: bool, tiles: tuple[int | bool, ...] | None) -> None:
     # More queries than keys (causal: the first rows see no key), fewer, and empty sides.
@@ -270,7 +271,7 @@ def test_gpu_nan_neighbour_does_not_leak() -> None:
     g = torch.Generator(device=DEVICE).manual_seed(8)
     q, k, v = (torch.randn(400, 2, 128, generator=g, device=DEVICE).bfloat16() for _ in range(3))
     off = _offsets(lq)
-    for tiles in (None, WS_TILES[0]):
+    for tiles in (None, WS_TILES[0], WS_TILES[3]):
         kk, vv = k.clone(), v.clone()
         clean_f = _gluon_jfa.forward(q, kk, vv, off, off, 300, False, 0.1, tiles)
         kk[100:], vv[100:] = float("nan"), float("nan")
