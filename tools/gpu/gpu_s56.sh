@@ -2,7 +2,8 @@
 # The fifty-sixth session's GPU plan (tools/stage.sh: summary.txt + all.tgz).
 # PART=1: the warp-specialized Gluon forward's first run (probe, then its GPU tests), the forward
 #   bench (Triton, cuDNN on the dense case, the one-stream Gluon forward, the WS tile sets), then
-#   while time is left the model's local MFU off vs dkdv,dq (gpu_s55.sh PART=2's).
+#   while time is left the model's local MFU: dkdv,dq (the trainer's), all (with the fastest WS
+#   forward on the trainer's batch, tools/gpu/ws_pick.py), off.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 . tools/stage.sh
@@ -10,16 +11,22 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
   [ -f "$OUT/probe.log" ] && { echo "=== probe"; tail -12 "$OUT/probe.log" | cut -c1-300; }
   [ -f "$OUT/gt.log" ] && { echo "=== gt"; grep -E "FAILED|passed|failed|Error" "$OUT/gt.log" | tail -8 | cut -c1-300; }
   [ -f "$OUT/fwd.log" ] && { echo "=== fwd"; sed -n '/^Forward/,/^$/p' "$OUT/fwd.log" | cut -c1-400; grep -E "Error|error" "$OUT/fwd.log" | tail -3 | cut -c1-300; }
-  for f in mfu_off mfu_gl; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -iE "mfu" "$OUT/$f.log" | grep -v '^{' | tail -4 | cut -c1-200; }; done; }
-gpu_begin "${WATCH:-540}"
+  for f in mfu_gl mfu_all mfu_off; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -iE "mfu" "$OUT/$f.log" | grep -v '^{' | tail -4 | cut -c1-200; }; done; }
+gpu_begin "${WATCH:-570}"
 case ${PART:-1} in
 1) st probe 90 python3 tools/gpu/ws_probe.py
    if grep -q "rc=0" <(grep probe "$OUT/rcs.txt"); then
-     st gt 170 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_gluon_jfa.py -k "forward or nan or refused"
-     st fwd 150 bash -c "cd kernels && python3 -m gem_kernels.bench.gluon --fwd-only --iters 10"
+     st gt 150 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_gluon_jfa.py -k "forward or nan or refused"
+     st fwd 140 bash -c "cd kernels && python3 -m gem_kernels.bench.gluon --fwd-only --iters 10"
    fi
-   MFU="python3 -m gem_model.bench.local_mfu --compile --no-reference --cuda-graph"
-   [ "$(gpu_left)" -gt 80 ] && st mfu_off 80 $MFU --jfa-gluon off
-   [ "$(gpu_left)" -gt 60 ] && st mfu_gl "$(gpu_left)" $MFU --jfa-gluon dkdv,dq;;
+   # The model's local MFU (compiled, CUDA graph): the trainer's dkdv,dq, then "all" with the
+   # fastest WS forward on the trainer's batch (where one beat Triton there), then off.
+   MFU="-m gem_model.bench.local_mfu --compile --no-reference --cuda-graph"
+   WS=$(python3 tools/gpu/ws_pick.py "$OUT/gluon_fwd.json" 2>/dev/null); echo "ws pick: ${WS:-none}" >> "$OUT/rcs.txt"
+   [ "$(gpu_left)" -gt 80 ] && st mfu_gl 80 python3 $MFU --jfa-gluon dkdv,dq
+   [ -n "$WS" ] && [ "$(gpu_left)" -gt 80 ] && st mfu_all 80 python3 -c "import runpy, sys
+from gem_kernels import _gluon_jfa as g; g.DEFAULT_FWD_TILES = $WS
+runpy.run_module('gem_model.bench.local_mfu', run_name='__main__')" --compile --no-reference --cuda-graph --jfa-gluon all
+   [ "$(gpu_left)" -gt 80 ] && st mfu_off "$(gpu_left)" python3 $MFU --jfa-gluon off;;
 esac
 gpu_end
