@@ -38,19 +38,23 @@ def _pad(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def _fwd_model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, bm: int, bn: int,
-               c: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_jfa_fwd_gluon_kernel` for one (sample, head): q [lq, D], k/v [lk, D] -> out, lse2."""
+               c: float, halves: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_jfa_fwd_gluon_kernel` for one (sample, head): q [lq, D], k/v [lk, D] -> out, lse2. With
+    `halves=2`, `_jfa_fwd_ws_kernel`: each bm-row tile's two consumers walk the tile's kv tiles
+    (its `hi`) over their bm / 2 rows, each with its own first row's causal bound (`f_hi`)."""
     lq, lk = q.shape[0], k.shape[0]
     shift = lk - lq
     out, lse = torch.zeros_like(q), torch.full((lq,), math.inf, dtype=q.dtype)
-    for m_start in range(0, lq, bm):
-        rows = torch.arange(m_start, m_start + bm)
-        qt = _pad(q[m_start:], bm)
-        hi, f_hi = (min(lk, max(m_start + bm + shift, 0)), min(lk, m_start + shift + 1)) if causal else (lk, lk)
+    for m_start, tile_hi in ((m0, min(lk, max(t0 + bm + shift, 0)) if causal else lk)
+                             for t0 in range(0, lq, bm) for m0 in range(t0, t0 + bm, bm // halves) if m0 < lq):
+        hi, f_hi = (tile_hi, min(lk, m_start + shift + 1)) if causal else (lk, lk)
+        bm_ = bm // halves
+        rows = torch.arange(m_start, m_start + bm_)
+        qt = _pad(q[m_start:], bm_)
         n_tiles = -(-hi // bn)
-        m_i = torch.full((bm,), -math.inf, dtype=q.dtype)
-        l_i = torch.zeros(bm, dtype=q.dtype)
-        acc = torch.zeros(bm, q.shape[1], dtype=q.dtype)
+        m_i = torch.full((bm_,), -math.inf, dtype=q.dtype)
+        l_i = torch.zeros(bm_, dtype=q.dtype)
+        acc = torch.zeros(bm_, q.shape[1], dtype=q.dtype)
 
         def softmax(j: int, m_i: torch.Tensor, l_i: torch.Tensor) -> tuple[torch.Tensor, ...]:
             s = (qt @ _pad(k[j * bn:], bn).T) * c
@@ -75,7 +79,7 @@ def _fwd_model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
             acc = acc + p @ _pad(v[(n_tiles - 1) * bn:], bn)
         empty = l_i == 0
         l_safe = torch.where(empty, 1.0, l_i)
-        n = min(bm, lq - m_start)
+        n = min(bm_, lq - m_start)
         out[m_start:m_start + n] = (acc / l_safe[:, None])[:n]
         lse[m_start:m_start + n] = torch.where(empty, math.inf, m_i + torch.log2(l_safe))[:n]
     return out, lse
@@ -163,9 +167,133 @@ def test_models_give_the_reference(causal: bool, cross: bool, tiles: tuple[int, 
             with torch.no_grad():
                 out, lse = _fwd_model(qb, kb, vb, causal, bm, bn, scale * LOG2E)
                 torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-10)
+                if bm % 2 == 0:  # the warp-specialized forward: two consumers per tile
+                    out_ws, lse_ws = _fwd_model(qb, kb, vb, causal, bm, bn, scale * LOG2E, halves=2)
+                    torch.testing.assert_close(out_ws, ref, atol=1e-10, rtol=1e-10)
+                    torch.testing.assert_close(lse_ws, lse, atol=1e-10, rtol=1e-10)
                 delta = (dob * out).sum(1)
                 dk, dv = _dkdv_model(qb, kb, vb, dob, lse, delta, causal, bm, bn, scale)
                 dq = _dq_model(qb, kb, vb, dob, lse, delta, causal, bm, bn, scale)
             for got, want, like in ((dq, ref_dq, qb), (dk, ref_dk, kb), (dv, ref_dv, vb)):
                 torch.testing.assert_close(got, torch.zeros_like(like) if want is None else want, atol=1e-10,
                                            rtol=1e-10)
+
+
+# ---- The warp-specialized forward's barrier protocol (`_jfa_fwd_ws_kernel`) ----
+
+
+class _MBarrier:
+    """An mbarrier as PTX defines it: `count` arrivals complete the current phase; a wait on
+    parity P passes once the phase of parity P before the current one completed, i.e. while the
+    current phase's parity differs from P (a fresh barrier passes a wait on parity 1)."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.left, self.completed = count, count, 0
+
+    def arrive(self, n: int = 1) -> None:
+        assert 0 < n <= self.left, "more arrivals than the phase expects"
+        self.left -= n
+        if self.left == 0:
+            self.completed, self.left = self.completed + 1, self.count
+
+    def passes(self, parity: int) -> bool:
+        return (self.completed & 1) != parity
+
+
+def _ws_protocol(n_tiles: int, stages: int, pingpong: bool, seed: int, loader_threads: int = 4,
+                 barrier: type[_MBarrier] = _MBarrier, empty_arrivals: int = 2) -> None:
+    """Runs the loader and the two consumers of `_jfa_fwd_ws_kernel` as the kernel orders their
+    barrier operations, under a random interleaving (and copies that land at random later
+    points), and checks: no deadlock; a consumer finds in a slot the tile it waited for, when it
+    issues the MMAs that read it and until it releases it; the loader refills a slot only after
+    both consumers released the tile before it there; with `pingpong`, tile j's MMAs are issued
+    by consumer 0 then consumer 1, before consumer 0 issues tile j + 1's."""
+    import random
+
+    rng = random.Random(seed)
+    ready = [_MBarrier(loader_threads) for _ in range(stages)]  # one arrival per loader thread
+    empty = [barrier(empty_arrivals) for _ in range(stages)]  # one arrival per consumer
+    q_bar, turn = _MBarrier(loader_threads), [_MBarrier(1), _MBarrier(1)]
+    slot: list[int | None] = [None] * stages  # the tile a slot holds (or is being filled with)
+    released: list[set[int]] = [set(), set()]  # tiles each consumer released
+    in_flight: list[tuple[_MBarrier, int]] = []  # (barrier, arrivals) of copies not yet landed
+    issued: list[tuple[int, int]] = []  # (consumer, tile) in the order their MMAs were issued
+
+    def loader():  # type: ignore[no-untyped-def]
+        in_flight.append((q_bar, loader_threads))  # each thread: cp.async of q, then arrive.noinc
+        for t in range(n_tiles):
+            s = t % stages
+            yield empty[s], ((t // stages) & 1) ^ 1
+            if t >= stages and empty_arrivals == 2:
+                assert all(t - stages in r for r in released), f"slot {s} refilled with tile {t} before release"
+            slot[s] = t
+            for _ in range(loader_threads):  # threads' copies land one by one
+                in_flight.append((ready[s], 1))
+
+    def consumer(c: int):  # type: ignore[no-untyped-def]
+        yield q_bar, 0
+        for j in range(n_tiles):
+            s = j % stages
+            yield ready[s], (j // stages) & 1
+            assert slot[s] == j, f"consumer {c} waited for tile {j}, slot {s} holds {slot[s]}"
+            if pingpong:
+                yield turn[c], ((j + 1 - c) & 1) if j else 1 - c
+            issued.append((c, j))  # S_j = Q·K_jᵀ (and O += P_{j-1}·V_{j-1}) issued
+            assert slot[s] == j and (j == 0 or slot[(j - 1) % stages] == j - 1), \
+                f"a slot refilled while consumer {c} issued tile {j}'s MMAs"
+            if pingpong:
+                turn[1 - c].arrive()
+            yield None  # the softmax: other partitions run meanwhile
+            if j:
+                assert slot[(j - 1) % stages] == j - 1, f"tile {j - 1}'s slot refilled while consumer {c} read it"
+                released[c].add(j - 1)
+                if empty_arrivals == 2 or c == 0:  # (the mutant with 1: only consumer 0's release counts)
+                    empty[(j - 1) % stages].arrive()
+        if n_tiles:  # the last O += P·V, then the epilogue
+            assert slot[(n_tiles - 1) % stages] == n_tiles - 1
+
+    actors = {"loader": loader(), "c0": consumer(0), "c1": consumer(1)}
+    waiting: dict[str, tuple[_MBarrier, int] | None] = {name: None for name in actors}
+    while actors:
+        runnable = [n for n in actors if waiting[n] is None or waiting[n][0].passes(waiting[n][1])]
+        if in_flight and (not runnable or rng.random() < 0.4):
+            bar, n = in_flight.pop(rng.randrange(len(in_flight)))
+            bar.arrive(n)
+            continue
+        assert runnable, f"deadlock: {n_tiles} tiles, {stages} slots, pingpong={pingpong}, waiting on {waiting}"
+        name = rng.choice(runnable)
+        try:
+            waiting[name] = next(actors[name])
+        except StopIteration:
+            del actors[name]
+    assert not in_flight or all(bar is not q_bar for bar, _ in in_flight)
+    if pingpong:
+        assert issued == [(c, j) for j in range(n_tiles) for c in (0, 1)], issued
+
+
+@pytest.mark.parametrize("pingpong", [False, True])
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_ws_forward_barrier_protocol(stages: int, pingpong: bool) -> None:
+    for n_tiles in range(0, 9):
+        for seed in range(40):
+            _ws_protocol(n_tiles, stages, pingpong, seed=seed + 1000 * n_tiles)
+
+
+def test_ws_protocol_model_catches_wrong_protocols() -> None:
+    # The model is not vacuous: a loader that waits on the empty barriers' parity 0 from the start
+    # (no fresh-barrier pass) deadlocks; empty barriers completed by one consumer's release let
+    # the loader refill a slot the other still reads.
+    class _Strict(_MBarrier):
+        def passes(self, parity: int) -> bool:
+            return super().passes(parity ^ 1)
+
+    with pytest.raises(AssertionError, match="deadlock"):
+        _ws_protocol(3, 2, False, seed=0, barrier=_Strict)
+    failures = 0
+    for seed in range(40):
+        try:
+            _ws_protocol(6, 2, False, seed=seed, empty_arrivals=1)
+        except AssertionError as e:
+            assert "refilled" in str(e) or "holds" in str(e), e
+            failures += 1
+    assert failures > 0
