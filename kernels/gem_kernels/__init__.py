@@ -17,7 +17,7 @@ from gem_kernels._rowwise_adagrad import rowwise_adagrad_, rowwise_adagrad_refer
 from gem_kernels._rope import rope, rope_qkv_grad
 from gem_kernels._gluon_jfa import use_gluon_jfa
 
-__version__ = "0.3.15"
+__version__ = "0.3.16"
 
 # One import line and one entry per op, so op files merge without conflicts.
 __all__ = [
