@@ -16,7 +16,7 @@ gpu_begin "${WATCH:-570}"
 case ${PART:-1} in
 1) st probe 90 python3 tools/gpu/ws_probe.py
    if grep -q "rc=0" <(grep probe "$OUT/rcs.txt"); then
-     st gt 150 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_gluon_jfa.py -k "forward or nan or refused"
+     st gt 200 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_gluon_jfa.py -k "forward or nan or refused"
      st fwd 140 bash -c "cd kernels && python3 -m gem_kernels.bench.gluon --fwd-only --iters 10"
    fi
    # The model's local MFU (compiled, CUDA graph): the trainer's dkdv,dq, then "all" with the
