@@ -4,6 +4,12 @@
 #   bench (Triton, cuDNN on the dense case, the one-stream Gluon forward, the WS tile sets), then
 #   while time is left the model's local MFU: dkdv,dq (the trainer's), all (with the fastest WS
 #   forward on the trainer's batch, tools/gpu/ws_pick.py), off.
+# PART=2 (after PART=1, once DEFAULT_FWD_TILES names the WS set that won there): the trainer's h200
+#   preset, GEM_JFA_GLUON=dkdv,dq (the trainer's default) against all (adds the Gluon forward),
+#   each from empty caches (they stay eager while the background compile runs), then warm over
+#   the folders they left.
+# PART=3 (an H200, when one is lent): issue 15's table and the trainer's 300 steps, the issue's
+#   command.
 export PYTHONPATH=$(ls -d */gem_* | xargs -n1 dirname | paste -sd:):tests PYTHONUNBUFFERED=1
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 . tools/stage.sh
@@ -11,7 +17,9 @@ summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
   [ -f "$OUT/probe.log" ] && { echo "=== probe"; tail -12 "$OUT/probe.log" | cut -c1-300; }
   [ -f "$OUT/gt.log" ] && { echo "=== gt"; grep -E "FAILED|passed|failed|Error" "$OUT/gt.log" | tail -8 | cut -c1-300; }
   [ -f "$OUT/fwd.log" ] && { echo "=== fwd"; sed -n '/^Forward/,/^$/p' "$OUT/fwd.log" | cut -c1-400; grep -E "Error|error" "$OUT/fwd.log" | tail -3 | cut -c1-300; }
-  for f in mfu_gl mfu_all mfu_off; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -iE "mfu" "$OUT/$f.log" | grep -v '^{' | tail -4 | cut -c1-200; }; done; }
+  for f in mfu_gl mfu_all mfu_off; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -iE "mfu" "$OUT/$f.log" | grep -v '^{' | tail -4 | cut -c1-200; }; done
+  [ -f "$OUT/table.log" ] && { echo "=== table"; tail -25 "$OUT/table.log" | grep -v '^{' | cut -c1-250; }
+  for f in "$OUT"/tr_*.log; do [ -f "$f" ] && { echo "=== $(basename $f)"; last_summary "$f" step_time_median mfu_steady first_step_s jfa_gluon; grep -iE "error|Traceback" "$f" | tail -3 | cut -c1-300; }; done; }
 gpu_begin "${WATCH:-570}"
 case ${PART:-1} in
 1) st probe 90 python3 tools/gpu/ws_probe.py
@@ -28,5 +36,11 @@ case ${PART:-1} in
 from gem_kernels import _gluon_jfa as g; g.DEFAULT_FWD_TILES = $WS
 runpy.run_module('gem_model.bench.local_mfu', run_name='__main__')" --compile --no-reference --cuda-graph --jfa-gluon all
    [ "$(gpu_left)" -gt 80 ] && st mfu_off "$(gpu_left)" python3 $MFU --jfa-gluon off;;
+2) for arm in gl all; do g=$([ $arm = gl ] && echo dkdv,dq || echo all)
+     [ "$(gpu_left)" -gt 100 ] && st tr_${arm}_cold 200 env GEM_JFA_GLUON=$g $(arm_caches $arm) python3 $H200_TR --steps 300; done
+   for arm in gl all; do g=$([ $arm = gl ] && echo dkdv,dq || echo all)
+     [ "$(gpu_left)" -gt 60 ] && st tr_${arm}_warm 90 env GEM_JFA_GLUON=$g $(arm_caches $arm) python3 $H200_TR --steps 250; done;;
+3) st table 300 bash -c "cd kernels && python3 -m gem_kernels.bench.table --iters 7 --no-sweep"
+   st tr_h200 "$(gpu_left)" python3 $H200_TR --steps 300;;
 esac
 gpu_end
