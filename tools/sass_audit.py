@@ -93,6 +93,10 @@ def gluon_cases() -> list[tuple[str, Any, dict[str, Any], int, int, dict[str, st
         kern, _, _, consts = gj.fwd_plan(tiles, 1, offsets, 1, 1, 128, True)
         name = f"jfa fwd gluon ws {tiles[0]}x{tiles[1]} s{tiles[3]}" + (" pingpong" if len(tiles) > 5 else "")
         out.append((name, kern, consts, consts["num_warps"], tiles[3], {"DQ": "*bf16"}))
+    from gem_kernels import _gluon_gdpa as gg
+
+    kern, _, _, consts = gg.fwd_plan(gg.DEFAULT_TILES, 1, offsets, 1, 1, 128, True, "silu")
+    out.append(("gdpa fwd gluon ws 128x128 s3 pingpong silu", kern, consts, consts["num_warps"], 3, None))
     return out
 
 

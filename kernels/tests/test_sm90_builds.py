@@ -91,6 +91,13 @@ if gj is not None and gj.HAVE_GLUON:
         out[f"gluon-fwd_ws-{causal}"] = _sass.audit(kern, consts, consts["num_warps"], gj.WS_FWD_TILES[3],
                                                    maxnreg=consts.pop("maxnreg"))
         out[f"gluon-fwd_ws-{causal}"]["smem_check"] = gj.smem_bytes(gj.WS_FWD_TILES, True, d, 1)
+        # GDPA's warp-specialized forward (`_gluon_gdpa`) on the same partitions, SiLU.
+        from gem_kernels import _gluon_gdpa as gg
+
+        kern, _, _, consts = gg.fwd_plan(gg.DEFAULT_TILES, 1, offsets, 1, 1, d, causal, "silu")
+        out[f"gluon-gdpa_ws-{causal}"] = _sass.audit(kern, consts, consts["num_warps"], gg.DEFAULT_TILES[3],
+                                                    maxnreg=consts.pop("maxnreg"))
+        out[f"gluon-gdpa_ws-{causal}"]["smem_check"] = gj.smem_bytes(gg.DEFAULT_TILES, True, d, 1)
 print(json.dumps(out))
 """
 
@@ -148,9 +155,12 @@ def test_gluon_jfa_default_tiles_build_unspilled_and_asynchronous(
     assert sm90_builds[key]["smem"] == sm90_builds[key]["smem_check"], sm90_builds[key]
 
 
+@pytest.mark.parametrize("kernel", ["fwd_ws", "gdpa_ws"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gluon_warp_specialized_forward_builds_within_an_sm(causal: bool, sm90_builds: dict[str, dict[str, int]]) -> None:
-    key = f"gluon-fwd_ws-{causal}"
+def test_gluon_warp_specialized_forwards_build_within_an_sm(
+    kernel: str, causal: bool, sm90_builds: dict[str, dict[str, int]]
+) -> None:
+    key = f"gluon-{kernel}-{causal}"
     if key not in sm90_builds:
         pytest.fail("this Triton has no Gluon: the warp-specialized forward cannot build")
     got = sm90_builds[key]

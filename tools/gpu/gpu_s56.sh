@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The fifty-sixth session's GPU plan (tools/stage.sh: summary.txt + all.tgz).
-# PART=1: the warp-specialized Gluon forward's first run (probe, then its GPU tests), the forward
-#   bench (Triton, cuDNN on the dense case, the one-stream Gluon forward, the WS tile sets), then
+# PART=1: the warp-specialized Gluon forwards' first run (JFA's and GDPA's: probe, then their GPU
+#   tests), the forward bench (Triton, cuDNN on the dense case, the one-stream Gluon forward, the WS tile sets), then
 #   while time is left the model's local MFU: dkdv,dq (the trainer's), all (with the fastest WS
 #   forward on the trainer's batch, tools/gpu/ws_pick.py), off.
 # PART=2 (after PART=1, once DEFAULT_FWD_TILES names the WS set that won there): the trainer's h200
@@ -16,16 +16,17 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
   [ -f "$OUT/probe.log" ] && { echo "=== probe"; tail -12 "$OUT/probe.log" | cut -c1-300; }
   [ -f "$OUT/gt.log" ] && { echo "=== gt"; grep -E "FAILED|passed|failed|Error" "$OUT/gt.log" | tail -8 | cut -c1-300; }
-  [ -f "$OUT/fwd.log" ] && { echo "=== fwd"; sed -n '/^Forward/,/^$/p' "$OUT/fwd.log" | cut -c1-400; grep -E "Error|error" "$OUT/fwd.log" | tail -3 | cut -c1-300; }
+  [ -f "$OUT/fwd.log" ] && { echo "=== fwd"; sed -n '/^Forward/,/^$/p;/^GDPA/,/^$/p' "$OUT/fwd.log" | cut -c1-400; grep -E "Error|error" "$OUT/fwd.log" | tail -3 | cut -c1-300; }
   for f in mfu_gl mfu_all mfu_off; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -iE "mfu" "$OUT/$f.log" | grep -v '^{' | tail -4 | cut -c1-200; }; done
   [ -f "$OUT/table.log" ] && { echo "=== table"; tail -25 "$OUT/table.log" | grep -v '^{' | cut -c1-250; }
   for f in "$OUT"/tr_*.log; do [ -f "$f" ] && { echo "=== $(basename $f)"; last_summary "$f" step_time_median mfu_steady first_step_s jfa_gluon; grep -iE "error|Traceback" "$f" | tail -3 | cut -c1-300; }; done; }
-gpu_begin "${WATCH:-570}"
+gpu_begin "${WATCH:-585}"
 case ${PART:-1} in
 1) st probe 90 python3 tools/gpu/ws_probe.py
    if grep -q "rc=0" <(grep probe "$OUT/rcs.txt"); then
-     st gt 200 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_gluon_jfa.py -k "forward or nan or refused"
-     st fwd 140 bash -c "cd kernels && python3 -m gem_kernels.bench.gluon --fwd-only --iters 10"
+     st gt 230 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_gluon_jfa.py kernels/tests/test_gluon_gdpa.py \
+       -k "forward or nan or refused or gdpa"
+     st fwd 170 bash -c "cd kernels && python3 -m gem_kernels.bench.gluon --fwd-only --iters 10"
    fi
    # The model's local MFU (compiled, CUDA graph): the trainer's dkdv,dq, then "all" with the
    # fastest WS forward on the trainer's batch (where one beat Triton there), then off.

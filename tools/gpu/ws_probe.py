@@ -22,4 +22,19 @@ for tiles in [(128, 128, 12, 3, True), (128, 128, 12, 3, True, True), (128, 64, 
         err = float((out.float() - ref.float()).abs().max())
         lerr = float((lse - lse_r)[torch.isfinite(lse_r)].abs().max())
         print(tiles, len(lengths), causal, f"out err {err:.2e} lse err {lerr:.2e} {time.time() - t:.1f}s", flush=True)
+from gem_kernels import _gluon_gdpa as gg  # noqa: E402
+from gem_kernels._gdpa import gdpa_forward_triton  # noqa: E402
+
+for tiles in [(128, 128, 12, 3, True), (128, 128, 12, 3, True, True)]:
+    lengths = [5, 130, 300, 64, 2000]
+    g = torch.Generator(device="cuda").manual_seed(1)
+    off = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
+    q, k, v = (torch.randn(sum(lengths), 4, 128, generator=g, device="cuda").bfloat16() for _ in range(3))
+    t = time.time()
+    out = gg.forward(q, k, v, off, off, max(lengths), "silu", 1 / math.sqrt(128), 2000.0, True, tiles)
+    torch.cuda.synchronize()
+    ref = gdpa_forward_triton(q, k, v, off, off, max(lengths), max(lengths), "silu", 1 / math.sqrt(128), 2000.0, True,
+                              None)
+    print("gdpa", tiles, f"out err {float((out.float() - ref.float()).abs().max()):.2e} {time.time() - t:.1f}s",
+          flush=True)
 sys.exit(0)

@@ -8,7 +8,9 @@ the dQ kernel and of the forward. Per case, in one run: the forward alone (Trito
 each `--fwd-tiles`), the dK/dV kernel alone (Triton at its picked config;
 Gluon at each `--tiles`), the dQ kernel alone (Triton; Gluon at each `--dq-tiles`), the whole
 backward (`jfa_backward`: delta + dK/dV + dQ) with `GEM_JFA_GLUON` off / dkdv / dkdv,dq, and
-the eager forward+backward call (`jagged_flash_attention`, the issue table's measure) off / all.
+the eager forward+backward call (`jagged_flash_attention`, the issue table's measure) off / all;
+on the causal batch, GDPA's SiLU forward (Triton against `_gluon_gdpa`'s warp-specialized kernel
+at each WS tile set). `--fwd-only`: the forwards alone (and cuDNN's on the dense batch).
 Useful TFLOP/s: forward 4 · visible pairs · D · H, dK/dV kernel 8 ·, dQ kernel 6 ·, backward
 10 ·, forward+backward 14 ·. Per tile set, `_err`: the largest relative difference of Gluon's
 dK/dV (dQ) from Triton's on the same inputs; for the forward, the larger of out's relative and
@@ -97,6 +99,18 @@ def _case(name: str, lengths: list[int], heads: int, causal: bool, iters: int,
             row["cudnn_fwd_tf"] = _tf(4.0 * work, ms)
         except RuntimeError as exc:
             row["cudnn_fwd_tf"] = f"error: {str(exc)[:80]}"
+    if causal:  # GDPA SiLU causal (issue 15's GDPA rows): Triton against the warp-specialized forward
+        from gem_kernels import _gluon_gdpa
+        from gem_kernels._gdpa import gdpa_forward_triton
+
+        div = float(mx)
+        ref = gdpa_forward_triton(q, k, v, off, off, mx, mx, "silu", scale, div, True, None)
+        ms = bench_ms(lambda: gdpa_forward_triton(q, k, v, off, off, mx, mx, "silu", scale, div, True, None),
+                      iters=iters)
+        row["gdpa_triton_fwd_tf"] = _tf(4.0 * work, ms)
+        _sweep(row, "gdpa_ws_", [t for t in fwd_tiles if len(t) > 4 and t[4]],
+               lambda tl: _gluon_gdpa.forward(q, k, v, off, off, mx, "silu", scale, div, True, tl),
+               lambda r: rel_err(r, ref), 4.0 * work, iters, fwd_errs)
     if fwd_only:
         return row
 
@@ -189,6 +203,11 @@ def main() -> None:
     print("\nForward, Triton vs Gluon (TFLOP/s; _err = the larger of out's relative and lse2's absolute difference):")
     print_table(rows, ["case", "triton_fwd_tf", "cudnn_fwd_tf",
                        *(f"gluon_fwd_{'x'.join(map(str, t))}{e}" for t in fwd_tiles for e in ("", "_err"))])
+    ws_tiles = [t for t in fwd_tiles if len(t) > 4 and t[4]]
+    print("\nGDPA SiLU causal forward, Triton vs the warp-specialized Gluon kernel (TFLOP/s):")
+    print_table([r for r in rows if "gdpa_triton_fwd_tf" in r],
+                ["case", "gdpa_triton_fwd_tf", *(f"gdpa_ws_{'x'.join(map(str, t))}{e}" for t in ws_tiles
+                                                 for e in ("", "_err"))])
     if args.fwd_only:
         payload0: dict[str, object] = {"bench": "gluon", "fwd_only": True, **env_info(), "rows": rows}
         save_json(args.out, "gluon_fwd.json", payload0)
