@@ -87,11 +87,13 @@ def gluon_cases() -> list[tuple[str, Any, dict[str, Any], int, int, dict[str, st
         bm, bn, w, st = tiles[:4]
         name = f"jfa {label} gluon {bm}x{bn} w{w} s{st}" + (" (default)" if tiles == default else "")
         out.append((name, kern, consts, w, st, {"DQ": "*bf16"}))
-    for tiles in (gj.WS_FWD_TILES, (*gj.WS_FWD_TILES, True), (128, 64, 12, 4, True, True)):
+    for tiles in (gj.WS_FWD_TILES, (*gj.WS_FWD_TILES, True), (128, 64, 12, 4, True, True),
+                  (128, 128, 12, 2, True, True, True)):
         # The warp-specialized forward: its launch caps registers (`maxnreg`, in consts: the audit
         # takes it out), its partitions' setmaxnreg hands them out; "reg" is the cap.
         kern, _, _, consts = gj.fwd_plan(tiles, 1, offsets, 1, 1, 128, True)
-        name = f"jfa fwd gluon ws {tiles[0]}x{tiles[1]} s{tiles[3]}" + (" pingpong" if len(tiles) > 5 else "")
+        name = (f"jfa fwd gluon ws {tiles[0]}x{tiles[1]} s{tiles[3]}" + (" pingpong" if len(tiles) > 5 else "")
+                + (" persistent" if len(tiles) > 6 else ""))
         out.append((name, kern, consts, consts["num_warps"], tiles[3], {"DQ": "*bf16"}))
     from gem_kernels import _gluon_gdpa as gg
 

@@ -169,14 +169,20 @@ if HAVE_GLUON:
     def _sample(TILED, QO, KO, B, BLOCK: gl.constexpr, LOG2B: gl.constexpr, num_warps: gl.constexpr):
         """(in range, tile start on the tiled side, q_start, lq, kv_start, lk) of this program: its
         tile is batch-order tile program_id(0) of the side whose offsets are TILED (QO or KO)."""
-        b, blk, total = _locate(TILED, gl.program_id(0), B, BLOCK, 1 << LOG2B,
-                                gl.BlockedLayout([1], [32], [num_warps], [0]))
+        ok, start, q_start, lq, kv_start, lk, _ = _sample_at(TILED, QO, KO, B, gl.program_id(0), BLOCK, LOG2B,
+                                                             num_warps)
+        return ok, start, q_start, lq, kv_start, lk
+
+    @gluon.jit
+    def _sample_at(TILED, QO, KO, B, tile, BLOCK: gl.constexpr, LOG2B: gl.constexpr, num_warps: gl.constexpr):
+        """`_sample` of batch-order tile `tile`, plus the side's total tiles."""
+        b, blk, total = _locate(TILED, tile, B, BLOCK, 1 << LOG2B, gl.BlockedLayout([1], [32], [num_warps], [0]))
         bb = gl.minimum(b, B - 1)  # b == B past the last tile (not in range then)
         q_start = gl.load(QO + bb)
         kv_start = gl.load(KO + bb)
         lq = (gl.load(QO + bb + 1) - q_start).to(gl.int32)
         lk = (gl.load(KO + bb + 1) - kv_start).to(gl.int32)
-        return gl.program_id(0) < total, blk * BLOCK, q_start, lq, kv_start, lk
+        return tile < total, blk * BLOCK, q_start, lq, kv_start, lk, total
 
     @gluon.jit
     def _issue_tile(q_buf, do_buf, q_base, do_base, start_m, lq, stride_qt, stride_dot,
@@ -740,6 +746,190 @@ if HAVE_GLUON:
         gl.store(lse_base + rows * H, lse2, mask=rows < lq)
 
 
+    # ---- The persistent warp-specialized forward ----
+
+    @gluon.jit
+    def _wsp_item(QO, KO, B, H, item, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  LOG2B: gl.constexpr, NW: gl.constexpr):
+        """Work item `item` = (batch-order q tile item // H, head item % H) of the persistent
+        forward: (m_start, q_start, lq, kv_start, lk, head, its kv tile count), as every partition
+        decodes it (the same arithmetic in each)."""
+        _, m_start, q_start, lq, kv_start, lk, _ = _sample_at(QO, QO, KO, B, item // H, BLOCK_M, LOG2B, NW)
+        hi = lk
+        if CAUSAL:
+            hi = gl.minimum(lk, gl.maximum(m_start + BLOCK_M + lk - lq, 0))
+        return m_start, q_start, lq, kv_start, lk, item % H, (hi + BLOCK_N - 1) // BLOCK_N
+
+    @gluon.jit
+    def _jfa_fwd_wsp_kernel(
+        Q, K, V, O, LSE, QO, KO,
+        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+        B, H, scale_log2,
+        CAUSAL: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        LOG2B: gl.constexpr, STAGES: gl.constexpr, LOAD_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        LOAD_REGS: gl.constexpr, PINGPONG: gl.constexpr, q_sl: gl.constexpr, kv_sl: gl.constexpr,
+        num_warps: gl.constexpr,
+    ):
+        """`_jfa_fwd_ws_kernel` made persistent: a grid of at most one program per SM walks the
+        work items (q tile, head) in batch order, item pid, pid + grid, ... The loader runs ahead
+        across items: the K/V slots form one ring over all of a program's kv tiles (the phases
+        count them), and the q tile is double-buffered (`q_ready` / `q_empty`, one buffer per
+        item in turn), so the next item's q and first K/V tiles load while the consumers finish
+        the current one and write it out. Short samples (a few kv tiles per q tile) then pay no
+        launch, prologue or pipeline fill per tile."""
+        _, _, _, _, _, _, total = _sample_at(QO, QO, KO, B, 0, BLOCK_M, LOG2B, num_warps)
+        n_items = total * H
+        HALF: gl.constexpr = BLOCK_M // 2
+        dtype: gl.constexpr = Q.dtype.element_ty
+        q_smem = gl.allocate_shared_memory(dtype, [4, HALF, D], q_sl)  # [2 buffers x 2 halves]
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_sl)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_sl)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
+            mbarrier.init(q_ready.index(i), count=LOAD_WARPS * 32)
+            mbarrier.init(q_empty.index(i), count=2)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=LOAD_WARPS * 32)
+            mbarrier.init(empty.index(i), count=2)
+        gl.warp_specialize([
+            (_fwd_wsp_consumer, (Q, O, LSE, QO, KO, q_smem, k_smem, v_smem, ready, empty, q_ready, q_empty, turn,
+                                 stride_ot, stride_oh, B, H, n_items, scale_log2, 0, CAUSAL, D, BLOCK_M, BLOCK_N,
+                                 STAGES, LOG2B, PINGPONG)),
+            (_fwd_wsp_consumer, (Q, O, LSE, QO, KO, q_smem, k_smem, v_smem, ready, empty, q_ready, q_empty, turn,
+                                 stride_ot, stride_oh, B, H, n_items, scale_log2, 1, CAUSAL, D, BLOCK_M, BLOCK_N,
+                                 STAGES, LOG2B, PINGPONG)),
+            (_fwd_wsp_loader, (Q, K, V, QO, KO, q_smem, k_smem, v_smem, ready, empty, q_ready, q_empty,
+                               stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, B, H, n_items,
+                               CAUSAL, D, BLOCK_M, BLOCK_N, STAGES, LOG2B, LOAD_WARPS)),
+        ], [4, LOAD_WARPS], [CONSUMER_REGS, LOAD_REGS])
+
+    @gluon.jit
+    def _fwd_wsp_loader(Q, K, V, QO, KO, q_smem, k_smem, v_smem, ready, empty, q_ready, q_empty,
+                        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, B, H, n_items,
+                        CAUSAL: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr, LOG2B: gl.constexpr, LOAD_WARPS: gl.constexpr):
+        """The persistent loader: per item, the q tile into buffer it % 2 once both consumers
+        released that buffer's previous item (`q_empty`), then its kv tiles into the ring (slot
+        c % STAGES of the program's c-th kv tile, once both consumers released tile c - STAGES)."""
+        HALF: gl.constexpr = BLOCK_M // 2
+        ld_layout: gl.constexpr = _copy_layout(D, LOAD_WARPS)
+        rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, ld_layout))
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, ld_layout))
+        c = 0
+        it = 0
+        for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+            m_start, q_start, lq, kv_start, lk, h, n_tiles = _wsp_item(QO, KO, B, H, item, CAUSAL, BLOCK_M, BLOCK_N,
+                                                                       LOG2B, LOAD_WARPS)
+            qb = it % 2
+            mbarrier.wait(q_empty.index(qb), ((it // 2) & 1) ^ 1)
+            q_base = Q + q_start * stride_qt + h * stride_qh
+            for half in gl.static_range(2):
+                r = m_start + half * HALF + rows
+                cp.async_copy_global_to_shared(q_smem.index(2 * qb + half),
+                                               q_base + r[:, None] * stride_qt + cols[None, :], mask=(r < lq)[:, None])
+            cp.mbarrier_arrive(q_ready.index(qb), increment_count=False)
+            k_base = K + kv_start * stride_kt + h * stride_kh
+            v_base = V + kv_start * stride_vt + h * stride_vh
+            for t in range(n_tiles):
+                slot = c % STAGES
+                mbarrier.wait(empty.index(slot), ((c // STAGES) & 1) ^ 1)
+                _issue_tile(k_smem.index(slot), v_smem.index(slot), k_base, v_base, t * BLOCK_N, lk, stride_kt,
+                            stride_vt, BLOCK_N, D, ld_layout)
+                cp.mbarrier_arrive(ready.index(slot), increment_count=False)
+                c += 1
+            it += 1
+
+    @gluon.jit
+    def _fwd_wsp_consumer(Q, O, LSE, QO, KO, q_smem, k_smem, v_smem, ready, empty, q_ready, q_empty, turn,
+                          stride_ot, stride_oh, B, H, n_items, scale_log2, HALF_ID: gl.constexpr,
+                          CAUSAL: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                          STAGES: gl.constexpr, LOG2B: gl.constexpr, PINGPONG: gl.constexpr):
+        """A persistent consumer: `_fwd_ws_consumer`'s loop per item, with the ring's slot and
+        phase (and the ping-pong turns) counted over the program's kv tiles (c), the q buffer
+        released after the item's last score MMA, and the last kv tile's slot released after
+        its P·V."""
+        HALF: gl.constexpr = BLOCK_M // 2
+        s_layout: gl.constexpr = _acc_layout(4, BLOCK_N)
+        o_layout: gl.constexpr = _acc_layout(4, D)
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        dtype: gl.constexpr = q_smem.dtype
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        zero_s = gl.zeros([HALF, BLOCK_N], dtype=gl.float32, layout=s_layout)
+        out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        c = 0
+        it = 0
+        for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+            m_start, q_start, lq, kv_start, lk, h, n_tiles = _wsp_item(QO, KO, B, H, item, CAUSAL, BLOCK_M, BLOCK_N,
+                                                                       LOG2B, 4)
+            shift = lk - lq
+            m0 = m_start + HALF_ID * HALF
+            f_hi = lk
+            if CAUSAL:
+                f_hi = gl.minimum(lk, m0 + shift + 1)
+            qb = it % 2
+            my_q = q_smem.index(2 * qb + HALF_ID)
+            rows = m0 + gl.arange(0, HALF, layout=row_s)
+            acc = gl.zeros([HALF, D], dtype=gl.float32, layout=o_layout)
+            m_i = gl.full([HALF], float("-inf"), gl.float32, layout=row_s)
+            l_i = gl.zeros([HALF], dtype=gl.float32, layout=row_s)
+            mbarrier.wait(q_ready.index(qb), (it // 2) & 1)
+            if n_tiles > 0:
+                slot = c % STAGES
+                mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
+                fence_async_shared()
+                if PINGPONG:
+                    mbarrier.wait(turn.index(HALF_ID), (c + 1 - HALF_ID) & 1)
+                s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                      is_async=True)
+                if PINGPONG:
+                    mbarrier.arrive(turn.index(1 - HALF_ID), count=1)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+                p, alpha, l_i, m_i = _online_softmax(s * scale_log2, m_i, l_i, rows, offs_n, 0, f_hi, lk, shift,
+                                                     CAUSAL, BLOCK_N)
+                p_op = gl.convert_layout(p.to(dtype), a_layout)
+                for j in range(1, n_tiles):
+                    slot = (c + j) % STAGES
+                    mbarrier.wait(ready.index(slot), ((c + j) // STAGES) & 1)
+                    fence_async_shared()
+                    if PINGPONG:
+                        mbarrier.wait(turn.index(HALF_ID), (c + j + 1 - HALF_ID) & 1)
+                    s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                          is_async=True)
+                    o_tok = warpgroup_mma(p_op, v_smem.index((c + j - 1) % STAGES), acc, is_async=True)
+                    if PINGPONG:
+                        mbarrier.arrive(turn.index(1 - HALF_ID), count=1)
+                    s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+                    p, alpha, l_i, m_i = _online_softmax(s * scale_log2, m_i, l_i, rows, offs_n, j * BLOCK_N, f_hi,
+                                                         lk, shift, CAUSAL, BLOCK_N)
+                    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+                    mbarrier.arrive(empty.index((c + j - 1) % STAGES), count=1)
+                    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                    p_op = gl.convert_layout(p.to(dtype), a_layout)
+                mbarrier.arrive(q_empty.index(qb), count=1)  # every score MMA of the item retired
+                acc = warpgroup_mma(p_op, v_smem.index((c + n_tiles - 1) % STAGES), acc)
+                mbarrier.arrive(empty.index((c + n_tiles - 1) % STAGES), count=1)
+            else:
+                mbarrier.arrive(q_empty.index(qb), count=1)
+            c += n_tiles
+            it += 1
+            empty_row = l_i == 0.0
+            l_safe = gl.where(empty_row, 1.0, l_i)
+            out = acc / gl.convert_layout(l_safe, row_o)[:, None]
+            lse2 = gl.where(empty_row, float("inf"), m_i + gl.log2(l_safe))
+            out_rows = m0 + gl.arange(0, HALF, layout=row_o)
+            o_base = O + q_start * stride_ot + h * stride_oh
+            gl.store(o_base + out_rows[:, None] * stride_ot + out_cols[None, :], out.to(O.dtype.element_ty),
+                     mask=(out_rows < lq)[:, None])
+            gl.store(LSE + q_start * H + h + rows * H, lse2, mask=rows < lq)
+
+
 @functools.cache
 def smem_layouts(block_m: int, block_n: int, d: int, bits: int) -> tuple[Any, Any]:
     """NVMMA shared layouts of the q/dO tiles and of K, V (swizzled for wgmma)."""
@@ -860,7 +1050,10 @@ def dq(
 # 4 would need 288 KB), 231 registers, no spills. With WS True the warp-specialized kernel
 # (`_jfa_fwd_ws_kernel`): BLOCK_M must be 128 (two consumer warpgroups of 64 rows) and num_warps
 # 12 (the two consumers and a 4-warp loader; registers 232 / 232 / 40 of a 168 launch cap); a
-# sixth field True: the consumers take turns to issue their MMAs (PINGPONG).
+# sixth field True: the consumers take turns to issue their MMAs (PINGPONG); a seventh True: the
+# persistent kernel (`_jfa_fwd_wsp_kernel`: one program per SM walking the (q tile, head) items,
+# the q tile double-buffered, so STAGES x BLOCK_N K/V rows must fit beside two q tiles: 128 x 2 or
+# 64 x 4 at head dim 128).
 DEFAULT_FWD_TILES: tuple[Any, ...] = (128, 128, 8, 3)
 WS_FWD_TILES = (128, 128, 12, 3, True)  # the warp-specialized set the build test pins
 WS_WARPS = 12
@@ -869,21 +1062,33 @@ WS_REGS = (168, 232, 40)  # the launch's cap, a consumer's and the loader's (set
 
 def fwd_plan(
     tiles: tuple[Any, ...], rows: int, offsets: torch.Tensor, max_len: int, h: int, d: int, causal: bool,
+    sms: int = 132,
 ) -> tuple[Any, tuple[int, int], int, dict[str, Any]]:
     """(kernel, grid, B, its constexprs and launch options) of the forward at `tiles` (see
-    `DEFAULT_FWD_TILES`), checked as `_launch_plan` checks, plus the warp-specialized shape rule."""
+    `DEFAULT_FWD_TILES`), checked as `_launch_plan` checks, plus the warp-specialized shape rule;
+    `sms`: the GPU's SM count, the persistent kernel's largest grid."""
     ws = len(tiles) > 4 and bool(tiles[4])
+    persistent = len(tiles) > 6 and bool(tiles[6])
     if ws and (tiles[0] != 128 or tiles[2] != WS_WARPS):
         raise ValueError(f"tiles={tiles}: the warp-specialized forward needs BLOCK_M 128 (two consumer "
                          f"warpgroups of 64 rows) and num_warps {WS_WARPS} (two consumers and a 4-warp loader)")
+    if persistent and not ws:
+        raise ValueError(f"tiles={tiles}: the persistent forward is the warp-specialized one (WS True)")
     grid, b, consts = _launch_plan((*tiles[:2], 8 if ws else tiles[2], tiles[3]), True, rows, offsets, max_len, h, d,
-                                   causal, resident=1, min_stages=2 if ws else 3)
+                                   causal, resident=2 if persistent else 1, min_stages=2 if ws else 3)
     if not ws:
         return _jfa_fwd_gluon_kernel, grid, b, consts
     consts.update(num_warps=4, LOAD_WARPS=4, CONSUMER_REGS=WS_REGS[1], LOAD_REGS=WS_REGS[2],
                   PINGPONG=len(tiles) > 5 and bool(tiles[5]),
                   q_sl=smem_layouts(64, tiles[1], d, 16)[0], maxnreg=WS_REGS[0])
+    if persistent:
+        return _jfa_fwd_wsp_kernel, (min(sms, grid[0] * grid[1]), 1 if grid[0] * grid[1] else 0), b, consts
     return _jfa_fwd_ws_kernel, grid, b, consts
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
 def forward(
@@ -897,7 +1102,7 @@ def forward(
 
     tq, h, d = q.shape
     kern, grid, b, consts = fwd_plan(DEFAULT_FWD_TILES if tiles is None else tiles, tq, q_offsets, max_q_len, h, d,
-                                     causal)
+                                     causal, _sm_count(q.device))
     out = torch.empty((tq, h, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((tq, h), dtype=torch.float32, device=q.device)
     if grid[0] == 0 or grid[1] == 0:

@@ -99,12 +99,18 @@ def test_tiles_past_an_sms_shared_memory_are_refused_before_launch() -> None:
         _gluon_jfa.forward(q, q, q, offsets, offsets, 200, True, 0.1, tiles=(128, 64, 8, 3, True))
     with pytest.raises(ValueError, match=r"STAGES >= 2"):
         _gluon_jfa.forward(q, q, q, offsets, offsets, 200, True, 0.1, tiles=(128, 64, 12, 1, True))
+    # The persistent kernel double-buffers q: 3 slots of 128 keys no longer fit.
+    with pytest.raises(ValueError, match=r"need 262144 bytes"):
+        _gluon_jfa.forward(q, q, q, offsets, offsets, 200, True, 0.1, tiles=(128, 128, 12, 3, True, False, True))
+    with pytest.raises(ValueError, match=r"the persistent forward is the warp-specialized one"):
+        _gluon_jfa.forward(q, q, q, offsets, offsets, 200, True, 0.1, tiles=(128, 128, 8, 3, False, False, True))
     assert q.abs().max() == 0 and lse.abs().max() == 0  # nothing written
     # Every tile set the GPU tests run (and the defaults) fits at D=128.
     for tiles, by_m, resident in ([*TILES, _gluon_jfa.DEFAULT_TILES], False, 2), \
             ([*DQ_TILES, _gluon_jfa.DEFAULT_DQ_TILES], True, 2), ([*FWD_TILES, *WS_TILES, _gluon_jfa.DEFAULT_FWD_TILES], True, 1):
         for t in tiles:
-            assert _gluon_jfa.smem_bytes(t, by_m, 128, resident) <= _gluon_jfa.SMEM_LIMIT, t
+            persistent = len(t) > 6 and bool(t[6])  # (two q tiles resident)
+            assert _gluon_jfa.smem_bytes(t, by_m, 128, 2 if persistent else resident) <= _gluon_jfa.SMEM_LIMIT, t
 
 
 @pytest.mark.skipif(not (CUDA or INTERPRET), reason="Triton needs CUDA or TRITON_INTERPRET=1 (set by Bazel)")
@@ -207,9 +213,11 @@ def test_gpu_cross_attention_and_empty_sides(causal: bool) -> None:
 
 FWD_TILES: list[tuple[int | bool, ...]] = [(128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3)]
 # The warp-specialized forward (two consumer warpgroups and a loader): 3 and 2 K/V slots of 128
-# keys, 4 of 64; the consumers taking turns (ping-pong) at 128 and 64 keys.
+# keys, 4 of 64; the consumers taking turns (ping-pong) at 128 and 64 keys; the persistent kernel
+# (a seventh field) at 2 x 128 with ping-pong and 4 x 64 without.
 WS_TILES: list[tuple[int | bool, ...]] = [(128, 128, 12, 3, True), (128, 128, 12, 2, True), (128, 64, 12, 4, True),
-                                          (128, 128, 12, 3, True, True), (128, 64, 12, 4, True, True)]
+                                          (128, 128, 12, 3, True, True), (128, 64, 12, 4, True, True),
+                                          (128, 128, 12, 2, True, True, True), (128, 64, 12, 4, True, False, True)]
 
 
 def _both_forwards(lq: list[int], lk: list[int], h: int, d: int, causal: bool, seed: int,
@@ -246,7 +254,8 @@ def test_gpu_forward_matches_triton_kernel(tiles: tuple[int | bool, ...], causal
 
 
 @needs_hopper
-@pytest.mark.parametrize("tiles", [None, WS_TILES[0], WS_TILES[3]], ids=["default", "ws", "ws-pingpong"])
+@pytest.mark.parametrize("tiles", [None, WS_TILES[0], WS_TILES[3], WS_TILES[5]],
+                         ids=["default", "ws", "ws-pingpong", "ws-persistent"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_forward_cross_attention_and_empty_sides(causal: bool, tiles: tuple[int | bool, ...] | None) -> None:
     # More queries than keys (causal: the first rows see no key), fewer, and empty sides.
@@ -271,7 +280,7 @@ def test_gpu_nan_neighbour_does_not_leak() -> None:
     g = torch.Generator(device=DEVICE).manual_seed(8)
     q, k, v = (torch.randn(400, 2, 128, generator=g, device=DEVICE).bfloat16() for _ in range(3))
     off = _offsets(lq)
-    for tiles in (None, WS_TILES[0], WS_TILES[3]):
+    for tiles in (None, WS_TILES[0], WS_TILES[3], WS_TILES[5]):
         kk, vv = k.clone(), v.clone()
         clean_f = _gluon_jfa.forward(q, kk, vv, off, off, 300, False, 0.1, tiles)
         kk[100:], vv[100:] = float("nan"), float("nan")

@@ -91,6 +91,12 @@ if gj is not None and gj.HAVE_GLUON:
         out[f"gluon-fwd_ws-{causal}"] = _sass.audit(kern, consts, consts["num_warps"], gj.WS_FWD_TILES[3],
                                                    maxnreg=consts.pop("maxnreg"))
         out[f"gluon-fwd_ws-{causal}"]["smem_check"] = gj.smem_bytes(gj.WS_FWD_TILES, True, d, 1)
+        # The persistent one (two q buffers, 2 x 128-key slots, ping-pong).
+        tiles = (128, 128, 12, 2, True, True, True)
+        kern, _, _, consts = gj.fwd_plan(tiles, 1, offsets, 1, 1, d, causal)
+        out[f"gluon-fwd_wsp-{causal}"] = _sass.audit(kern, consts, consts["num_warps"], 2,
+                                                    maxnreg=consts.pop("maxnreg"))
+        out[f"gluon-fwd_wsp-{causal}"]["smem_check"] = gj.smem_bytes(tiles, True, d, 2)
         # GDPA's warp-specialized forward (`_gluon_gdpa`) on the same partitions, SiLU.
         from gem_kernels import _gluon_gdpa as gg
 
@@ -155,7 +161,7 @@ def test_gluon_jfa_default_tiles_build_unspilled_and_asynchronous(
     assert sm90_builds[key]["smem"] == sm90_builds[key]["smem_check"], sm90_builds[key]
 
 
-@pytest.mark.parametrize("kernel", ["fwd_ws", "gdpa_ws"])
+@pytest.mark.parametrize("kernel", ["fwd_ws", "fwd_wsp", "gdpa_ws"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gluon_warp_specialized_forwards_build_within_an_sm(
     kernel: str, causal: bool, sm90_builds: dict[str, dict[str, int]]
@@ -166,7 +172,9 @@ def test_gluon_warp_specialized_forwards_build_within_an_sm(
     got = sm90_builds[key]
     # 12 warps under a 168-register launch cap; the partitions' setmaxnreg hands the consumers
     # 232 each, the loader 40 (the count below is the launch's, spills are the whole binary's).
-    _check(got, max_waits=10, min_hgmma=40)
+    # The persistent kernel carries its item loop's state: its causal build spills a little (10
+    # stores / 10 loads under triton 3.6.0, none under 3.7.1), bounded as JFA's dK/dV.
+    _check(got, max_waits=10, min_hgmma=40, max_spills=24 if kernel == "fwd_wsp" else 0)
     assert got["reg"] <= gj_ws_cap(), got
     # Its shared memory: the q tile and the K/V slots (`smem_bytes`) plus the slots' mbarriers and
     # the partitions' captured arguments, under 1 KB.

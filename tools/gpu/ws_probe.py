@@ -10,7 +10,8 @@ import torch
 from gem_kernels import _gluon_jfa as gj
 from gem_kernels import _triton_jfa as tj
 
-for tiles in [(128, 128, 12, 3, True), (128, 128, 12, 3, True, True), (128, 64, 12, 4, True, True)]:
+for tiles in [(128, 128, 12, 3, True), (128, 128, 12, 3, True, True), (128, 64, 12, 4, True, True),
+              (128, 128, 12, 2, True, True, True)]:
     for lengths, causal in (([5, 130, 300, 64], False), ([5, 130, 300, 64], True), ([700, 1500, 3000, 90] * 4, False)):
         g = torch.Generator(device="cuda").manual_seed(0)
         off = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")

@@ -176,9 +176,11 @@ def main() -> None:
                    help="Gluon dK/dV tiles BLOCK_M,BLOCK_N,num_warps,STAGES,OVERLAP_ACC")
     p.add_argument("--fwd-tiles", nargs="*", default=["128,128,8,3", "128,128,12,3,1", "128,128,12,2,1",
                                                       "128,64,12,4,1", "128,128,12,3,1,1", "128,128,12,2,1,1",
-                                                      "128,64,12,4,1,1"],
-                   help="Gluon forward tiles BLOCK_M,BLOCK_N,num_warps,STAGES[,WS[,PINGPONG]] (WS 1: the "
-                        "warp-specialized kernel, BLOCK_M 128 and 12 warps; PINGPONG 1: its consumers take turns)")
+                                                      "128,64,12,4,1,1", "128,128,12,2,1,1,1", "128,128,12,2,1,0,1",
+                                                      "128,64,12,4,1,1,1"],
+                   help="Gluon forward tiles BLOCK_M,BLOCK_N,num_warps,STAGES[,WS[,PINGPONG[,PERSISTENT]]] (WS 1: "
+                        "the warp-specialized kernel, BLOCK_M 128 and 12 warps; PINGPONG 1: its consumers take "
+                        "turns; PERSISTENT 1: one program per SM over every (q tile, head))")
     p.add_argument("--fwd-only", action="store_true", help="time the forwards only (no backward kernels)")
     p.add_argument("--dq-tiles", nargs="*", default=["128,64,8,4,1", "128,64,8,3,1", "128,32,8,4,1", "128,64,8,4,0",
                                                      "64,64,4,4,1"],
