@@ -174,9 +174,8 @@ def main() -> None:
     p.add_argument("--tiles", nargs="*", default=["32,128,8,4,1", "32,128,8,3,1", "32,128,8,5,1", "32,128,8,4,0",
                                                   "32,64,4,4,1", "64,128,8,4,1"],
                    help="Gluon dK/dV tiles BLOCK_M,BLOCK_N,num_warps,STAGES,OVERLAP_ACC")
-    p.add_argument("--fwd-tiles", nargs="*", default=["128,128,8,3", "128,128,12,3,1", "128,128,12,2,1",
-                                                      "128,64,12,4,1", "128,128,12,3,1,1", "128,128,12,2,1,1",
-                                                      "128,64,12,4,1,1", "128,128,12,2,1,1,1", "128,128,12,2,1,0,1",
+    p.add_argument("--fwd-tiles", nargs="*", default=["128,128,8,3", "128,128,12,3,1", "128,64,12,4,1",
+                                                      "128,128,12,3,1,1", "128,64,12,4,1,1", "128,128,12,2,1,1,1",
                                                       "128,64,12,4,1,1,1"],
                    help="Gluon forward tiles BLOCK_M,BLOCK_N,num_warps,STAGES[,WS[,PINGPONG[,PERSISTENT]]] (WS 1: "
                         "the warp-specialized kernel, BLOCK_M 128 and 12 warps; PINGPONG 1: its consumers take "
