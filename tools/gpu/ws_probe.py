@@ -1,6 +1,7 @@
-"""First GPU contact of the warp-specialized JFA forward (`_gluon_jfa._jfa_fwd_ws_kernel`): one
-small and one issue-sized batch against the Triton forward, printed per tile set; a deadlock
-shows as the stage's time limit."""
+"""First GPU contact of the warp-specialized forwards (`_gluon_jfa._jfa_fwd_ws_kernel`, the
+persistent `_jfa_fwd_wsp_kernel`, `_gluon_gdpa`): small and issue-sized batches against the Triton
+forwards, one line per tile set and batch as each finishes, covering every WS tile set the GPU
+tests and `bench.gluon` run; a deadlock shows as the last line before the stage's time limit."""
 import math
 import sys
 import time
@@ -11,7 +12,8 @@ from gem_kernels import _gluon_jfa as gj
 from gem_kernels import _triton_jfa as tj
 
 for tiles in [(128, 128, 12, 3, True), (128, 128, 12, 3, True, True), (128, 64, 12, 4, True, True),
-              (128, 128, 12, 2, True, True, True)]:
+              (128, 128, 12, 2, True, True, True), (128, 64, 12, 4, True, False, True),
+              (128, 64, 12, 4, True, True, True)]:
     for lengths, causal in (([5, 130, 300, 64], False), ([5, 130, 300, 64], True), ([700, 1500, 3000, 90] * 4, False)):
         g = torch.Generator(device="cuda").manual_seed(0)
         off = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
