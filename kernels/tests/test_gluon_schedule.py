@@ -412,3 +412,55 @@ def test_persistent_ws_protocol_model_catches_an_early_q_release() -> None:
             assert "q buffer refilled" in str(e), e
             failures += 1
     assert failures > 0
+
+
+_ACTS = {"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid, "relu": torch.relu,
+         "identity": lambda x: x}
+
+
+def _gdpa_ws_model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, bm: int, bn: int, scale: float,
+                   act: str, div: float) -> torch.Tensor:
+    """`_gluon_gdpa._gdpa_fwd_ws_kernel` for one (sample, head): each bm-row q tile's two consumers
+    walk the tile's kv tiles (its `hi`), each masking the tiles that reach past its first row's
+    bound (`f_hi`), zero-filled rows past the sample's end included (act(0) need not be 0)."""
+    lq, lk = q.shape[0], k.shape[0]
+    shift = lk - lq
+    out = torch.zeros_like(q)
+    for t0 in range(0, lq, bm):
+        hi = min(lk, max(t0 + bm + shift, 0)) if causal else lk
+        for m0 in range(t0, t0 + bm, bm // 2):
+            if m0 >= lq:
+                continue
+            f_hi = min(lk, m0 + shift + 1) if causal else lk
+            rows = torch.arange(m0, m0 + bm // 2)
+            qt = _pad(q[m0:], bm // 2)
+            acc = torch.zeros(bm // 2, q.shape[1], dtype=q.dtype)
+            for j in range(-(-hi // bn)):
+                p = _ACTS[act]((qt @ _pad(k[j * bn:], bn).T) * scale)
+                if j * bn + bn > f_hi:
+                    cols = j * bn + torch.arange(bn)
+                    ok = (cols < lk)[None, :]
+                    if causal:
+                        ok = ok & (cols[None, :] <= rows[:, None] + shift)
+                    p = torch.where(ok, p, 0.0)
+                acc = acc + p @ _pad(v[j * bn:], bn)
+            n = min(bm // 2, lq - m0)
+            out[m0:m0 + n] = (acc / div)[:n]
+    return out
+
+
+@pytest.mark.parametrize("act", sorted(_ACTS))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("cross", [False, True])
+def test_gdpa_ws_model_gives_the_reference(act: str, causal: bool, cross: bool) -> None:
+    g = torch.Generator().manual_seed(hash((act, causal, cross)) % 2**31)
+    for bm, bn in ((16, 8), (8, 16), (16, 16)):
+        lq = torch.randint(0, 50, (4,), generator=g).tolist()
+        lk = torch.randint(0, 50, (4,), generator=g).tolist() if cross else lq
+        for a, b in zip(lq, lk):
+            q = torch.randn(a, 8, generator=g, dtype=torch.float64)
+            k, v = (torch.randn(b, 8, generator=g, dtype=torch.float64) for _ in range(2))
+            mask = visible_mask(a, b, causal=causal, window=None)
+            want = torch.where(mask, _ACTS[act]((q @ k.T) * 0.3), 0.0) @ v / 7.0
+            got = _gdpa_ws_model(q, k, v, causal, bm, bn, 0.3, act, 7.0)
+            torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
