@@ -41,6 +41,8 @@ from typing import Any
 
 import torch
 
+from gem_kernels._launch import launch_of
+
 try:  # Gluon is experimental: absent on older Triton, and its API may move
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -1087,7 +1089,8 @@ def fwd_plan(
 
 
 @functools.cache
-def _sm_count(device: torch.device) -> int:
+def sm_count(device: torch.device) -> int:
+    """The SM count of `device` (the persistent forward's largest grid; 132 off a GPU)."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
@@ -1102,15 +1105,22 @@ def forward(
 
     tq, h, d = q.shape
     kern, grid, b, consts = fwd_plan(DEFAULT_FWD_TILES if tiles is None else tiles, tq, q_offsets, max_q_len, h, d,
-                                     causal, _sm_count(q.device))
+                                     causal, sm_count(q.device))
     out = torch.empty((tq, h, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((tq, h), dtype=torch.float32, device=q.device)
     if grid[0] == 0 or grid[1] == 0:
         return out.zero_(), lse.fill_(float("inf"))
-    kern[grid](q, k, v, out, lse, q_offsets, kv_offsets,
-               q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0),
-               out.stride(1), b, h, scale * _LOG2E, **consts)
+    # Through the kernel's CachedLaunch (the binary kept per specialization), which the eager
+    # plans of `_jfa` launch again directly (`fwd_args` is the argument list they rebuild).
+    launch_of(kern)(grid, fwd_args(q, k, v, out, lse, q_offsets, kv_offsets, b, scale * _LOG2E), consts)
     return out, lse
+
+
+def fwd_args(q: Any, k: Any, v: Any, out: Any, lse: Any, q_offsets: Any, kv_offsets: Any, b: int,
+             scale_log2: float) -> tuple[Any, ...]:
+    """The Gluon forward kernels' runtime arguments, in order (tensors or their data pointers)."""
+    return (q, k, v, out, lse, q_offsets, kv_offsets, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            v.stride(0), v.stride(1), out.stride(0), out.stride(1), b, q.shape[1], scale_log2)
 
 
 def jfa_forward_gluon(

@@ -394,6 +394,9 @@ class _PlanOp:
     block_m: int
     in_order: bool
     scale: float  # the default, 1/sqrt(D)
+    # The Gluon forward's (`GEM_JFA_GLUON` naming fwd): None for the Triton kernel; else 0 (one
+    # program per (q tile, head)) or the persistent kernel's grid bound (the GPU's SM count).
+    gluon: int | None = None
     # The backward's plans by backward config (`_remember_backward`; this record is frozen).
     bwd: dict[Any, _BwdPlan] = dataclasses.field(default_factory=dict, compare=False)
 
@@ -407,7 +410,8 @@ def _signature(q: Any, k: Any, v: Any, q_offsets: Any, kv_offsets: Any, max_q_le
         cfg = _heuristic_config(max_q_len, max_kv_len, d, q.dtype)
         extra = (causal.__class__, causal, window.__class__, window, scale.__class__, scale, backend,
                  cfg.fwd, cfg.fwd_in_order, FLASH4_FWD_DEFAULT, FLASH4_FWD_MIN_MEAN, FLASH_FWD_DEFAULT,
-                 FLASH_FWD_MAX_MEAN, _attn_plan.int_spec(tq * h), _attn_plan.int_spec(tq * h * d))
+                 FLASH_FWD_MAX_MEAN, _attn_plan.int_spec(tq * h), _attn_plan.int_spec(tq * h * d),
+                 _gluon_jfa.requested("fwd") and _gluon_jfa.DEFAULT_FWD_TILES)
     except (AttributeError, TypeError, ValueError):
         return None
     return _attn_plan.signature(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, extra)
@@ -425,7 +429,7 @@ def _planned(
         plan = None if key is None else _PLANS.get(key)
     except TypeError:  # an unhashable argument: the ordinary checks name it
         return None, None
-    if plan is None or _FORCED or os.environ.get(FWD_ENV, "") != plan.op.env or _gluon_jfa.requested("fwd"):
+    if plan is None or _FORCED or os.environ.get(FWD_ENV, "") != plan.op.env:
         return key, None
     tq = q.shape[0]
     if tq >= plan.op.flash4_rows or (tq if tq > k.shape[0] else k.shape[0]) < plan.op.flash2_rows:
@@ -452,6 +456,14 @@ def _plan_forward(
     b, op = plan.b, plan.op
     out = torch.empty((tq, h, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((tq, h), dtype=torch.float32, device=q.device)
+    if op.gluon is not None:  # the Gluon forward (`_gluon_jfa.forward` at the plan's tiles)
+        g0 = in_order_tiles(tq, b, max_q_len, op.block_m)
+        grid = (min(op.gluon, g0 * h), 1, 1) if op.gluon else (g0, h, 1)
+        qp, kp, vp, qo, ko = ptrs
+        _attn_plan.run(plan, grid, (qp, kp, vp, out.data_ptr(), lse.data_ptr(), qo, ko, *plan.ints, b, h,
+                                    scale * _LOG2E),
+                       (q, k, v, out, lse, q_offsets, kv_offsets, *plan.ints, b, h, scale * _LOG2E))
+        return out, lse
     bm = op.block_m
     grid = (in_order_tiles(tq, b, max_q_len, bm), h, 1) if op.in_order else (b * h, -(-max_q_len // bm), 1)
     qp, kp, vp, qo, ko = ptrs
@@ -468,12 +480,13 @@ def _remember(
 ) -> None:
     """Keeps a plan for `key` after the ordinary path checked and launched a call with it, where
     that launch is the plan's (see above)."""
-    from gem_kernels._triton_jfa import _FORCED, _fwd_launch, _heuristic_config, fwd_launch_args
+    from gem_kernels._launch import launch_of
+    from gem_kernels._triton_jfa import _FORCED, _LOG2E, _fwd_launch, _heuristic_config, fwd_launch_args
 
     tq, h, d = q.shape
     b = q_offsets.numel() - 1
     env = os.environ.get(FWD_ENV, "")
-    if (key is None or _FORCED or env not in ("", "pointer") or _gluon_jfa.requested("fwd")
+    if (key is None or _FORCED or env not in ("", "pointer")
             or min(tq, k.shape[0], b, h, max_q_len, max_kv_len) == 0
             or any(x.stride(2) != 1 for x in (q, k, v)) or not (q_offsets.is_contiguous() and kv_offsets.is_contiguous())
             or _attn_plan.aligned_pointers(q, k, v, q_offsets, kv_offsets) is None):
@@ -487,6 +500,22 @@ def _remember(
     flash2_rows = _flash2_rows(q, k, q_offsets, window) if env == "" else 0
     if tq >= flash4_rows or max(tq, k.shape[0]) < flash2_rows:
         return
+    ints = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), h * d, d)
+    if _gluon_jfa.requested("fwd") and _gluon_jfa.serves("fwd", q, k, window, cfg):
+        # The call ran `_gluon_jfa.forward` at DEFAULT_FWD_TILES (the key holds them): its kept
+        # binary, with q standing in for out (same dtype and alignment) and a fresh lse.
+        tiles = _gluon_jfa.DEFAULT_FWD_TILES
+        kern, _, _, consts = _gluon_jfa.fwd_plan(tiles, tq, q_offsets, max_q_len, h, d, causal,
+                                                 _gluon_jfa.sm_count(q.device))
+        persistent = len(tiles) > 6 and bool(tiles[6])
+        lse = torch.empty((tq, h), dtype=torch.float32, device=q.device)
+        args = (q, k, v, q, lse, q_offsets, kv_offsets, *ints, b, h, scale * _LOG2E)
+        op = _PlanOp(env=env, flash4_rows=flash4_rows, flash2_rows=flash2_rows, block_m=int(tiles[0]),
+                     in_order=True, scale=1.0 / math.sqrt(d),
+                     gluon=_gluon_jfa.sm_count(q.device) if persistent else 0)
+        _attn_plan.keep(_PLANS, key, _attn_plan.make(launch_of(kern), args, consts, q=q, k=k, v=v, b=b, ints=ints,
+                                                     op=op))
+        return
     # The call just made, as `jfa_forward` launched it: one split, out `[1, Tq, H, D]`
     # contiguous. q stands in for out (same dtype, both aligned); lse is made for the key
     # (Triton specializes on its fp32 dtype; a few bytes per row, once per signature).
@@ -495,7 +524,6 @@ def _remember(
                                       max_q_len, causal, window, scale)
     op = _PlanOp(env=env, flash4_rows=flash4_rows, flash2_rows=flash2_rows, block_m=cfg.fwd.block_m,
                  in_order=bool(consts["IN_ORDER"]), scale=1.0 / math.sqrt(d))
-    ints = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), h * d, d)
     _attn_plan.keep(_PLANS, key, _attn_plan.make(_fwd_launch(), args, consts, q=q, k=k, v=v, b=b, ints=ints, op=op))
 
 

@@ -459,3 +459,29 @@ def test_jfa_backward_plan_follows_the_switches(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(_flash2, "flash_backward", flash_backward)
     _check(jfa, *_fresh(lengths, seed=8, grad=True), off, mx)
     assert ran == [sum(lengths)] and backward.calls == 5 and backward.served == 4
+
+
+@needs_triton
+def test_jfa_plan_is_keyed_by_the_gluon_forward_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With GEM_JFA_GLUON naming fwd, calls keep and use plans too (0.3.16; before, the switch
+    # turned them off). The switch and the Gluon forward's tiles are part of the signature:
+    # a plan made under one setting serves no call under another. Off a Hopper GPU the Gluon
+    # forward falls back to the Triton kernel, whose plan is kept.
+    from gem_kernels import _gluon_jfa
+
+    _ours_only(monkeypatch)
+    ordinary = _Ordinary(monkeypatch, _jfa)
+    lengths = _lengths(20, 33, 5)
+    off, mx = _offsets(lengths), max(lengths)
+    _check(jfa, *_fresh(lengths), off, mx)
+    assert ordinary.calls == 1 and len(ordinary.plans) == 1
+    monkeypatch.setenv(_gluon_jfa.ENV, "fwd")
+    for seed in (1, 2, 3):  # the first checks again; the next two are served
+        _check(jfa, *_fresh(lengths, seed=seed, grad=seed == 3), off, mx)
+    assert ordinary.calls == 2 and len(ordinary.plans) == 2
+    monkeypatch.setattr(_gluon_jfa, "DEFAULT_FWD_TILES", (128, 128, 12, 2, True, True, True))
+    _check(jfa, *_fresh(lengths, seed=4), off, mx)
+    assert ordinary.calls == 3 and len(ordinary.plans) == 3
+    monkeypatch.setenv(_gluon_jfa.ENV, "dkdv,dq")  # the forward is not asked for: the first plan's key
+    _check(jfa, *_fresh(lengths, seed=5), off, mx)
+    assert ordinary.calls == 3
