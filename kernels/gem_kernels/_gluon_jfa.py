@@ -1013,11 +1013,18 @@ def dkdv(
                                    max_kv_len, q.shape[1], q.shape[2], causal, resident=2)
     if grid[0] == 0 or grid[1] == 0:
         return
-    _jfa_bwd_dkdv_gluon_kernel[grid](
-        q, k, v, dout, lse, delta, dk, dv, q_offsets, kv_offsets,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        b, grid[1], scale, scale * _LOG2E, **consts)
+    # Through the kernel's CachedLaunch: the eager backward plans of `_jfa` keep its binary.
+    launch_of(_jfa_bwd_dkdv_gluon_kernel)(grid, dkdv_args(q, k, v, dout, lse, delta, dk, dv, q_offsets, kv_offsets,
+                                                          b, scale, scale * _LOG2E), consts)
+
+
+def dkdv_args(q: Any, k: Any, v: Any, dout: Any, lse: Any, delta: Any, dk: Any, dv: Any, q_offsets: Any,
+              kv_offsets: Any, b: int, scale: float, scale_log2: float) -> tuple[Any, ...]:
+    """The Gluon dK/dV kernel's runtime arguments, in order."""
+    return (q, k, v, dout, lse, delta, dk, dv, q_offsets, kv_offsets,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+            b, q.shape[1], scale, scale_log2)
 
 
 # dQ: (BLOCK_M, BLOCK_N, num_warps, STAGES, OVERLAP_ACC): 128 q rows over two warpgroups, 64 keys
@@ -1040,11 +1047,17 @@ def dq(
                                    max_q_len, q.shape[1], q.shape[2], causal, resident=2)
     if grid[0] == 0 or grid[1] == 0:
         return
-    _jfa_bwd_dq_gluon_kernel[grid](
-        q, k, v, dout, lse, delta, dq_out, q_offsets, kv_offsets,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        dout.stride(0), dout.stride(1), dq_out.stride(0), dq_out.stride(1),
-        b, grid[1], scale, scale * _LOG2E, **consts)
+    launch_of(_jfa_bwd_dq_gluon_kernel)(grid, dq_args(q, k, v, dout, lse, delta, dq_out, q_offsets, kv_offsets, b,
+                                                      scale, scale * _LOG2E), consts)
+
+
+def dq_args(q: Any, k: Any, v: Any, dout: Any, lse: Any, delta: Any, dq_out: Any, q_offsets: Any, kv_offsets: Any,
+            b: int, scale: float, scale_log2: float) -> tuple[Any, ...]:
+    """The Gluon dQ kernel's runtime arguments, in order."""
+    return (q, k, v, dout, lse, delta, dq_out, q_offsets, kv_offsets,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            dout.stride(0), dout.stride(1), dq_out.stride(0), dq_out.stride(1),
+            b, q.shape[1], scale, scale_log2)
 
 
 # The forward: (BLOCK_M, BLOCK_N, num_warps, STAGES[, WS]). Without WS (or WS False) the one-stream

@@ -384,6 +384,15 @@ class _BwdPlan:
     dq: _attn_plan.Plan | None  # None: one-pass (dQ by the dK/dV kernel's atomics)
     dkdv_block_n: int
     dq_block_m: int
+    gluon_dkdv: bool = False  # dkdv / dq hold the Gluon kernels' binaries (`_gluon_jfa.dkdv` / `dq`)
+    gluon_dq: bool = False
+
+
+def _bwd_key(cfg: Any, q: torch.Tensor, k: torch.Tensor, window: int | None) -> tuple[Any, ...]:
+    """A backward plan's key within its forward's: the backward config, and for each of dK/dV and
+    dQ whether `GEM_JFA_GLUON` has it run as its Gluon twin, with that twin's tiles."""
+    return (cfg, _gluon_jfa.serves("dkdv", q, k, window, cfg) and _gluon_jfa.DEFAULT_TILES,
+            _gluon_jfa.serves("dq", q, k, window, cfg) and _gluon_jfa.DEFAULT_DQ_TILES)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -540,11 +549,10 @@ def _plan_backward(
                                          pick_config)
 
     held = plan.op.bwd
-    if (not held or _FORCED or bwd_uses_flash4(q, k, window) or bwd_uses_flash(q, window)
-            or _gluon_jfa.requested("dkdv", "dq")):
+    if not held or _FORCED or bwd_uses_flash4(q, k, window) or bwd_uses_flash(q, window):
         return None
     tq, h, d = q.shape
-    bp = held.get(pick_config(max_q_len, max_kv_len, d, q.dtype))
+    bp = held.get(_bwd_key(pick_config(max_q_len, max_kv_len, d, q.dtype), q, k, window))
     if bp is None:
         return None
     dout = dout.contiguous()
@@ -560,16 +568,28 @@ def _plan_backward(
     _attn_plan.run(bp.delta, (cdiv(tq * h, 64), 1, 1), (out.data_ptr(), dp, ep, ap, tq * h, h, *bp.delta.ints),
                    (out, dout, delta, dq_acc, tq * h, h, *bp.delta.ints))
     rest = (b, h, scale, scale * _LOG2E, window if window is not None else 0)
-    _attn_plan.run(bp.dkdv, (in_order_tiles(tk, b, max_kv_len, bp.dkdv_block_n), h, 1),
-                   (qp, kp, vp, dp, lp, ep, dk.data_ptr(), dv.data_ptr(), ap, qo, ko, qp, dp, ap, *bp.dkdv.ints,
-                    ko, ko, *rest),
-                   (q, k, v, dout, lse, delta, dk, dv, dq_acc, q_offsets, kv_offsets, q, dout, dq_acc,
-                    *bp.dkdv.ints, kv_offsets, kv_offsets, *rest))
+    g_rest = (b, h, scale, scale * _LOG2E)  # the Gluon kernels' (no window)
+    dkdv_grid = (in_order_tiles(tk, b, max_kv_len, bp.dkdv_block_n), h, 1)
+    if bp.gluon_dkdv:
+        _attn_plan.run(bp.dkdv, dkdv_grid,
+                       (qp, kp, vp, dp, lp, ep, dk.data_ptr(), dv.data_ptr(), qo, ko, *bp.dkdv.ints, *g_rest),
+                       (q, k, v, dout, lse, delta, dk, dv, q_offsets, kv_offsets, *bp.dkdv.ints, *g_rest))
+    else:
+        _attn_plan.run(bp.dkdv, dkdv_grid,
+                       (qp, kp, vp, dp, lp, ep, dk.data_ptr(), dv.data_ptr(), ap, qo, ko, qp, dp, ap, *bp.dkdv.ints,
+                        ko, ko, *rest),
+                       (q, k, v, dout, lse, delta, dk, dv, dq_acc, q_offsets, kv_offsets, q, dout, dq_acc,
+                        *bp.dkdv.ints, kv_offsets, kv_offsets, *rest))
     if bp.dq is None:
         return dq_acc.to(q.dtype), dk, dv
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dq_grid = (in_order_tiles(tq, b, max_q_len, bp.dq_block_m), h, 1)
+    if bp.gluon_dq:
+        _attn_plan.run(bp.dq, dq_grid, (qp, kp, vp, dp, lp, ep, dq.data_ptr(), qo, ko, *bp.dq.ints, *g_rest),
+                       (q, k, v, dout, lse, delta, dq, q_offsets, kv_offsets, *bp.dq.ints, *g_rest))
+        return dq, dk, dv
     ints = (*bp.dq.ints, tq * h * d, _NO_SPLIT)
-    _attn_plan.run(bp.dq, (in_order_tiles(tq, b, max_q_len, bp.dq_block_m), h, 1),
+    _attn_plan.run(bp.dq, dq_grid,
                    (qp, kp, vp, dp, lp, ep, dq.data_ptr(), qo, ko, *ints, qo, qo, *rest),
                    (q, k, v, dout, lse, delta, dq.unsqueeze(0), q_offsets, kv_offsets, *ints, q_offsets, q_offsets,
                     *rest))
@@ -587,12 +607,12 @@ def _remember_backward(
     from gem_kernels._launch import launch_of
 
     tq, h, d = q.shape
-    if (tj._FORCED or tj.bwd_uses_flash4(q, k, window) or tj.bwd_uses_flash(q, window)
-            or _gluon_jfa.requested("dkdv", "dq")):
+    if tj._FORCED or tj.bwd_uses_flash4(q, k, window) or tj.bwd_uses_flash(q, window):
         return
     cfg = tj.pick_config(max_q_len, max_kv_len, d, q.dtype)
+    key = _bwd_key(cfg, q, k, window)
     contiguous = (h * d, d, 1)
-    if (cfg in plan.op.bwd or not cfg.in_order or cfg.tile_list is not False or cfg.kv_split
+    if (key in plan.op.bwd or not cfg.in_order or cfg.tile_list is not False or cfg.kv_split
             or (cfg.one_pass and (cfg.tma or cfg.tma_loads))
             or any(x.stride() != contiguous for x in (q, k, v, out)) or not lse.is_contiguous()):
         return
@@ -606,21 +626,38 @@ def _remember_backward(
     grid, args, consts = tj.bwd_delta_args(cfg, out, dout, lse, dq_acc)
     delta = _attn_plan.make(launch_of(tj._jfa_bwd_delta_kernel), args, consts, q=q, k=k, v=v, b=b,
                             ints=args[6:10], op=None)
-    grid, args, consts = tj.bwd_dkdv_args(cfg, q, k, v, dout, lse, lse, k, v, dq_acc, q_offsets, kv_offsets,
-                                          max_kv_len, causal, window, scale, False, False)
-    dkdv = _attn_plan.make(launch_of(tj._jfa_bwd_dkdv_kernel), args, consts, q=q, k=k, v=v, b=b,
-                           ints=args[14:28], op=None)
+    _, g_dkdv, g_dq = key
+    if g_dkdv:  # the Gluon twin ran (`_gluon_jfa.dkdv` at these tiles): its kept binary
+        _, gb, consts = _gluon_jfa._launch_plan(g_dkdv, False, k.shape[0], kv_offsets, max_kv_len, h, d, causal,
+                                                resident=2)
+        args = _gluon_jfa.dkdv_args(q, k, v, dout, lse, lse, k, v, q_offsets, kv_offsets, gb, scale,
+                                    scale * tj._LOG2E)
+        dkdv = _attn_plan.make(launch_of(_gluon_jfa._jfa_bwd_dkdv_gluon_kernel), args, consts, q=q, k=k, v=v, b=b,
+                               ints=args[10:22], op=None)
+    else:
+        grid, args, consts = tj.bwd_dkdv_args(cfg, q, k, v, dout, lse, lse, k, v, dq_acc, q_offsets, kv_offsets,
+                                              max_kv_len, causal, window, scale, False, False)
+        dkdv = _attn_plan.make(launch_of(tj._jfa_bwd_dkdv_kernel), args, consts, q=q, k=k, v=v, b=b,
+                               ints=args[14:28], op=None)
     dq = None
     if not cfg.one_pass:
-        grid, args, consts = tj.bwd_dq_args(cfg, q, k, v, dout, lse, lse, q.unsqueeze(0), 1, q_offsets, kv_offsets,
-                                            max_q_len, causal, window, scale)
-        dq = _attn_plan.make(launch_of(tj._jfa_bwd_dq_kernel), args, consts, q=q, k=k, v=v, b=b,
-                             ints=args[9:19], op=None)
+        if g_dq:
+            _, gb, consts = _gluon_jfa._launch_plan(g_dq, True, tq, q_offsets, max_q_len, h, d, causal, resident=2)
+            args = _gluon_jfa.dq_args(q, k, v, dout, lse, lse, q, q_offsets, kv_offsets, gb, scale, scale * tj._LOG2E)
+            dq = _attn_plan.make(launch_of(_gluon_jfa._jfa_bwd_dq_gluon_kernel), args, consts, q=q, k=k, v=v, b=b,
+                                 ints=args[9:19], op=None)
+        else:
+            grid, args, consts = tj.bwd_dq_args(cfg, q, k, v, dout, lse, lse, q.unsqueeze(0), 1, q_offsets,
+                                                kv_offsets, max_q_len, causal, window, scale)
+            dq = _attn_plan.make(launch_of(tj._jfa_bwd_dq_kernel), args, consts, q=q, k=k, v=v, b=b,
+                                 ints=args[9:19], op=None)
         if dq is None:
             return
     if delta is not None and dkdv is not None:
-        plan.op.bwd[cfg] = _BwdPlan(delta=delta, dkdv=dkdv, dq=dq, dkdv_block_n=cfg.dkdv.block_n,
-                                    dq_block_m=cfg.dq.block_m)
+        plan.op.bwd[key] = _BwdPlan(delta=delta, dkdv=dkdv, dq=dq,
+                                    dkdv_block_n=g_dkdv[1] if g_dkdv else cfg.dkdv.block_n,
+                                    dq_block_m=g_dq[0] if g_dq else cfg.dq.block_m,
+                                    gluon_dkdv=bool(g_dkdv), gluon_dq=bool(g_dq))
 
 
 class _JfaKvFunction(torch.autograd.Function):

@@ -350,3 +350,47 @@ def test_gpu_eager_plan_launches_the_gluon_forward(tiles: tuple[int | bool, ...]
     assert torch.equal(out.detach(), want) and len(calls) == 1
     dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), torch.randn_like(out))
     assert all(torch.isfinite(t).all() for t in (dq, dk, dv))
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_eager_backward_plan_launches_the_gluon_kernels(causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # With the switch naming dkdv,dq, the first eager backward runs `_gluon_jfa.dkdv` / `dq` and
+    # its forward's plan keeps their binaries; the next backward with the signature launches them
+    # directly, bitwise equal to the first on the same inputs (no atomics in either kernel).
+    from gem_kernels import _jfa
+
+    monkeypatch.setenv("GEM_JFA_BWD", "two_pass")
+    monkeypatch.setenv("GEM_JFA_FWD", "pointer")
+    monkeypatch.setenv(_gluon_jfa.ENV, "dkdv,dq")
+    monkeypatch.setattr(_jfa, "_PLANS", {})
+    calls: list[str] = []
+    for name in ("dkdv", "dq"):
+        real = getattr(_gluon_jfa, name)
+
+        def counted(*a: object, _real: object = real, _name: str = name, **kw: object) -> object:
+            calls.append(_name)
+            return _real(*a, **kw)  # type: ignore[operator]
+
+        monkeypatch.setattr(_gluon_jfa, name, counted)
+    g = torch.Generator().manual_seed(23)
+    lengths = torch.randint(1, 1500, (9,), generator=g).tolist()
+    off, mx = _offsets(lengths), max(lengths)
+    gg = torch.Generator(device=DEVICE).manual_seed(4)
+    q, k, v, dout = (torch.randn(sum(lengths), 4, 128, generator=gg, device=DEVICE).bfloat16() for _ in range(4))
+    grads = []
+    for _ in range(3):
+        xs = [x.clone().requires_grad_() for x in (q, k, v)]
+        out = jagged_flash_attention(*xs, off, off, mx, mx, causal=causal)
+        grads.append(torch.autograd.grad(out, xs, dout))
+    assert sorted(calls) == ["dkdv", "dq"], f"the ordinary Gluon launches: {calls} (later backwards: the plan)"
+    bwd = next(iter(_jfa._PLANS.values())).op.bwd
+    assert any(p.gluon_dkdv and p.gluon_dq for p in bwd.values())
+    for later in grads[1:]:
+        for got, want in zip(later, grads[0]):
+            assert torch.equal(got, want)
+    # And right: the planned backward's gradients against the fp32 reference.
+    x32 = [x.float().requires_grad_() for x in (q, k, v)]
+    ref = jagged_flash_attention(*x32, off, off, mx, mx, causal=causal, backend="reference")
+    for got, want in zip(grads[2], torch.autograd.grad(ref, x32, dout.float())):
+        assert _rel_err(got, want) <= 2e-2
