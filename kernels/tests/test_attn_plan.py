@@ -485,3 +485,16 @@ def test_jfa_plan_is_keyed_by_the_gluon_forward_switch(monkeypatch: pytest.Monke
     monkeypatch.setenv(_gluon_jfa.ENV, "dkdv,dq")  # the forward is not asked for: the first plan's key
     _check(jfa, *_fresh(lengths, seed=5), off, mx)
     assert ordinary.calls == 3
+    # The backward's plans too (they stepped aside for the switch before 0.3.16): off a Hopper GPU
+    # the backward runs the Triton kernels, whose plan serves the next backward.
+    backwards: list[int] = []
+    real = _triton_jfa.jfa_backward
+
+    def counted(*a: Any, **kw: Any) -> Any:
+        backwards.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(_triton_jfa, "jfa_backward", counted)
+    for seed in (6, 7, 8):
+        _check(jfa, *_fresh(lengths, seed=seed, grad=True), off, mx)
+    assert ordinary.calls == 3 and len(backwards) == 1
