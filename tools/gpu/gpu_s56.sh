@@ -15,7 +15,7 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 . tools/stage.sh
 summary() { echo "=== stages"; cat "$OUT/rcs.txt"; echo "$GPU"
   [ -f "$OUT/probe.log" ] && { echo "=== probe"; tail -12 "$OUT/probe.log" | cut -c1-300; }
-  [ -f "$OUT/gt.log" ] && { echo "=== gt"; grep -E "FAILED|passed|failed|Error" "$OUT/gt.log" | tail -8 | cut -c1-300; }
+  for f in gt plan; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -E "FAILED|passed|failed|Error" "$OUT/$f.log" | tail -8 | cut -c1-300; }; done
   [ -f "$OUT/fwd.log" ] && { echo "=== fwd"; sed -n '/^Forward/,/^$/p;/^GDPA/,/^$/p' "$OUT/fwd.log" | cut -c1-400; grep -E "Error|error" "$OUT/fwd.log" | tail -3 | cut -c1-300; }
   for f in mfu_gl mfu_all mfu_off; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; grep -iE "mfu" "$OUT/$f.log" | grep -v '^{' | tail -4 | cut -c1-200; }; done
   [ -f "$OUT/table.log" ] && { echo "=== table"; tail -25 "$OUT/table.log" | grep -v '^{' | cut -c1-250; }
@@ -25,9 +25,11 @@ case ${PART:-1} in
 1) st probe 90 python3 tools/gpu/ws_probe.py
    if grep -q "rc=0" <(grep probe "$OUT/rcs.txt"); then
      st gt 230 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_gluon_jfa.py kernels/tests/test_gluon_gdpa.py \
-       -k "forward or nan or refused or gdpa"
+       -k "forward or nan or refused or gdpa or plan"
      st fwd 170 bash -c "cd kernels && python3 -m gem_kernels.bench.gluon --fwd-only --iters 10"
    fi
+   # The eager plans (0.3.16 keys them by the Gluon switch): their GPU tests, switch off and on.
+   [ "$(gpu_left)" -gt 100 ] && st plan 90 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_attn_plan.py
    # The model's local MFU (compiled, CUDA graph): the trainer's dkdv,dq, then "all" with the
    # fastest WS forward on the trainer's batch (where one beat Triton there), then off.
    MFU="-m gem_model.bench.local_mfu --compile --no-reference --cuda-graph"
