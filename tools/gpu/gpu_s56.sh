@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The fifty-sixth session's GPU plan (tools/stage.sh: summary.txt + all.tgz).
-# PART=1: the warp-specialized Gluon forwards' first run (JFA's and GDPA's: probe, then their GPU
-#   tests), the forward bench (Triton, cuDNN on the dense case, the one-stream Gluon forward, the WS tile sets), then
-#   while time is left the model's local MFU: dkdv,dq (the trainer's), all (with the fastest WS
-#   forward on the trainer's batch, tools/gpu/ws_pick.py), off.
+# PART=1 (~600 s): the first GPU run of 0.3.16's Gluon work, correctness first: a probe of every
+#   warp-specialized forward tile set (JFA, persistent, GDPA) with a deadlock limit, then their
+#   GPU tests and the Gluon plan tests (test_gluon_jfa / test_gluon_gdpa), the eager plans' GPU
+#   tests (test_attn_plan), and the forward bench if time is left.
+# PART=4 (~500 s, after PART=1 passed): `bench.gluon --fwd-only` (Triton, cuDNN on the dense case,
+#   the one-stream Gluon forward, the WS tile sets, GDPA's) then the model's local MFU: dkdv,dq
+#   (the trainer's), all (with the fastest WS forward on the trainer's batch,
+#   tools/gpu/ws_pick.py), off.
 # PART=2 (after PART=1, once DEFAULT_FWD_TILES names the WS set that won there): the trainer's h200
 #   preset, GEM_JFA_GLUON=dkdv,dq (the trainer's default) against all (adds the Gluon forward),
 #   each from empty caches (they stay eager while the background compile runs), then warm over
@@ -26,10 +30,11 @@ case ${PART:-1} in
    if grep -q "rc=0" <(grep probe "$OUT/rcs.txt"); then
      st gt 230 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_gluon_jfa.py kernels/tests/test_gluon_gdpa.py \
        -k "forward or nan or refused or gdpa or plan"
-     st fwd 170 bash -c "cd kernels && python3 -m gem_kernels.bench.gluon --fwd-only --iters 10"
    fi
    # The eager plans (0.3.16 keys them by the Gluon switch): their GPU tests, switch off and on.
-   [ "$(gpu_left)" -gt 100 ] && st plan 90 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_attn_plan.py
+   st plan 100 python3 -m pytest -q -p no:cacheprovider kernels/tests/test_attn_plan.py
+   [ "$(gpu_left)" -gt 120 ] && st fwd "$(gpu_left)" bash -c "cd kernels && python3 -m gem_kernels.bench.gluon --fwd-only --iters 10";;
+4) st fwd 200 bash -c "cd kernels && python3 -m gem_kernels.bench.gluon --fwd-only --iters 10"
    # The model's local MFU (compiled, CUDA graph): the trainer's dkdv,dq, then "all" with the
    # fastest WS forward on the trainer's batch (where one beat Triton there), then off.
    MFU="-m gem_model.bench.local_mfu --compile --no-reference --cuda-graph"
