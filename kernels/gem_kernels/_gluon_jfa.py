@@ -593,169 +593,101 @@ if HAVE_GLUON:
     # ---- The warp-specialized forward (FlashAttention-3's producer / consumer split) ----
 
     @gluon.jit
-    def _jfa_fwd_ws_kernel(
+    def _gl_sigmoid(x, TANH: gl.constexpr):
+        """`_triton_gdpa._sigmoid` in Gluon: 1/2 + tanh(x/2)/2 by `tanh.approx.f32` (one MUFU op), or
+        exp2 and an approximate division."""
+        if TANH:
+            t = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x * 0.5], dtype=gl.float32,
+                                          is_pure=True, pack=1)
+            return 0.5 + 0.5 * t
+        return gl.fdiv(1.0, 1.0 + gl.exp2(x * -1.4426950408889634), ieee_rounding=False)
+
+    @gluon.jit
+    def _gl_act(x, ACT: gl.constexpr, TANH: gl.constexpr):
+        """`_triton_gdpa._act` in Gluon (keep the two in sync; `_gluon_gdpa.ACTIVATIONS`)."""
+        if ACT == "silu":
+            y = x * _gl_sigmoid(x, TANH)
+        elif ACT == "gelu":
+            u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+            y = x * _gl_sigmoid(2.0 * u, TANH)
+        elif ACT == "relu":
+            y = gl.maximum(x, 0.0)
+        elif ACT == "relu2":
+            r = gl.maximum(x, 0.0)
+            y = r * r
+        elif ACT == "sigmoid":
+            y = _gl_sigmoid(x, TANH)
+        else:
+            gl.static_assert(ACT == "identity", "unknown activation")
+            y = x
+        return y
+
+    @gluon.jit
+    def _attn_fwd_ws_kernel(
         Q, K, V, O, LSE, QO, KO,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-        B, H, scale_log2,
-        CAUSAL: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        LOG2B: gl.constexpr, STAGES: gl.constexpr, LOAD_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        LOAD_REGS: gl.constexpr, PINGPONG: gl.constexpr, q_sl: gl.constexpr, kv_sl: gl.constexpr,
-        num_warps: gl.constexpr,
+        B, H, scale, inv_div,
+        ACT: gl.constexpr, TANH: gl.constexpr, CAUSAL: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr, LOG2B: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr,
+        LOAD_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, PINGPONG: gl.constexpr,
+        q_sl: gl.constexpr, kv_sl: gl.constexpr, num_warps: gl.constexpr,
     ):
-        """The forward with its warps specialized: one program per (q tile of BLOCK_M rows, head) in
-        batch order, as `_jfa_fwd_gluon_kernel`, split over three warpgroups. A loader (LOAD_WARPS
-        warps) copies the q tile and streams K/V tiles into STAGES slots by `cp.async` (rows past
-        the sample's end zero-filled) and signals each slot's `ready` barrier when its copies land;
-        two consumer warpgroups (the default partition and one worker, num_warps = 4 each) own
-        the tile's two halves of BLOCK_M / 2 rows, run the intra-warpgroup pipelined loop of
-        `_jfa_fwd_gluon_kernel` over the same K/V slots and release a slot (`empty`, one arrival
-        each) once their MMAs that read it retired. The consumers run independently: one's
-        softmax overlaps the other's MMAs on the SM's tensor cores, which in the one-stream
-        kernel wait for each other at every CTA barrier. PINGPONG: the consumers take turns to
-        issue each tile's MMAs (`turn` barriers, FlashAttention-3's inter-warpgroup schedule), so
-        one's softmax runs while the other's MMAs do; without it they drift as they may."""
-        ok, m_start, q_start, lq, kv_start, lk = _sample(QO, QO, KO, B, BLOCK_M, LOG2B, num_warps)
-        if not ok:
-            return
-        h = gl.program_id(1)
-        shift = lk - lq
-        hi = lk
-        if CAUSAL:
-            hi = gl.minimum(lk, gl.maximum(m_start + BLOCK_M + shift, 0))
-        n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
+        """The warp-specialized forward of JFA (ACT "softmax": out and the log2-domain lse2, as
+        `_jfa_fwd_gluon_kernel`; `scale` is scale·log2 e) and of GDPA (ACT an activation:
+        out = Σ act(S·scale)·V · inv_div; LSE unused). Work items are (batch-order q tile of
+        BLOCK_M = 128 rows, head), item = tile · H + head; program p takes items p, p + grid, ...
+        (one program per item, or one per SM: persistent). Three partitions:
 
+        - a loader (LOAD_WARPS warps) copies each item's q tile into q buffer it % Q_BUFS once
+          both consumers released that buffer's previous item (`q_empty`; `q_ready` when its copies
+          land), then the item's kv tiles through a ring of STAGES K/V slots counted over the
+          program's kv tiles (tile c in slot c % STAGES once both consumers released tile
+          c - STAGES: `empty`; `ready` when its copies land). `cp.async` with row masks: rows past
+          a sample's end are zero-filled. Each loader thread arrives on a slot's barrier when its
+          own copies landed (`cp.async.mbarrier.arrive.noinc`); it never waits on them.
+        - two consumer warpgroups (the default partition and one worker, 4 warps each) own the
+          q tile's halves: per kv tile S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued together and
+          P_j (the online softmax, or the activation) is computed under the second
+          (FlashAttention-3's intra-warpgroup pipelining); each releases a slot once its MMAs that
+          read it retired, the q buffer after the item's last score MMA. With PINGPONG they take
+          turns to issue each tile's MMAs (`turn` barriers: FlashAttention-3's inter-warpgroup
+          schedule), so one's softmax runs while the other's MMAs do.
+        """
+        _, _, _, _, _, _, total = _sample_at(QO, QO, KO, B, 0, BLOCK_M, LOG2B, num_warps)
+        n_items = total * H
         HALF: gl.constexpr = BLOCK_M // 2
         dtype: gl.constexpr = Q.dtype.element_ty
-        q_smem = gl.allocate_shared_memory(dtype, [2, HALF, D], q_sl)
+        q_smem = gl.allocate_shared_memory(dtype, [2 * Q_BUFS, HALF, D], q_sl)  # [buffer x half]
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_sl)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_sl)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(turn.index(0), count=1)
-        mbarrier.init(turn.index(1), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
+        for i in gl.static_range(Q_BUFS):
+            mbarrier.init(q_ready.index(i), count=LOAD_WARPS * 32)  # each loader thread's copies
+            mbarrier.init(q_empty.index(i), count=2)  # each consumer, once
         for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=LOAD_WARPS * 32)  # each loader thread's copies
-            mbarrier.init(empty.index(i), count=2)  # each consumer, once
-        mbarrier.init(q_bar.index(0), count=LOAD_WARPS * 32)
-
-        q_base = Q + q_start * stride_qt + h * stride_qh
-        o_base = O + q_start * stride_ot + h * stride_oh
-        k_base = K + kv_start * stride_kt + h * stride_kh
-        v_base = V + kv_start * stride_vt + h * stride_vh
-        lse_base = LSE + q_start * H + h
+            mbarrier.init(ready.index(i), count=LOAD_WARPS * 32)
+            mbarrier.init(empty.index(i), count=2)
+        bufs = (q_smem, k_smem, v_smem, ready, empty, q_ready, q_empty, turn)
         gl.warp_specialize([
-            (_fwd_ws_consumer, (q_smem, k_smem, v_smem, ready, empty, q_bar, turn, o_base, lse_base, m_start, lq,
-                                lk, shift, n_tiles, stride_ot, H, scale_log2, 0, CAUSAL, D, HALF, BLOCK_N, STAGES,
-                                PINGPONG)),
-            (_fwd_ws_consumer, (q_smem, k_smem, v_smem, ready, empty, q_bar, turn, o_base, lse_base, m_start, lq,
-                                lk, shift, n_tiles, stride_ot, H, scale_log2, 1, CAUSAL, D, HALF, BLOCK_N, STAGES,
-                                PINGPONG)),
-            (_fwd_ws_loader, (q_smem, k_smem, v_smem, ready, empty, q_bar, q_base, k_base, v_base, m_start, lq, lk,
-                              n_tiles, stride_qt, stride_kt, stride_vt, D, HALF, BLOCK_N, STAGES, LOAD_WARPS)),
+            (_ws_consumer, (O, LSE, QO, KO, bufs, stride_ot, stride_oh, B, H, n_items, scale, inv_div, 0, ACT, TANH,
+                            CAUSAL, D, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, LOG2B, PINGPONG)),
+            (_ws_consumer, (O, LSE, QO, KO, bufs, stride_ot, stride_oh, B, H, n_items, scale, inv_div, 1, ACT, TANH,
+                            CAUSAL, D, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, LOG2B, PINGPONG)),
+            (_ws_loader, (Q, K, V, QO, KO, bufs, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, B,
+                          H, n_items, CAUSAL, D, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, LOG2B, LOAD_WARPS)),
         ], [4, LOAD_WARPS], [CONSUMER_REGS, LOAD_REGS])
 
     @gluon.jit
-    def _fwd_ws_loader(q_smem, k_smem, v_smem, ready, empty, q_bar, q_base, k_base, v_base, m_start, lq, lk,
-                       n_tiles, stride_qt, stride_kt, stride_vt, D: gl.constexpr, HALF: gl.constexpr,
-                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, LOAD_WARPS: gl.constexpr):
-        """The loader partition: the q tile's two halves (`q_bar`), then kv tile t into slot
-        t % STAGES once both consumers released the tile before it there (`empty`; a fresh
-        barrier passes the first wait). Every thread arrives on the slot's `ready` barrier when its
-        own copies have landed (`cp.async.mbarrier.arrive.noinc`): it never waits on them."""
-        ld_layout: gl.constexpr = _copy_layout(D, LOAD_WARPS)
-        rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, ld_layout))
-        cols = gl.arange(0, D, layout=gl.SliceLayout(0, ld_layout))
-        for half in gl.static_range(2):
-            r = m_start + half * HALF + rows
-            cp.async_copy_global_to_shared(q_smem.index(half), q_base + r[:, None] * stride_qt + cols[None, :],
-                                           mask=(r < lq)[:, None])
-        cp.mbarrier_arrive(q_bar.index(0), increment_count=False)
-        for t in range(n_tiles):
-            slot = t % STAGES
-            mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)
-            _issue_tile(k_smem.index(slot), v_smem.index(slot), k_base, v_base, t * BLOCK_N, lk, stride_kt,
-                        stride_vt, BLOCK_N, D, ld_layout)
-            cp.mbarrier_arrive(ready.index(slot), increment_count=False)
-
-    @gluon.jit
-    def _fwd_ws_consumer(q_smem, k_smem, v_smem, ready, empty, q_bar, turn, o_base, lse_base, m_start, lq, lk,
-                         shift, n_tiles, stride_ot, H, scale_log2, HALF_ID: gl.constexpr, CAUSAL: gl.constexpr,
-                         D: gl.constexpr, HALF: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                         PINGPONG: gl.constexpr):
-        """A consumer partition (one warpgroup): rows [HALF_ID * HALF, +HALF) of the program's q
-        tile over every kv tile the loader streams, `_jfa_fwd_gluon_kernel`'s loop with the slot
-        barriers in place of `cp.async` waits and CTA barriers; writes its rows of out and lse2."""
-        s_layout: gl.constexpr = _acc_layout(4, BLOCK_N)
-        o_layout: gl.constexpr = _acc_layout(4, D)
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-        dtype: gl.constexpr = q_smem.dtype
-
-        m0 = m_start + HALF_ID * HALF
-        f_hi = lk  # tiles reaching past f_hi are masked (the last partial one; causal: the diagonal)
-        if CAUSAL:
-            f_hi = gl.minimum(lk, m0 + shift + 1)
-        my_q = q_smem.index(HALF_ID)
-        rows = m0 + gl.arange(0, HALF, layout=row_s)
-        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        zero_s = gl.zeros([HALF, BLOCK_N], dtype=gl.float32, layout=s_layout)
-        acc = gl.zeros([HALF, D], dtype=gl.float32, layout=o_layout)
-        m_i = gl.full([HALF], float("-inf"), gl.float32, layout=row_s)
-        l_i = gl.zeros([HALF], dtype=gl.float32, layout=row_s)
-        mbarrier.wait(q_bar.index(0), 0)
-        if n_tiles > 0:
-            mbarrier.wait(ready.index(0), 0)
-            fence_async_shared()
-            if PINGPONG:
-                mbarrier.wait(turn.index(HALF_ID), 1 - HALF_ID)
-            s_tok = warpgroup_mma(my_q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            if PINGPONG:
-                mbarrier.arrive(turn.index(1 - HALF_ID), count=1)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-            p, alpha, l_i, m_i = _online_softmax(s * scale_log2, m_i, l_i, rows, offs_n, 0, f_hi, lk, shift,
-                                                 CAUSAL, BLOCK_N)
-            p_op = gl.convert_layout(p.to(dtype), a_layout)
-            for j in range(1, n_tiles):
-                slot = j % STAGES
-                mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
-                fence_async_shared()
-                if PINGPONG:
-                    mbarrier.wait(turn.index(HALF_ID), (j + 1 - HALF_ID) & 1)
-                s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
-                                      is_async=True)
-                o_tok = warpgroup_mma(p_op, v_smem.index((j - 1) % STAGES), acc, is_async=True)
-                if PINGPONG:
-                    mbarrier.arrive(turn.index(1 - HALF_ID), count=1)
-                s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # O += P·V still runs
-                p, alpha, l_i, m_i = _online_softmax(s * scale_log2, m_i, l_i, rows, offs_n, j * BLOCK_N, f_hi,
-                                                     lk, shift, CAUSAL, BLOCK_N)
-                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-                mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)  # K and V of tile j - 1 read
-                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-                p_op = gl.convert_layout(p.to(dtype), a_layout)
-            acc = warpgroup_mma(p_op, v_smem.index((n_tiles - 1) % STAGES), acc)
-        empty_row = l_i == 0.0
-        l_safe = gl.where(empty_row, 1.0, l_i)
-        out = acc / gl.convert_layout(l_safe, row_o)[:, None]
-        lse2 = gl.where(empty_row, float("inf"), m_i + gl.log2(l_safe))
-        out_rows = m0 + gl.arange(0, HALF, layout=row_o)
-        out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-        gl.store(o_base + out_rows[:, None] * stride_ot + out_cols[None, :], out.to(o_base.dtype.element_ty),
-                 mask=(out_rows < lq)[:, None])
-        gl.store(lse_base + rows * H, lse2, mask=rows < lq)
-
-
-    # ---- The persistent warp-specialized forward ----
-
-    @gluon.jit
-    def _wsp_item(QO, KO, B, H, item, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  LOG2B: gl.constexpr, NW: gl.constexpr):
-        """Work item `item` = (batch-order q tile item // H, head item % H) of the persistent
-        forward: (m_start, q_start, lq, kv_start, lk, head, its kv tile count), as every partition
-        decodes it (the same arithmetic in each)."""
+    def _ws_item(QO, KO, B, H, item, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 LOG2B: gl.constexpr, NW: gl.constexpr):
+        """Work item `item` (q tile item // H, head item % H): (m_start, q_start, lq, kv_start, lk,
+        head, its kv tile count), as each partition decodes it (the same arithmetic in each)."""
         _, m_start, q_start, lq, kv_start, lk, _ = _sample_at(QO, QO, KO, B, item // H, BLOCK_M, LOG2B, NW)
         hi = lk
         if CAUSAL:
@@ -763,61 +695,11 @@ if HAVE_GLUON:
         return m_start, q_start, lq, kv_start, lk, item % H, (hi + BLOCK_N - 1) // BLOCK_N
 
     @gluon.jit
-    def _jfa_fwd_wsp_kernel(
-        Q, K, V, O, LSE, QO, KO,
-        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-        B, H, scale_log2,
-        CAUSAL: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        LOG2B: gl.constexpr, STAGES: gl.constexpr, LOAD_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        LOAD_REGS: gl.constexpr, PINGPONG: gl.constexpr, q_sl: gl.constexpr, kv_sl: gl.constexpr,
-        num_warps: gl.constexpr,
-    ):
-        """`_jfa_fwd_ws_kernel` made persistent: a grid of at most one program per SM walks the
-        work items (q tile, head) in batch order, item pid, pid + grid, ... The loader runs ahead
-        across items: the K/V slots form one ring over all of a program's kv tiles (the phases
-        count them), and the q tile is double-buffered (`q_ready` / `q_empty`, one buffer per
-        item in turn), so the next item's q and first K/V tiles load while the consumers finish
-        the current one and write it out. Short samples (a few kv tiles per q tile) then pay no
-        launch, prologue or pipeline fill per tile."""
-        _, _, _, _, _, _, total = _sample_at(QO, QO, KO, B, 0, BLOCK_M, LOG2B, num_warps)
-        n_items = total * H
-        HALF: gl.constexpr = BLOCK_M // 2
-        dtype: gl.constexpr = Q.dtype.element_ty
-        q_smem = gl.allocate_shared_memory(dtype, [4, HALF, D], q_sl)  # [2 buffers x 2 halves]
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_sl)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_sl)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(turn.index(i), count=1)
-            mbarrier.init(q_ready.index(i), count=LOAD_WARPS * 32)
-            mbarrier.init(q_empty.index(i), count=2)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=LOAD_WARPS * 32)
-            mbarrier.init(empty.index(i), count=2)
-        gl.warp_specialize([
-            (_fwd_wsp_consumer, (Q, O, LSE, QO, KO, q_smem, k_smem, v_smem, ready, empty, q_ready, q_empty, turn,
-                                 stride_ot, stride_oh, B, H, n_items, scale_log2, 0, CAUSAL, D, BLOCK_M, BLOCK_N,
-                                 STAGES, LOG2B, PINGPONG)),
-            (_fwd_wsp_consumer, (Q, O, LSE, QO, KO, q_smem, k_smem, v_smem, ready, empty, q_ready, q_empty, turn,
-                                 stride_ot, stride_oh, B, H, n_items, scale_log2, 1, CAUSAL, D, BLOCK_M, BLOCK_N,
-                                 STAGES, LOG2B, PINGPONG)),
-            (_fwd_wsp_loader, (Q, K, V, QO, KO, q_smem, k_smem, v_smem, ready, empty, q_ready, q_empty,
-                               stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, B, H, n_items,
-                               CAUSAL, D, BLOCK_M, BLOCK_N, STAGES, LOG2B, LOAD_WARPS)),
-        ], [4, LOAD_WARPS], [CONSUMER_REGS, LOAD_REGS])
-
-    @gluon.jit
-    def _fwd_wsp_loader(Q, K, V, QO, KO, q_smem, k_smem, v_smem, ready, empty, q_ready, q_empty,
-                        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, B, H, n_items,
-                        CAUSAL: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, LOG2B: gl.constexpr, LOAD_WARPS: gl.constexpr):
-        """The persistent loader: per item, the q tile into buffer it % 2 once both consumers
-        released that buffer's previous item (`q_empty`), then its kv tiles into the ring (slot
-        c % STAGES of the program's c-th kv tile, once both consumers released tile c - STAGES)."""
+    def _ws_loader(Q, K, V, QO, KO, bufs, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, B, H,
+                   n_items, CAUSAL: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   STAGES: gl.constexpr, Q_BUFS: gl.constexpr, LOG2B: gl.constexpr, LOAD_WARPS: gl.constexpr):
+        """The loader partition (see `_attn_fwd_ws_kernel`)."""
+        q_smem, k_smem, v_smem, ready, empty, q_ready, q_empty, turn = bufs
         HALF: gl.constexpr = BLOCK_M // 2
         ld_layout: gl.constexpr = _copy_layout(D, LOAD_WARPS)
         rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, ld_layout))
@@ -825,10 +707,10 @@ if HAVE_GLUON:
         c = 0
         it = 0
         for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            m_start, q_start, lq, kv_start, lk, h, n_tiles = _wsp_item(QO, KO, B, H, item, CAUSAL, BLOCK_M, BLOCK_N,
-                                                                       LOG2B, LOAD_WARPS)
-            qb = it % 2
-            mbarrier.wait(q_empty.index(qb), ((it // 2) & 1) ^ 1)
+            m_start, q_start, lq, kv_start, lk, h, n_tiles = _ws_item(QO, KO, B, H, item, CAUSAL, BLOCK_M, BLOCK_N,
+                                                                      LOG2B, LOAD_WARPS)
+            qb = it % Q_BUFS
+            mbarrier.wait(q_empty.index(qb), ((it // Q_BUFS) & 1) ^ 1)  # a fresh barrier passes parity 1
             q_base = Q + q_start * stride_qt + h * stride_qh
             for half in gl.static_range(2):
                 r = m_start + half * HALF + rows
@@ -847,14 +729,36 @@ if HAVE_GLUON:
             it += 1
 
     @gluon.jit
-    def _fwd_wsp_consumer(Q, O, LSE, QO, KO, q_smem, k_smem, v_smem, ready, empty, q_ready, q_empty, turn,
-                          stride_ot, stride_oh, B, H, n_items, scale_log2, HALF_ID: gl.constexpr,
-                          CAUSAL: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                          STAGES: gl.constexpr, LOG2B: gl.constexpr, PINGPONG: gl.constexpr):
-        """A persistent consumer: `_fwd_ws_consumer`'s loop per item, with the ring's slot and
-        phase (and the ping-pong turns) counted over the program's kv tiles (c), the q buffer
-        released after the item's last score MMA, and the last kv tile's slot released after
-        its P·V."""
+    def _ws_scores(s, scale, m_i, l_i, rows, offs_n, start_n, f_hi, lk, shift, ACT: gl.constexpr,
+                   TANH: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
+        """One kv tile's P from its scores S: the online softmax of S·scale (log2 domain:
+        `_online_softmax`'s (p, alpha, l, m)), or act(S·scale) zeroed where a key is not visible
+        (alpha, l, m passed through)."""
+        if ACT == "softmax":
+            p, alpha, l_i, m_i = _online_softmax(s * scale, m_i, l_i, rows, offs_n, start_n, f_hi, lk, shift,
+                                                 CAUSAL, BLOCK_N)
+        else:
+            p = _gl_act(s * scale, ACT, TANH)
+            alpha = m_i
+            if start_n + BLOCK_N > f_hi:
+                cols = start_n + offs_n
+                ok = (cols < lk)[None, :]
+                if CAUSAL:
+                    ok = ok & (cols[None, :] <= rows[:, None] + shift)
+                p = gl.where(ok, p, 0.0)
+        return p, alpha, l_i, m_i
+
+    @gluon.jit
+    def _ws_consumer(O, LSE, QO, KO, bufs, stride_ot, stride_oh, B, H, n_items, scale, inv_div,
+                     HALF_ID: gl.constexpr, ACT: gl.constexpr, TANH: gl.constexpr, CAUSAL: gl.constexpr,
+                     D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                     Q_BUFS: gl.constexpr, LOG2B: gl.constexpr, PINGPONG: gl.constexpr):
+        """A consumer partition (one warpgroup; see `_attn_fwd_ws_kernel`): rows
+        [HALF_ID · BLOCK_M / 2, +BLOCK_M / 2) of each item's q tile. The ring's slot and phase and the
+        ping-pong turns count the program's kv tiles (c): consumer 0's c-th turn needs consumer
+        1's (c - 1)-th arrival (its first passes on the fresh barrier), consumer 1's consumer 0's
+        c-th."""
+        q_smem, k_smem, v_smem, ready, empty, q_ready, q_empty, turn = bufs
         HALF: gl.constexpr = BLOCK_M // 2
         s_layout: gl.constexpr = _acc_layout(4, BLOCK_N)
         o_layout: gl.constexpr = _acc_layout(4, D)
@@ -868,24 +772,24 @@ if HAVE_GLUON:
         c = 0
         it = 0
         for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            m_start, q_start, lq, kv_start, lk, h, n_tiles = _wsp_item(QO, KO, B, H, item, CAUSAL, BLOCK_M, BLOCK_N,
-                                                                       LOG2B, 4)
+            m_start, q_start, lq, kv_start, lk, h, n_tiles = _ws_item(QO, KO, B, H, item, CAUSAL, BLOCK_M, BLOCK_N,
+                                                                      LOG2B, 4)
             shift = lk - lq
             m0 = m_start + HALF_ID * HALF
-            f_hi = lk
+            f_hi = lk  # tiles reaching past f_hi are masked (the last partial one; causal: the diagonal)
             if CAUSAL:
                 f_hi = gl.minimum(lk, m0 + shift + 1)
-            qb = it % 2
+            qb = it % Q_BUFS
             my_q = q_smem.index(2 * qb + HALF_ID)
             rows = m0 + gl.arange(0, HALF, layout=row_s)
             acc = gl.zeros([HALF, D], dtype=gl.float32, layout=o_layout)
             m_i = gl.full([HALF], float("-inf"), gl.float32, layout=row_s)
             l_i = gl.zeros([HALF], dtype=gl.float32, layout=row_s)
-            mbarrier.wait(q_ready.index(qb), (it // 2) & 1)
+            mbarrier.wait(q_ready.index(qb), (it // Q_BUFS) & 1)
             if n_tiles > 0:
                 slot = c % STAGES
                 mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
-                fence_async_shared()
+                fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads async
                 if PINGPONG:
                     mbarrier.wait(turn.index(HALF_ID), (c + 1 - HALF_ID) & 1)
                 s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
@@ -893,8 +797,8 @@ if HAVE_GLUON:
                 if PINGPONG:
                     mbarrier.arrive(turn.index(1 - HALF_ID), count=1)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-                p, alpha, l_i, m_i = _online_softmax(s * scale_log2, m_i, l_i, rows, offs_n, 0, f_hi, lk, shift,
-                                                     CAUSAL, BLOCK_N)
+                p, alpha, l_i, m_i = _ws_scores(s, scale, m_i, l_i, rows, offs_n, 0, f_hi, lk, shift, ACT, TANH,
+                                                CAUSAL, BLOCK_N)
                 p_op = gl.convert_layout(p.to(dtype), a_layout)
                 for j in range(1, n_tiles):
                     slot = (c + j) % STAGES
@@ -907,12 +811,13 @@ if HAVE_GLUON:
                     o_tok = warpgroup_mma(p_op, v_smem.index((c + j - 1) % STAGES), acc, is_async=True)
                     if PINGPONG:
                         mbarrier.arrive(turn.index(1 - HALF_ID), count=1)
-                    s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-                    p, alpha, l_i, m_i = _online_softmax(s * scale_log2, m_i, l_i, rows, offs_n, j * BLOCK_N, f_hi,
-                                                         lk, shift, CAUSAL, BLOCK_N)
+                    s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # O += P·V still runs
+                    p, alpha, l_i, m_i = _ws_scores(s, scale, m_i, l_i, rows, offs_n, j * BLOCK_N, f_hi, lk, shift,
+                                                    ACT, TANH, CAUSAL, BLOCK_N)
                     acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-                    mbarrier.arrive(empty.index((c + j - 1) % STAGES), count=1)
-                    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                    mbarrier.arrive(empty.index((c + j - 1) % STAGES), count=1)  # K, V of tile j - 1 read
+                    if ACT == "softmax":
+                        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
                     p_op = gl.convert_layout(p.to(dtype), a_layout)
                 mbarrier.arrive(q_empty.index(qb), count=1)  # every score MMA of the item retired
                 acc = warpgroup_mma(p_op, v_smem.index((c + n_tiles - 1) % STAGES), acc)
@@ -921,15 +826,17 @@ if HAVE_GLUON:
                 mbarrier.arrive(q_empty.index(qb), count=1)
             c += n_tiles
             it += 1
-            empty_row = l_i == 0.0
-            l_safe = gl.where(empty_row, 1.0, l_i)
-            out = acc / gl.convert_layout(l_safe, row_o)[:, None]
-            lse2 = gl.where(empty_row, float("inf"), m_i + gl.log2(l_safe))
             out_rows = m0 + gl.arange(0, HALF, layout=row_o)
-            o_base = O + q_start * stride_ot + h * stride_oh
-            gl.store(o_base + out_rows[:, None] * stride_ot + out_cols[None, :], out.to(O.dtype.element_ty),
-                     mask=(out_rows < lq)[:, None])
-            gl.store(LSE + q_start * H + h + rows * H, lse2, mask=rows < lq)
+            o_ptrs = O + q_start * stride_ot + h * stride_oh + out_rows[:, None] * stride_ot + out_cols[None, :]
+            if ACT == "softmax":
+                empty_row = l_i == 0.0
+                l_safe = gl.where(empty_row, 1.0, l_i)
+                out = acc / gl.convert_layout(l_safe, row_o)[:, None]
+                lse2 = gl.where(empty_row, float("inf"), m_i + gl.log2(l_safe))
+                gl.store(LSE + q_start * H + h + rows * H, lse2, mask=rows < lq)
+            else:
+                out = acc * inv_div
+            gl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(out_rows < lq)[:, None])
 
 
 @functools.cache
@@ -1063,10 +970,10 @@ def dq_args(q: Any, k: Any, v: Any, dout: Any, lse: Any, delta: Any, dq_out: Any
 # The forward: (BLOCK_M, BLOCK_N, num_warps, STAGES[, WS]). Without WS (or WS False) the one-stream
 # kernel: 128 q rows over two warpgroups, 128 keys per step, 3 K/V slots (224 KB of shared memory;
 # 4 would need 288 KB), 231 registers, no spills. With WS True the warp-specialized kernel
-# (`_jfa_fwd_ws_kernel`): BLOCK_M must be 128 (two consumer warpgroups of 64 rows) and num_warps
+# (`_attn_fwd_ws_kernel`): BLOCK_M must be 128 (two consumer warpgroups of 64 rows) and num_warps
 # 12 (the two consumers and a 4-warp loader; registers 232 / 232 / 40 of a 168 launch cap); a
 # sixth field True: the consumers take turns to issue their MMAs (PINGPONG); a seventh True: the
-# persistent kernel (`_jfa_fwd_wsp_kernel`: one program per SM walking the (q tile, head) items,
+# persistent kernel (the same, one program per SM walking the (q tile, head) items,
 # the q tile double-buffered, so STAGES x BLOCK_N K/V rows must fit beside two q tiles: 128 x 2 or
 # 64 x 4 at head dim 128).
 DEFAULT_FWD_TILES: tuple[Any, ...] = (128, 128, 8, 3)
@@ -1077,11 +984,12 @@ WS_REGS = (168, 232, 40)  # the launch's cap, a consumer's and the loader's (set
 
 def fwd_plan(
     tiles: tuple[Any, ...], rows: int, offsets: torch.Tensor, max_len: int, h: int, d: int, causal: bool,
-    sms: int = 132,
+    sms: int = 132, act: str = "softmax", tanh: bool = True,
 ) -> tuple[Any, tuple[int, int], int, dict[str, Any]]:
     """(kernel, grid, B, its constexprs and launch options) of the forward at `tiles` (see
     `DEFAULT_FWD_TILES`), checked as `_launch_plan` checks, plus the warp-specialized shape rule;
-    `sms`: the GPU's SM count, the persistent kernel's largest grid."""
+    `sms`: the GPU's SM count, the persistent kernel's largest grid. `act`: "softmax" (JFA) or a
+    GDPA activation (`_gluon_gdpa`; the warp-specialized kernel only), `tanh` its sigmoid's form."""
     ws = len(tiles) > 4 and bool(tiles[4])
     persistent = len(tiles) > 6 and bool(tiles[6])
     if ws and (tiles[0] != 128 or tiles[2] != WS_WARPS):
@@ -1093,12 +1001,11 @@ def fwd_plan(
                                    causal, resident=2 if persistent else 1, min_stages=2 if ws else 3)
     if not ws:
         return _jfa_fwd_gluon_kernel, grid, b, consts
-    consts.update(num_warps=4, LOAD_WARPS=4, CONSUMER_REGS=WS_REGS[1], LOAD_REGS=WS_REGS[2],
-                  PINGPONG=len(tiles) > 5 and bool(tiles[5]),
+    consts.update(num_warps=4, LOAD_WARPS=4, CONSUMER_REGS=WS_REGS[1], LOAD_REGS=WS_REGS[2], ACT=act, TANH=tanh,
+                  PINGPONG=len(tiles) > 5 and bool(tiles[5]), Q_BUFS=2 if persistent else 1,
                   q_sl=smem_layouts(64, tiles[1], d, 16)[0], maxnreg=WS_REGS[0])
-    if persistent:
-        return _jfa_fwd_wsp_kernel, (min(sms, grid[0] * grid[1]), 1 if grid[0] * grid[1] else 0), b, consts
-    return _jfa_fwd_ws_kernel, grid, b, consts
+    items = grid[0] * grid[1]  # (q tile, head) items, an upper bound: one program per item, or per SM
+    return _attn_fwd_ws_kernel, (min(sms, items) if persistent else items, 1 if items else 0), b, consts
 
 
 @functools.cache
@@ -1125,15 +1032,17 @@ def forward(
         return out.zero_(), lse.fill_(float("inf"))
     # Through the kernel's CachedLaunch (the binary kept per specialization), which the eager
     # plans of `_jfa` launch again directly (`fwd_args` is the argument list they rebuild).
-    launch_of(kern)(grid, fwd_args(q, k, v, out, lse, q_offsets, kv_offsets, b, scale * _LOG2E), consts)
+    launch_of(kern)(grid, fwd_args(kern, q, k, v, out, lse, q_offsets, kv_offsets, b, scale * _LOG2E), consts)
     return out, lse
 
 
-def fwd_args(q: Any, k: Any, v: Any, out: Any, lse: Any, q_offsets: Any, kv_offsets: Any, b: int,
-             scale_log2: float) -> tuple[Any, ...]:
-    """The Gluon forward kernels' runtime arguments, in order (tensors or their data pointers)."""
-    return (q, k, v, out, lse, q_offsets, kv_offsets, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            v.stride(0), v.stride(1), out.stride(0), out.stride(1), b, q.shape[1], scale_log2)
+def fwd_args(kern: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, q_offsets: Any, kv_offsets: Any, b: int,
+             scale: float, inv_div: float = 1.0) -> tuple[Any, ...]:
+    """The runtime arguments, in order, of the Gluon forward kernel `kern` (`fwd_plan`'s): the
+    one-stream JFA kernel's, or the warp-specialized kernel's (which add GDPA's inv_div)."""
+    args = (q, k, v, out, lse, q_offsets, kv_offsets, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            v.stride(0), v.stride(1), out.stride(0), out.stride(1), b, q.shape[1], scale)
+    return args if kern is _jfa_fwd_gluon_kernel else (*args, inv_div)
 
 
 def jfa_forward_gluon(

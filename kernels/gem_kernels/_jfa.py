@@ -403,8 +403,9 @@ class _PlanOp:
     block_m: int
     in_order: bool
     scale: float  # the default, 1/sqrt(D)
-    # The Gluon forward's (`GEM_JFA_GLUON` naming fwd): None for the Triton kernel; else 0 (one
-    # program per (q tile, head)) or the persistent kernel's grid bound (the GPU's SM count).
+    # The Gluon forward's grid rule (`GEM_JFA_GLUON` naming fwd): None for the Triton kernel; -1
+    # the one-stream kernel's (q tiles, heads); 0 the warp-specialized kernel's, one program per
+    # (q tile, head) item; > 0 the persistent one's, at most that many (the GPU's SM count).
     gluon: int | None = None
     # The backward's plans by backward config (`_remember_backward`; this record is frozen).
     bwd: dict[Any, _BwdPlan] = dataclasses.field(default_factory=dict, compare=False)
@@ -465,13 +466,13 @@ def _plan_forward(
     b, op = plan.b, plan.op
     out = torch.empty((tq, h, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((tq, h), dtype=torch.float32, device=q.device)
-    if op.gluon is not None:  # the Gluon forward (`_gluon_jfa.forward` at the plan's tiles)
+    if op.gluon is not None:  # the Gluon forward (`_gluon_jfa.forward` at the plan's tiles; its grid rule)
         g0 = in_order_tiles(tq, b, max_q_len, op.block_m)
-        grid = (min(op.gluon, g0 * h), 1, 1) if op.gluon else (g0, h, 1)
+        grid = (g0, h, 1) if op.gluon < 0 else (min(op.gluon, g0 * h) if op.gluon else g0 * h, 1, 1)
         qp, kp, vp, qo, ko = ptrs
-        _attn_plan.run(plan, grid, (qp, kp, vp, out.data_ptr(), lse.data_ptr(), qo, ko, *plan.ints, b, h,
-                                    scale * _LOG2E),
-                       (q, k, v, out, lse, q_offsets, kv_offsets, *plan.ints, b, h, scale * _LOG2E))
+        tail = (b, h, scale * _LOG2E) if op.gluon < 0 else (b, h, scale * _LOG2E, 1.0)  # (the WS kernel's inv_div)
+        _attn_plan.run(plan, grid, (qp, kp, vp, out.data_ptr(), lse.data_ptr(), qo, ko, *plan.ints, *tail),
+                       (q, k, v, out, lse, q_offsets, kv_offsets, *plan.ints, *tail))
         return out, lse
     bm = op.block_m
     grid = (in_order_tiles(tq, b, max_q_len, bm), h, 1) if op.in_order else (b * h, -(-max_q_len // bm), 1)
@@ -514,14 +515,13 @@ def _remember(
         # The call ran `_gluon_jfa.forward` at DEFAULT_FWD_TILES (the key holds them): its kept
         # binary, with q standing in for out (same dtype and alignment) and a fresh lse.
         tiles = _gluon_jfa.DEFAULT_FWD_TILES
-        kern, _, _, consts = _gluon_jfa.fwd_plan(tiles, tq, q_offsets, max_q_len, h, d, causal,
-                                                 _gluon_jfa.sm_count(q.device))
-        persistent = len(tiles) > 6 and bool(tiles[6])
+        sms = _gluon_jfa.sm_count(q.device)
+        kern, _, _, consts = _gluon_jfa.fwd_plan(tiles, tq, q_offsets, max_q_len, h, d, causal, sms)
         lse = torch.empty((tq, h), dtype=torch.float32, device=q.device)
-        args = (q, k, v, q, lse, q_offsets, kv_offsets, *ints, b, h, scale * _LOG2E)
+        args = _gluon_jfa.fwd_args(kern, q, k, v, q, lse, q_offsets, kv_offsets, b, scale * _LOG2E)
+        ws, persistent = len(tiles) > 4 and bool(tiles[4]), len(tiles) > 6 and bool(tiles[6])
         op = _PlanOp(env=env, flash4_rows=flash4_rows, flash2_rows=flash2_rows, block_m=int(tiles[0]),
-                     in_order=True, scale=1.0 / math.sqrt(d),
-                     gluon=_gluon_jfa.sm_count(q.device) if persistent else 0)
+                     in_order=True, scale=1.0 / math.sqrt(d), gluon=(sms if persistent else 0) if ws else -1)
         _attn_plan.keep(_PLANS, key, _attn_plan.make(launch_of(kern), args, consts, q=q, k=k, v=v, b=b, ints=ints,
                                                      op=op))
         return

@@ -40,7 +40,7 @@ def _pad(x: torch.Tensor, rows: int) -> torch.Tensor:
 def _fwd_model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, bm: int, bn: int,
                c: float, halves: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """`_jfa_fwd_gluon_kernel` for one (sample, head): q [lq, D], k/v [lk, D] -> out, lse2. With
-    `halves=2`, `_jfa_fwd_ws_kernel`: each bm-row tile's two consumers walk the tile's kv tiles
+    `halves=2`, `_attn_fwd_ws_kernel`: each bm-row tile's two consumers walk the tile's kv tiles
     (its `hi`) over their bm / 2 rows, each with its own first row's causal bound (`f_hi`)."""
     lq, lk = q.shape[0], k.shape[0]
     shift = lk - lq
@@ -179,7 +179,7 @@ def test_models_give_the_reference(causal: bool, cross: bool, tiles: tuple[int, 
                                            rtol=1e-10)
 
 
-# ---- The warp-specialized forward's barrier protocol (`_jfa_fwd_ws_kernel`) ----
+# ---- The warp-specialized forward's barrier protocol (`_gluon_jfa._attn_fwd_ws_kernel`) ----
 
 
 class _MBarrier:
@@ -200,150 +200,57 @@ class _MBarrier:
         return (self.completed & 1) != parity
 
 
-def _ws_protocol(n_tiles: int, stages: int, pingpong: bool, seed: int, loader_threads: int = 4,
-                 barrier: type[_MBarrier] = _MBarrier, empty_arrivals: int = 2) -> None:
-    """Runs the loader and the two consumers of `_jfa_fwd_ws_kernel` as the kernel orders their
-    barrier operations, under a random interleaving (and copies that land at random later
-    points), and checks: no deadlock; a consumer finds in a slot the tile it waited for, when it
-    issues the MMAs that read it and until it releases it; the loader refills a slot only after
-    both consumers released the tile before it there; with `pingpong`, tile j's MMAs are issued
-    by consumer 0 then consumer 1, before consumer 0 issues tile j + 1's."""
+def _ws_protocol(items: list[int], stages: int, pingpong: bool, seed: int, q_bufs: int = 2,
+                 loader_threads: int = 4, barrier: type[_MBarrier] = _MBarrier, empty_arrivals: int = 2,
+                 q_release_early: bool = False) -> None:
+    """Runs one program of `_attn_fwd_ws_kernel` (its work items: `items[i]` is item i's kv tile
+    count; one item per program unless persistent) through the loader and the two consumers, in
+    the order the kernel makes its barrier operations, under a random interleaving in which the
+    loader's copies land at random later points. The K/V ring and the ping-pong turns count the
+    program's kv tiles across items; the q tile goes to buffer it % q_bufs. Checks: no deadlock; a
+    consumer finds in a slot (a q buffer) the tile (item) it waited for, from issuing the MMAs
+    that read it until it releases it; the loader refills a slot only after both consumers
+    released the tile before it there; with `pingpong`, each tile's MMAs are issued by consumer 0
+    then consumer 1, before consumer 0 issues the next tile's. Mutants the checks must catch:
+    `barrier` (another parity rule), `empty_arrivals=1` (one consumer's release frees a slot),
+    `q_release_early` (the q buffer released before the item's last score MMA)."""
     import random
 
     rng = random.Random(seed)
     ready = [_MBarrier(loader_threads) for _ in range(stages)]  # one arrival per loader thread
-    empty = [barrier(empty_arrivals) for _ in range(stages)]  # one arrival per consumer
-    q_bar, turn = _MBarrier(loader_threads), [_MBarrier(1), _MBarrier(1)]
-    slot: list[int | None] = [None] * stages  # the tile a slot holds (or is being filled with)
-    released: list[set[int]] = [set(), set()]  # tiles each consumer released
-    in_flight: list[tuple[_MBarrier, int]] = []  # (barrier, arrivals) of copies not yet landed
-    issued: list[tuple[int, int]] = []  # (consumer, tile) in the order their MMAs were issued
-
-    def loader():  # type: ignore[no-untyped-def]
-        in_flight.append((q_bar, loader_threads))  # each thread: cp.async of q, then arrive.noinc
-        for t in range(n_tiles):
-            s = t % stages
-            yield empty[s], ((t // stages) & 1) ^ 1
-            if t >= stages and empty_arrivals == 2:
-                assert all(t - stages in r for r in released), f"slot {s} refilled with tile {t} before release"
-            slot[s] = t
-            for _ in range(loader_threads):  # threads' copies land one by one
-                in_flight.append((ready[s], 1))
-
-    def consumer(c: int):  # type: ignore[no-untyped-def]
-        yield q_bar, 0
-        for j in range(n_tiles):
-            s = j % stages
-            yield ready[s], (j // stages) & 1
-            assert slot[s] == j, f"consumer {c} waited for tile {j}, slot {s} holds {slot[s]}"
-            if pingpong:
-                yield turn[c], ((j + 1 - c) & 1) if j else 1 - c
-            issued.append((c, j))  # S_j = Q·K_jᵀ (and O += P_{j-1}·V_{j-1}) issued
-            assert slot[s] == j and (j == 0 or slot[(j - 1) % stages] == j - 1), \
-                f"a slot refilled while consumer {c} issued tile {j}'s MMAs"
-            if pingpong:
-                turn[1 - c].arrive()
-            yield None  # the softmax: other partitions run meanwhile
-            if j:
-                assert slot[(j - 1) % stages] == j - 1, f"tile {j - 1}'s slot refilled while consumer {c} read it"
-                released[c].add(j - 1)
-                if empty_arrivals == 2 or c == 0:  # (the mutant with 1: only consumer 0's release counts)
-                    empty[(j - 1) % stages].arrive()
-        if n_tiles:  # the last O += P·V, then the epilogue
-            assert slot[(n_tiles - 1) % stages] == n_tiles - 1
-
-    actors = {"loader": loader(), "c0": consumer(0), "c1": consumer(1)}
-    waiting: dict[str, tuple[_MBarrier, int] | None] = {name: None for name in actors}
-    while actors:
-        runnable = [n for n in actors if waiting[n] is None or waiting[n][0].passes(waiting[n][1])]
-        if in_flight and (not runnable or rng.random() < 0.4):
-            bar, n = in_flight.pop(rng.randrange(len(in_flight)))
-            bar.arrive(n)
-            continue
-        assert runnable, f"deadlock: {n_tiles} tiles, {stages} slots, pingpong={pingpong}, waiting on {waiting}"
-        name = rng.choice(runnable)
-        try:
-            waiting[name] = next(actors[name])
-        except StopIteration:
-            del actors[name]
-    assert not in_flight or all(bar is not q_bar for bar, _ in in_flight)
-    if pingpong:
-        assert issued == [(c, j) for j in range(n_tiles) for c in (0, 1)], issued
-
-
-@pytest.mark.parametrize("pingpong", [False, True])
-@pytest.mark.parametrize("stages", [2, 3, 4])
-def test_ws_forward_barrier_protocol(stages: int, pingpong: bool) -> None:
-    for n_tiles in range(0, 9):
-        for seed in range(20):
-            _ws_protocol(n_tiles, stages, pingpong, seed=seed + 1000 * n_tiles)
-
-
-def test_ws_protocol_model_catches_wrong_protocols() -> None:
-    # The model is not vacuous: a loader that waits on the empty barriers' parity 0 from the start
-    # (no fresh-barrier pass) deadlocks; empty barriers completed by one consumer's release let
-    # the loader refill a slot the other still reads.
-    class _Strict(_MBarrier):
-        def passes(self, parity: int) -> bool:
-            return super().passes(parity ^ 1)
-
-    with pytest.raises(AssertionError, match="deadlock"):
-        _ws_protocol(3, 2, False, seed=0, barrier=_Strict)
-    failures = 0
-    for seed in range(40):
-        try:
-            _ws_protocol(6, 2, False, seed=seed, empty_arrivals=1)
-        except AssertionError as e:
-            assert "refilled" in str(e) or "holds" in str(e), e
-            failures += 1
-    assert failures > 0
-
-
-def _wsp_protocol(items: list[int], stages: int, pingpong: bool, seed: int, loader_threads: int = 4,
-                  q_release_early: bool = False) -> None:
-    """`_jfa_fwd_wsp_kernel`'s barrier protocol (the persistent forward): one program's work items
-    (`items[i]`: item i's kv tile count) through the loader and the two consumers, under a random
-    interleaving; the K/V ring and the ping-pong turns count the program's kv tiles across
-    items, the q tile alternates between two buffers (`q_ready` / `q_empty`). Checks what
-    `_ws_protocol` checks, plus: a consumer finds its item's q tile in the buffer while its
-    score MMAs may still read it, and the loader refills a q buffer only after both consumers
-    released it. `q_release_early`: a mutant that releases the q buffer before the item's last
-    score MMA."""
-    import random
-
-    rng = random.Random(seed)
-    ready = [_MBarrier(loader_threads) for _ in range(stages)]
-    empty = [_MBarrier(2) for _ in range(stages)]
-    q_ready = [_MBarrier(loader_threads) for _ in range(2)]
-    q_empty = [_MBarrier(2) for _ in range(2)]
+    empty = [barrier(empty_arrivals) for _ in range(stages)]  # one per consumer
+    q_ready = [_MBarrier(loader_threads) for _ in range(q_bufs)]
+    q_empty = [_MBarrier(2) for _ in range(q_bufs)]
     turn = [_MBarrier(1), _MBarrier(1)]
-    slot: list[int | None] = [None] * stages  # the program's kv tile counter value a slot holds
-    qbuf: list[int | None] = [None, None]  # the item a q buffer holds
-    in_flight: list[tuple[_MBarrier, int]] = []
-    issued: list[tuple[int, int]] = []
-    starts = [sum(items[:i]) for i in range(len(items))]  # the ring counter at each item's first tile
+    slot: list[int | None] = [None] * stages  # the program's kv tile a slot holds (or is being filled with)
+    qbuf: list[int | None] = [None] * q_bufs  # the item a q buffer holds
+    released: list[set[int]] = [set(), set()]  # kv tiles each consumer released
+    in_flight: list[tuple[_MBarrier, int]] = []  # (barrier, arrivals) of copies not yet landed
+    issued: list[tuple[int, int]] = []  # (consumer, kv tile) in the order their MMAs were issued
 
     def loader():  # type: ignore[no-untyped-def]
         c = 0
         for it, n_tiles in enumerate(items):
-            qb = it % 2
-            yield q_empty[qb], ((it // 2) & 1) ^ 1
+            qb = it % q_bufs
+            yield q_empty[qb], ((it // q_bufs) & 1) ^ 1
             qbuf[qb] = it
-            for _ in range(loader_threads):
+            for _ in range(loader_threads):  # each thread: cp.async of q, then arrive.noinc
                 in_flight.append((q_ready[qb], 1))
             for _ in range(n_tiles):
                 s = c % stages
                 yield empty[s], ((c // stages) & 1) ^ 1
+                if c >= stages and empty_arrivals == 2:
+                    assert all(c - stages in r for r in released), f"slot {s} refilled with tile {c} before release"
                 slot[s] = c
-                for _ in range(loader_threads):
+                for _ in range(loader_threads):  # the threads' copies land one by one
                     in_flight.append((ready[s], 1))
                 c += 1
 
     def consumer(cid: int):  # type: ignore[no-untyped-def]
         c = 0
         for it, n_tiles in enumerate(items):
-            qb = it % 2
-            yield q_ready[qb], (it // 2) & 1
+            qb = it % q_bufs
+            yield q_ready[qb], (it // q_bufs) & 1
             assert qbuf[qb] == it, f"consumer {cid}: item {it}'s q buffer holds item {qbuf[qb]}"
             if n_tiles == 0:
                 q_empty[qb].arrive()
@@ -354,22 +261,30 @@ def _wsp_protocol(items: list[int], stages: int, pingpong: bool, seed: int, load
                 if pingpong:
                     yield turn[cid], (c + j + 1 - cid) & 1
                 assert qbuf[qb] == it, f"item {it}'s q buffer refilled while consumer {cid} read it"
-                issued.append((cid, c + j))
+                assert j == 0 or slot[(c + j - 1) % stages] == c + j - 1, \
+                    f"a slot refilled while consumer {cid} issued tile {c + j}'s MMAs"
+                issued.append((cid, c + j))  # S = Q·Kᵀ (and O += P·V of the tile before) issued
                 if q_release_early and j == n_tiles - 1:
                     q_empty[qb].arrive()
                 if pingpong:
                     turn[1 - cid].arrive()
-                yield None
+                yield None  # the softmax: the other partitions run meanwhile
                 assert qbuf[qb] == it, f"item {it}'s q buffer refilled under consumer {cid}'s score MMA"
                 if j:
-                    assert slot[(c + j - 1) % stages] == c + j - 1, "a slot refilled while read"
-                    empty[(c + j - 1) % stages].arrive()
+                    assert slot[(c + j - 1) % stages] == c + j - 1, \
+                        f"tile {c + j - 1}'s slot refilled while consumer {cid} read it"
+                    released[cid].add(c + j - 1)
+                    if empty_arrivals == 2 or cid == 0:  # (the mutant with 1: only consumer 0's release counts)
+                        empty[(c + j - 1) % stages].arrive()
             if n_tiles:
                 if not q_release_early:
                     q_empty[qb].arrive()  # after the item's last score MMA retired
-                yield None
-                assert slot[(c + n_tiles - 1) % stages] == c + n_tiles - 1, "the last slot refilled under P·V"
-                empty[(c + n_tiles - 1) % stages].arrive()
+                yield None  # the last O += P·V
+                last = c + n_tiles - 1
+                assert slot[last % stages] == last, f"tile {last}'s slot refilled under the last P·V"
+                released[cid].add(last)
+                if empty_arrivals == 2 or cid == 0:
+                    empty[last % stages].arrive()
             c += n_tiles
 
     actors = {"loader": loader(), "c0": consumer(0), "c1": consumer(1)}
@@ -388,30 +303,49 @@ def _wsp_protocol(items: list[int], stages: int, pingpong: bool, seed: int, load
             del actors[name]
     if pingpong:
         assert issued == [(cid, c) for c in range(sum(items)) for cid in (0, 1)], issued
-    assert starts == [sum(items[:i]) for i in range(len(items))]
+
+
+@pytest.mark.parametrize("pingpong", [False, True])
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_ws_forward_barrier_protocol_one_item_per_program(stages: int, pingpong: bool) -> None:
+    for n_tiles in range(0, 9):
+        for seed in range(20):
+            _ws_protocol([n_tiles], stages, pingpong, seed=seed + 1000 * n_tiles, q_bufs=1)
 
 
 @pytest.mark.parametrize("pingpong", [False, True])
 @pytest.mark.parametrize("stages", [2, 4])
-def test_persistent_ws_forward_barrier_protocol(stages: int, pingpong: bool) -> None:
+def test_ws_forward_barrier_protocol_persistent(stages: int, pingpong: bool) -> None:
     import random
 
     rng = random.Random(stages + 10 * pingpong)
     for trial in range(60):
         items = [rng.choice([0, 1, 1, 2, 3, 5]) for _ in range(rng.randint(1, 6))]
-        _wsp_protocol(items, stages, pingpong, seed=trial)
+        _ws_protocol(items, stages, pingpong, seed=trial, q_bufs=2)
 
 
-def test_persistent_ws_protocol_model_catches_an_early_q_release() -> None:
-    failures = 0
-    for seed in range(60):
-        try:
-            # (an item without kv tiles between: the ring's back-pressure does not hold the loader)
-            _wsp_protocol([3, 0, 3, 0, 2, 0, 1], 2, False, seed=seed, q_release_early=True)
-        except AssertionError as e:
-            assert "q buffer refilled" in str(e), e
-            failures += 1
-    assert failures > 0
+def test_ws_protocol_model_catches_wrong_protocols() -> None:
+    # The model is not vacuous. A loader that waits on the empty barriers' parity 0 from the start
+    # (no fresh-barrier pass) deadlocks; empty barriers completed by one consumer's release let
+    # the loader refill a slot the other still reads; a q buffer released before the item's last
+    # score MMA is refilled under it (an item without kv tiles between: the ring's back-pressure
+    # does not hold the loader back).
+    class _Strict(_MBarrier):
+        def passes(self, parity: int) -> bool:
+            return super().passes(parity ^ 1)
+
+    with pytest.raises(AssertionError, match="deadlock"):
+        _ws_protocol([3], 2, False, seed=0, q_bufs=1, barrier=_Strict)
+    for kw, items, text in (({"empty_arrivals": 1}, [6], ("refilled", "holds")),
+                            ({"q_release_early": True}, [3, 0, 3, 0, 2, 0, 1], ("q buffer refilled",))):
+        failures = 0
+        for seed in range(60):
+            try:
+                _ws_protocol(items, 2, False, seed=seed, **kw)  # type: ignore[arg-type]
+            except AssertionError as e:
+                assert any(t in str(e) for t in text), e
+                failures += 1
+        assert failures > 0, kw
 
 
 _ACTS = {"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid, "relu": torch.relu,
@@ -420,7 +354,7 @@ _ACTS = {"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid, "relu": tor
 
 def _gdpa_ws_model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, bm: int, bn: int, scale: float,
                    act: str, div: float) -> torch.Tensor:
-    """`_gluon_gdpa._gdpa_fwd_ws_kernel` for one (sample, head): each bm-row q tile's two consumers
+    """`_attn_fwd_ws_kernel` with a GDPA activation, one (sample, head): each bm-row q tile's two consumers
     walk the tile's kv tiles (its `hi`), each masking the tiles that reach past its first row's
     bound (`f_hi`), zero-filled rows past the sample's end included (act(0) need not be 0)."""
     lq, lk = q.shape[0], k.shape[0]

@@ -172,9 +172,10 @@ def test_gluon_warp_specialized_forwards_build_within_an_sm(
     got = sm90_builds[key]
     # 12 warps under a 168-register launch cap; the partitions' setmaxnreg hands the consumers
     # 232 each, the loader 40 (the count below is the launch's, spills are the whole binary's).
-    # The persistent kernel carries its item loop's state: its causal build spills a little (10
-    # stores / 10 loads under triton 3.6.0, none under 3.7.1), bounded as JFA's dK/dV.
-    _check(got, max_waits=10, min_hgmma=40, max_spills=24 if kernel == "fwd_wsp" else 0)
+    # The consumers carry their item loop's state across the kv loop: a few spills, once per
+    # item (9 stores / 9 loads under triton 3.6.0, 0-4 under 3.7.1; fewer with more consumer
+    # registers, e.g. 4 / 4 at 240 with a 24-register loader), bounded as JFA's dK/dV.
+    _check(got, max_waits=10, min_hgmma=40, max_spills=24)
     assert got["reg"] <= gj_ws_cap(), got
     # Its shared memory: the q tile and the K/V slots (`smem_bytes`) plus the slots' mbarriers and
     # the partitions' captured arguments, under 1 KB.

@@ -1,5 +1,5 @@
-"""First GPU contact of the warp-specialized forwards (`_gluon_jfa._jfa_fwd_ws_kernel`, the
-persistent `_jfa_fwd_wsp_kernel`, `_gluon_gdpa`): small and issue-sized batches against the Triton
+"""First GPU contact of the warp-specialized forward (`_gluon_jfa._attn_fwd_ws_kernel`: JFA's, its
+persistent form, GDPA's through `_gluon_gdpa`): small and issue-sized batches against the Triton
 forwards, one line per tile set and batch as each finishes, covering every WS tile set the GPU
 tests and `bench.gluon` run; a deadlock shows as the last line before the stage's time limit."""
 import math
