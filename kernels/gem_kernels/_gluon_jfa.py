@@ -916,13 +916,20 @@ def dkdv(
     """
     from gem_kernels._triton_jfa import _LOG2E
 
-    grid, b, consts = _launch_plan(DEFAULT_TILES if tiles is None else tiles, False, k.shape[0], kv_offsets,
-                                   max_kv_len, q.shape[1], q.shape[2], causal, resident=2)
+    grid, b, consts = dkdv_plan(DEFAULT_TILES if tiles is None else tiles, k.shape[0], kv_offsets, max_kv_len,
+                                q.shape[1], q.shape[2], causal)
     if grid[0] == 0 or grid[1] == 0:
         return
     # Through the kernel's CachedLaunch: the eager backward plans of `_jfa` keep its binary.
     launch_of(_jfa_bwd_dkdv_gluon_kernel)(grid, dkdv_args(q, k, v, dout, lse, delta, dk, dv, q_offsets, kv_offsets,
                                                           b, scale, scale * _LOG2E), consts)
+
+
+def dkdv_plan(tiles: tuple[int, ...], rows: int, kv_offsets: torch.Tensor, max_kv_len: int, h: int, d: int,
+              causal: bool) -> tuple[tuple[int, int], int, dict[str, Any]]:
+    """(grid, B, constexprs and options) of the dK/dV kernel at `tiles` over `rows` key rows
+    (`_launch_plan`: programs over the kv tiles, K and V resident)."""
+    return _launch_plan(tiles, False, rows, kv_offsets, max_kv_len, h, d, causal, resident=2)
 
 
 def dkdv_args(q: Any, k: Any, v: Any, dout: Any, lse: Any, delta: Any, dk: Any, dv: Any, q_offsets: Any,
@@ -950,12 +957,19 @@ def dq(
     (same inputs); `tiles` default `DEFAULT_DQ_TILES` (read per call)."""
     from gem_kernels._triton_jfa import _LOG2E
 
-    grid, b, consts = _launch_plan(DEFAULT_DQ_TILES if tiles is None else tiles, True, q.shape[0], q_offsets,
-                                   max_q_len, q.shape[1], q.shape[2], causal, resident=2)
+    grid, b, consts = dq_plan(DEFAULT_DQ_TILES if tiles is None else tiles, q.shape[0], q_offsets, max_q_len,
+                              q.shape[1], q.shape[2], causal)
     if grid[0] == 0 or grid[1] == 0:
         return
     launch_of(_jfa_bwd_dq_gluon_kernel)(grid, dq_args(q, k, v, dout, lse, delta, dq_out, q_offsets, kv_offsets, b,
                                                       scale, scale * _LOG2E), consts)
+
+
+def dq_plan(tiles: tuple[int, ...], rows: int, q_offsets: torch.Tensor, max_q_len: int, h: int, d: int,
+            causal: bool) -> tuple[tuple[int, int], int, dict[str, Any]]:
+    """(grid, B, constexprs and options) of the dQ kernel at `tiles` over `rows` query rows
+    (`_launch_plan`: programs over the q tiles, Q and dO resident)."""
+    return _launch_plan(tiles, True, rows, q_offsets, max_q_len, h, d, causal, resident=2)
 
 
 def dq_args(q: Any, k: Any, v: Any, dout: Any, lse: Any, delta: Any, dq_out: Any, q_offsets: Any, kv_offsets: Any,
@@ -1004,8 +1018,25 @@ def fwd_plan(
     consts.update(num_warps=4, LOAD_WARPS=4, CONSUMER_REGS=WS_REGS[1], LOAD_REGS=WS_REGS[2], ACT=act, TANH=tanh,
                   PINGPONG=len(tiles) > 5 and bool(tiles[5]), Q_BUFS=2 if persistent else 1,
                   q_sl=smem_layouts(64, tiles[1], d, 16)[0], maxnreg=WS_REGS[0])
-    items = grid[0] * grid[1]  # (q tile, head) items, an upper bound: one program per item, or per SM
-    return _attn_fwd_ws_kernel, (min(sms, items) if persistent else items, 1 if items else 0), b, consts
+    return _attn_fwd_ws_kernel, fwd_grid(fwd_grid_rule(tiles, sms), grid[0], grid[1]), b, consts
+
+
+def fwd_grid_rule(tiles: tuple[Any, ...], sms: int) -> int:
+    """How the forward at `tiles` lays out its grid (`fwd_grid`): -1 the one-stream kernel's
+    (q tiles, heads); 0 the warp-specialized kernel's, one program per (q tile, head) item; > 0
+    the persistent one's, at most that many programs (`sms`, the GPU's SM count)."""
+    if not (len(tiles) > 4 and tiles[4]):
+        return -1
+    return sms if len(tiles) > 6 and tiles[6] else 0
+
+
+def fwd_grid(rule: int, tiles: int, h: int) -> tuple[int, int]:
+    """The forward's grid under `rule` (`fwd_grid_rule`) for `tiles` q tiles (an upper bound:
+    `_triton_jfa.in_order_tiles`) and `h` heads."""
+    if rule < 0:
+        return tiles, h
+    items = tiles * h
+    return (min(rule, items) if rule else items), 1 if items else 0
 
 
 @functools.cache

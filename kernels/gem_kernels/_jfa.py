@@ -403,9 +403,8 @@ class _PlanOp:
     block_m: int
     in_order: bool
     scale: float  # the default, 1/sqrt(D)
-    # The Gluon forward's grid rule (`GEM_JFA_GLUON` naming fwd): None for the Triton kernel; -1
-    # the one-stream kernel's (q tiles, heads); 0 the warp-specialized kernel's, one program per
-    # (q tile, head) item; > 0 the persistent one's, at most that many (the GPU's SM count).
+    # The Gluon forward's grid rule (`GEM_JFA_GLUON` naming fwd; `_gluon_jfa.fwd_grid_rule`), None
+    # for the Triton kernel.
     gluon: int | None = None
     # The backward's plans by backward config (`_remember_backward`; this record is frozen).
     bwd: dict[Any, _BwdPlan] = dataclasses.field(default_factory=dict, compare=False)
@@ -467,8 +466,7 @@ def _plan_forward(
     out = torch.empty((tq, h, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((tq, h), dtype=torch.float32, device=q.device)
     if op.gluon is not None:  # the Gluon forward (`_gluon_jfa.forward` at the plan's tiles; its grid rule)
-        g0 = in_order_tiles(tq, b, max_q_len, op.block_m)
-        grid = (g0, h, 1) if op.gluon < 0 else (min(op.gluon, g0 * h) if op.gluon else g0 * h, 1, 1)
+        grid = (*_gluon_jfa.fwd_grid(op.gluon, in_order_tiles(tq, b, max_q_len, op.block_m), h), 1)
         qp, kp, vp, qo, ko = ptrs
         tail = (b, h, scale * _LOG2E) if op.gluon < 0 else (b, h, scale * _LOG2E, 1.0)  # (the WS kernel's inv_div)
         _attn_plan.run(plan, grid, (qp, kp, vp, out.data_ptr(), lse.data_ptr(), qo, ko, *plan.ints, *tail),
@@ -511,7 +509,7 @@ def _remember(
     if tq >= flash4_rows or max(tq, k.shape[0]) < flash2_rows:
         return
     ints = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), h * d, d)
-    if _gluon_jfa.requested("fwd") and _gluon_jfa.serves("fwd", q, k, window, cfg):
+    if _gluon_jfa.serves("fwd", q, k, window, cfg):  # (asked for by the switch, and possible here)
         # The call ran `_gluon_jfa.forward` at DEFAULT_FWD_TILES (the key holds them): its kept
         # binary, with q standing in for out (same dtype and alignment) and a fresh lse.
         tiles = _gluon_jfa.DEFAULT_FWD_TILES
@@ -519,9 +517,8 @@ def _remember(
         kern, _, _, consts = _gluon_jfa.fwd_plan(tiles, tq, q_offsets, max_q_len, h, d, causal, sms)
         lse = torch.empty((tq, h), dtype=torch.float32, device=q.device)
         args = _gluon_jfa.fwd_args(kern, q, k, v, q, lse, q_offsets, kv_offsets, b, scale * _LOG2E)
-        ws, persistent = len(tiles) > 4 and bool(tiles[4]), len(tiles) > 6 and bool(tiles[6])
         op = _PlanOp(env=env, flash4_rows=flash4_rows, flash2_rows=flash2_rows, block_m=int(tiles[0]),
-                     in_order=True, scale=1.0 / math.sqrt(d), gluon=(sms if persistent else 0) if ws else -1)
+                     in_order=True, scale=1.0 / math.sqrt(d), gluon=_gluon_jfa.fwd_grid_rule(tiles, sms))
         _attn_plan.keep(_PLANS, key, _attn_plan.make(launch_of(kern), args, consts, q=q, k=k, v=v, b=b, ints=ints,
                                                      op=op))
         return
@@ -628,8 +625,7 @@ def _remember_backward(
                             ints=args[6:10], op=None)
     _, g_dkdv, g_dq = key
     if g_dkdv:  # the Gluon twin ran (`_gluon_jfa.dkdv` at these tiles): its kept binary
-        _, gb, consts = _gluon_jfa._launch_plan(g_dkdv, False, k.shape[0], kv_offsets, max_kv_len, h, d, causal,
-                                                resident=2)
+        _, gb, consts = _gluon_jfa.dkdv_plan(g_dkdv, k.shape[0], kv_offsets, max_kv_len, h, d, causal)
         args = _gluon_jfa.dkdv_args(q, k, v, dout, lse, lse, k, v, q_offsets, kv_offsets, gb, scale,
                                     scale * tj._LOG2E)
         dkdv = _attn_plan.make(launch_of(_gluon_jfa._jfa_bwd_dkdv_gluon_kernel), args, consts, q=q, k=k, v=v, b=b,
@@ -642,7 +638,7 @@ def _remember_backward(
     dq = None
     if not cfg.one_pass:
         if g_dq:
-            _, gb, consts = _gluon_jfa._launch_plan(g_dq, True, tq, q_offsets, max_q_len, h, d, causal, resident=2)
+            _, gb, consts = _gluon_jfa.dq_plan(g_dq, tq, q_offsets, max_q_len, h, d, causal)
             args = _gluon_jfa.dq_args(q, k, v, dout, lse, lse, q, q_offsets, kv_offsets, gb, scale, scale * tj._LOG2E)
             dq = _attn_plan.make(launch_of(_gluon_jfa._jfa_bwd_dq_gluon_kernel), args, consts, q=q, k=k, v=v, b=b,
                                  ints=args[9:19], op=None)

@@ -289,14 +289,11 @@ def test_gpu_nan_neighbour_does_not_leak() -> None:
             assert torch.isfinite(got[:100]).all() and torch.equal(got[:100], want[:100]), tiles
 
 
-@needs_hopper
-@pytest.mark.parametrize("causal", [False, True])
-def test_gpu_whole_backward_with_the_switch(causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GEM_JFA_BWD", "two_pass")
-    monkeypatch.setenv("GEM_JFA_FWD", "pointer")
-    monkeypatch.setenv(_gluon_jfa.ENV, "all")
+def _count_calls(monkeypatch: pytest.MonkeyPatch, *names: str) -> list[str]:
+    """Wraps each `_gluon_jfa.<name>` launcher so every call is recorded (by name) in the list
+    returned, then runs the real one."""
     calls: list[str] = []
-    for name in ("forward", "dkdv", "dq"):
+    for name in names:
         real = getattr(_gluon_jfa, name)
 
         def counted(*a: object, _real: object = real, _name: str = name, **kw: object) -> object:
@@ -304,6 +301,16 @@ def test_gpu_whole_backward_with_the_switch(causal: bool, monkeypatch: pytest.Mo
             return _real(*a, **kw)  # type: ignore[operator]
 
         monkeypatch.setattr(_gluon_jfa, name, counted)
+    return calls
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_whole_backward_with_the_switch(causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GEM_JFA_BWD", "two_pass")
+    monkeypatch.setenv("GEM_JFA_FWD", "pointer")
+    monkeypatch.setenv(_gluon_jfa.ENV, "all")
+    calls = _count_calls(monkeypatch, "forward", "dkdv", "dq")
     g = torch.Generator().manual_seed(11)
     lengths = torch.randint(0, 2500, (12,), generator=g).tolist() + [0, 1, 128]
     _check_against_reference(lengths, lengths, 4, 128, torch.bfloat16, causal, seed=11)
@@ -324,14 +331,8 @@ def test_gpu_eager_plan_launches_the_gluon_forward(tiles: tuple[int | bool, ...]
     monkeypatch.setattr(_jfa, "_PLANS", {})
     if tiles is not None:
         monkeypatch.setattr(_gluon_jfa, "DEFAULT_FWD_TILES", tiles)
-    calls: list[int] = []
     real = _gluon_jfa.forward
-
-    def counted(*a: object, **kw: object) -> object:
-        calls.append(1)
-        return real(*a, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(_gluon_jfa, "forward", counted)
+    calls = _count_calls(monkeypatch, "forward")
     g = torch.Generator().manual_seed(21)
     lengths = torch.randint(1, 1500, (9,), generator=g).tolist()
     off, mx = _offsets(lengths), max(lengths)
@@ -364,15 +365,7 @@ def test_gpu_eager_backward_plan_launches_the_gluon_kernels(causal: bool, monkey
     monkeypatch.setenv("GEM_JFA_FWD", "pointer")
     monkeypatch.setenv(_gluon_jfa.ENV, "dkdv,dq")
     monkeypatch.setattr(_jfa, "_PLANS", {})
-    calls: list[str] = []
-    for name in ("dkdv", "dq"):
-        real = getattr(_gluon_jfa, name)
-
-        def counted(*a: object, _real: object = real, _name: str = name, **kw: object) -> object:
-            calls.append(_name)
-            return _real(*a, **kw)  # type: ignore[operator]
-
-        monkeypatch.setattr(_gluon_jfa, name, counted)
+    calls = _count_calls(monkeypatch, "dkdv", "dq")
     g = torch.Generator().manual_seed(23)
     lengths = torch.randint(1, 1500, (9,), generator=g).tolist()
     off, mx = _offsets(lengths), max(lengths)
